@@ -1,0 +1,305 @@
+"""The `trace` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from typing import Annotated, Any
+from uuid import UUID
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trace_platform.config import Settings, get_settings, shown
+from trace_platform.db.embedded import EmbeddedPostgresError
+from trace_platform.db.migrate import migrate
+from trace_platform.db.pool import embedded_cluster, make_pool, state_dsn
+from trace_platform.dispatcher.errors import DispatcherError
+from trace_platform.dispatcher.models import TaskSpec, TaskView
+
+app = typer.Typer(help="Trace: a Postgres-centred data platform for chain data.", no_args_is_help=True)
+db_app = typer.Typer(help="The embedded Postgres (Lite).", no_args_is_help=True)
+task_app = typer.Typer(help="Tasks: create, watch, cancel.", no_args_is_help=True)
+config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(task_app, name="task")
+app.add_typer(config_app, name="config")
+
+console = Console()
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(1)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+# -- config ------------------------------------------------------------------------------
+@config_app.command("show")
+def config_show(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Print the resolved configuration (secrets masked)."""
+    data = shown(get_settings())
+    if as_json:
+        console.print_json(json.dumps(data))
+        return
+    table = Table("setting", "value", title="trace config")
+    for k, v in data.items():
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+# -- db ----------------------------------------------------------------------------------
+def _cluster(settings: Settings) -> Any:
+    if not settings.uses_embedded_postgres:
+        _fail("TRACE_STATE_DSN is set: the database is external, not managed by trace")
+    try:
+        return embedded_cluster(settings)
+    except EmbeddedPostgresError as e:
+        _fail(str(e))
+
+
+@db_app.command("start")
+def db_start() -> None:
+    """Start (initialising on first use) the embedded Postgres and migrate it."""
+    pg = _cluster(get_settings())
+    try:
+        pg.start()
+    except EmbeddedPostgresError as e:
+        _fail(str(e))
+    applied = migrate(pg.dsn())
+    console.print(f"embedded Postgres running on 127.0.0.1:{pg.info().port} (data: {pg.root})")
+    if applied:
+        console.print(f"applied migrations: {', '.join(applied)}")
+
+
+@db_app.command("stop")
+def db_stop() -> None:
+    """Stop the embedded Postgres (data is kept)."""
+    _cluster(get_settings()).stop()
+    console.print("embedded Postgres stopped")
+
+
+@db_app.command("status")
+def db_status() -> None:
+    """Show where the embedded Postgres lives and whether it runs."""
+    st = _cluster(get_settings()).status()
+    table = Table("key", "value", title="embedded Postgres")
+    for k, v in st.items():
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+@db_app.command("migrate")
+def db_migrate() -> None:
+    """Apply pending migrations to the state database."""
+    dsn = state_dsn(get_settings(), run_migrations=False)
+    applied = migrate(dsn)
+    console.print(f"applied: {', '.join(applied) or 'nothing (up to date)'}")
+
+
+# -- processes ---------------------------------------------------------------------------
+@app.command("api")
+def serve_api(
+    port: Annotated[int | None, typer.Option(help="listen port")] = None,
+    background: Annotated[bool, typer.Option(help="run outbox publisher + reaper here")] = True,
+) -> None:
+    """Run the API + Dispatcher (outbox publisher and reaper loops) in the foreground."""
+    import uvicorn
+
+    from trace_platform.api.app import create_app
+    from trace_platform.services import Services
+
+    settings = get_settings()
+    services = Services.build(settings)
+    uvicorn.run(
+        create_app(services, background=background),
+        host=settings.api_host,
+        port=port or settings.api_port,
+        log_level="info",
+    )
+
+
+@app.command("worker")
+def worker(
+    api_url: Annotated[str | None, typer.Option(help="Dispatcher API URL")] = None,
+    concurrency: Annotated[int, typer.Option(min=1)] = 1,
+    max_tasks: Annotated[int | None, typer.Option(help="exit after this many tasks")] = None,
+) -> None:
+    """Run a worker: receive wake-ups, claim, run operators, report."""
+    from trace_platform.queue import make_driver
+    from trace_platform.worker.client import DispatcherClient
+    from trace_platform.worker.wrapper import Wrapper
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    settings = get_settings()
+    dsn = state_dsn(settings)
+    pool = make_pool(dsn, max_size=max(2, concurrency + 1), name="worker")
+    driver = make_driver(settings, pool, dsn)
+    token = settings.internal_token.get_secret_value() if settings.internal_token else None
+    client = DispatcherClient(api_url or settings.resolved_api_url, internal_token=token)
+    stop = _stop_on_signals()
+    wrappers = [
+        Wrapper(
+            driver, client, queue_name=settings.task_queue, home=settings.home,
+            visibility_seconds=max(10.0, settings.lease_seconds * 2),
+            wait_seconds=min(5.0, settings.queue_poll_seconds * 5),
+        )
+        for _ in range(concurrency)
+    ]
+    threads = [
+        threading.Thread(target=w.run, args=(stop, max_tasks), name=f"wrapper-{i}")
+        for i, w in enumerate(wrappers)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    client.close()
+    driver.close()
+    pool.close()
+
+
+@app.command("up")
+def up(
+    workers: Annotated[int, typer.Option(min=0)] = 2,
+    port: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Run the Lite stack locally (API + Dispatcher, N workers) until Ctrl-C."""
+    from trace_platform.lite.stack import LiteStack
+
+    settings = get_settings()
+    stack = LiteStack(settings, workers=workers, port=port or settings.api_port)
+    stop = _stop_on_signals()
+    try:
+        stack.start()
+    except Exception as e:
+        stack.stop()
+        _fail(str(e))
+    console.print(f"[green]Trace Lite up[/green]: API {stack.url}, {workers} worker(s). Ctrl-C stops.")
+    try:
+        while not stop.wait(1.0):
+            for i, p in enumerate(stack.workers):
+                if p.poll() is not None:
+                    console.print(f"worker {i} exited ({p.returncode}); restarting it")
+                    stack.workers[i] = stack.add_worker()
+                    stack.workers.pop()
+    finally:
+        console.print("stopping…")
+        stack.stop()
+
+
+# -- tasks -------------------------------------------------------------------------------
+def _dispatcher() -> Any:
+    from trace_platform.dispatcher.core import Dispatcher
+
+    settings = get_settings()
+    pool = make_pool(state_dsn(settings), max_size=2, name="cli")
+    return Dispatcher(pool, settings)
+
+
+def print_task(view: TaskView) -> None:
+    table = Table(title=f"task {view.task_id}", show_header=False)
+    for key in ("job", "operator", "runtime", "status", "attempt", "max_attempts", "created_at",
+                "finished_at", "next_attempt_at", "last_error", "events"):
+        table.add_row(key, str(getattr(view, key)))
+    table.add_row("config", json.dumps(view.config))
+    console.print(table)
+    if view.attempts:
+        at = Table("attempt", "worker", "started", "duration", "outcome", "error", title="attempts")
+        for a in view.attempts:
+            dur = f"{(a.finished_at - a.started_at).total_seconds():.2f}s" if a.finished_at else "…"
+            at.add_row(str(a.attempt), a.worker_id or "", a.started_at.strftime("%H:%M:%S"), dur,
+                       a.outcome, (a.error or "")[:80])
+        console.print(at)
+
+
+@task_app.command("create")
+def task_create(
+    job: Annotated[str, typer.Option(help="job name")],
+    operator: Annotated[str, typer.Option(help="operator name (noop, sleep, fail, emit_events)")],
+    config: Annotated[str, typer.Option(help="operator config as JSON")] = "{}",
+    timeout: Annotated[int | None, typer.Option(help="timeout_seconds")] = None,
+    max_attempts: Annotated[int | None, typer.Option()] = None,
+    wait: Annotated[bool, typer.Option(help="follow the task until it finishes")] = False,
+) -> None:
+    """Create one task (until DAGs land) and print its id."""
+    try:
+        cfg = json.loads(config)
+    except json.JSONDecodeError as e:
+        _fail(f"--config is not valid JSON: {e}")
+    d = _dispatcher()
+    try:
+        ref = d.create_task(
+            TaskSpec(job=job, operator=operator, config=cfg, timeout_seconds=timeout, max_attempts=max_attempts)
+        )
+    except (DispatcherError, ValueError) as e:
+        _fail(str(e))
+    console.print(f"task {ref.task_id} queued")
+    if wait:
+        last = None
+        while True:
+            view = d.get_task(ref.task_id)
+            state = (view.status, view.attempt)
+            if state != last:
+                console.print(f"  {time.strftime('%H:%M:%S')} {view.status} (attempt {view.attempt})")
+                last = state
+            if view.status in ("succeeded", "failed", "canceled"):
+                break
+            time.sleep(0.2)
+        print_task(view)
+
+
+@task_app.command("show")
+def task_show(task_id: UUID) -> None:
+    """Show one task: definition, status, attempts."""
+    try:
+        print_task(_dispatcher().get_task(task_id))
+    except DispatcherError as e:
+        _fail(e.message)
+
+
+@task_app.command("cancel")
+def task_cancel(task_id: UUID) -> None:
+    """Cancel a task (cooperatively, if it is running)."""
+    try:
+        res = _dispatcher().cancel(task_id)
+    except DispatcherError as e:
+        _fail(e.message)
+    console.print(f"task {task_id}: {res.status}" + (" (cancel requested)" if res.status == "running" else ""))
+
+
+@task_app.command("list")
+def task_list(limit: Annotated[int, typer.Option()] = 20) -> None:
+    """Most recent tasks."""
+    table = Table("task", "job", "operator", "status", "attempt", "created", "last error")
+    for r in _dispatcher().list_tasks(limit):
+        table.add_row(str(r["task_id"]), r["job"], r["operator"], r["status"], str(r["attempt"]),
+                      r["created_at"].strftime("%H:%M:%S"), (r["last_error"] or "")[:60])
+    console.print(table)
+
+
+@app.command("demo")
+def demo(workers: Annotated[int, typer.Option(min=1)] = 2) -> None:
+    """Start the Lite stack and run a handful of tasks through it, printing their lifecycle."""
+    from trace_platform.lite.demo import run_demo
+
+    raise typer.Exit(run_demo(get_settings(), workers=workers, console=console))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,122 @@
+"""Resolved configuration: environment variables (`TRACE_*`) over defaults, via pydantic-settings."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Profile(StrEnum):
+    lite = "lite"
+    aws = "aws"
+
+
+class QueueBackend(StrEnum):
+    pgqueue = "pgqueue"
+    sqs = "sqs"
+
+
+class ObjectStoreBackend(StrEnum):
+    local = "local"
+    s3 = "s3"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRACE_", env_file=None, extra="ignore")
+
+    profile: Profile = Profile.lite
+    home: Path = Field(default=Path(".trace"), description="Lite working directory")
+
+    # Postgres. With no DSN in the lite profile, an embedded cluster under `pg_data_dir` is used.
+    state_dsn: SecretStr | None = None
+    data_dsn: SecretStr | None = None
+    read_dsn: SecretStr | None = None
+    pg_data_dir: Path | None = None
+    pg_bindir: Path | None = None
+    pg_os_user: str | None = None
+    pool_max_size: int = 10
+
+    queue_driver: QueueBackend | None = None
+    task_queue: str = "tasks"
+    queue_max_attempts: int = 20
+    queue_poll_seconds: float = 1.0
+
+    object_store: ObjectStoreBackend = ObjectStoreBackend.local
+    object_store_root: Path | None = None
+    s3_bucket: str = "trace"
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8765
+    api_url: str | None = None
+    internal_token: SecretStr | None = None
+
+    # Lifecycle defaults a task may override.
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 5.0
+    default_timeout_seconds: int = 3600
+    default_max_attempts: int = 3
+    retry_backoff_seconds: float = 2.0
+    retry_backoff_max_seconds: float = 300.0
+    reaper_interval_seconds: float = 1.0
+    outbox_batch_size: int = 500
+
+    @model_validator(mode="after")
+    def _profile_defaults(self) -> Settings:
+        if self.queue_driver is None:
+            self.queue_driver = (
+                QueueBackend.sqs if self.profile is Profile.aws else QueueBackend.pgqueue
+            )
+        if self.pg_data_dir is None:
+            self.pg_data_dir = self.home / "pg"
+        if self.object_store_root is None:
+            self.object_store_root = self.home / "objects"
+        if self.profile is Profile.aws and self.state_dsn is None:
+            raise ValueError("TRACE_STATE_DSN is required in the aws profile (no embedded Postgres)")
+        return self
+
+    @property
+    def uses_embedded_postgres(self) -> bool:
+        return self.state_dsn is None
+
+    @property
+    def resolved_api_url(self) -> str:
+        return self.api_url or f"http://{self.api_host}:{self.api_port}"
+
+
+_DSN_PASSWORD = re.compile(r"(password=|://[^:/@]+:)([^@\s]+)")
+
+
+def mask_dsn(dsn: str) -> str:
+    return _DSN_PASSWORD.sub(lambda m: m.group(1) + "****", dsn)
+
+
+def shown(settings: Settings) -> dict[str, Any]:
+    """The resolved configuration with every secret masked, for `trace config show`."""
+    out: dict[str, Any] = {}
+    for name, value in settings.model_dump().items():
+        if isinstance(value, SecretStr):
+            raw = value.get_secret_value()
+            value = mask_dsn(raw) if name.endswith("dsn") else "****"
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, StrEnum):
+            value = value.value
+        out[name] = value
+    out["embedded_postgres"] = settings.uses_embedded_postgres
+    out["api_url"] = settings.resolved_api_url
+    return out
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,34 @@
+"""Named SQL queries loaded from `db/sql/*.sql` (procrastinate style: `-- name: x` blocks)."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def load(group: str) -> dict[str, str]:
+    text = (resources.files("trace_platform.db") / "sql" / f"{group}.sql").read_text()
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        queries[name] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+class Queries:
+    """Attribute access to one group's queries: `Queries("queue").receive`."""
+
+    def __init__(self, group: str) -> None:
+        self._q = load(group)
+        self.group = group
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return self._q[name]
+        except KeyError:
+            raise AttributeError(f"no query '{name}' in db/sql/{self.group}.sql") from None

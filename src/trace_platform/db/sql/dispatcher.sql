@@ -1,0 +1,149 @@
+-- Named queries of the Dispatcher core (task lifecycle).
+
+-- name: insert_registry
+INSERT INTO task_registry (
+  task_id, start_day, org_id, dag_id, dag_version, job, operator, runtime, config,
+  parent_task_id, input_event_id, input_event, input_versions, timeout_seconds, max_attempts,
+  retry_backoff_seconds, retry_backoff_max_seconds)
+VALUES (
+  %(task_id)s, trace_start_day(now()), %(org_id)s, %(dag_id)s, %(dag_version)s, %(job)s,
+  %(operator)s, %(runtime)s, %(config)s, %(parent_task_id)s, %(input_event_id)s, %(input_event)s,
+  %(input_versions)s, %(timeout_seconds)s, %(max_attempts)s, %(retry_backoff_seconds)s,
+  %(retry_backoff_max_seconds)s)
+RETURNING start_day;
+
+-- name: insert_status
+INSERT INTO task_status (task_id, start_day, status)
+VALUES (%(task_id)s, %(start_day)s, %(status)s);
+
+-- name: insert_outbox
+INSERT INTO outbox (queue_name, payload, delay_seconds)
+VALUES (%(queue)s, %(payload)s, %(delay)s);
+
+-- name: claim
+UPDATE task_status s
+SET status = 'running',
+    attempt = s.attempt + 1,
+    lease_token = gen_random_uuid(),
+    lease_until = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(),
+    started_at = now(),
+    deadline_at = now() + make_interval(secs => r.timeout_seconds),
+    worker_id = %(worker_id)s,
+    finished_at = NULL,
+    updated_at = now()
+FROM task_registry r
+WHERE s.task_id = %(task_id)s
+  AND r.task_id = s.task_id AND r.start_day = s.start_day
+  AND s.status = 'queued'
+  AND s.next_attempt_at <= now()
+  AND NOT s.cancel_requested
+RETURNING s.task_id, s.start_day, s.attempt, s.lease_token, s.lease_until;
+
+-- name: insert_attempt
+INSERT INTO task_attempts (task_id, start_day, attempt, lease_token, worker_id)
+VALUES (%(task_id)s, %(start_day)s, %(attempt)s, %(lease_token)s, %(worker_id)s);
+
+-- name: finish_attempt
+UPDATE task_attempts
+SET finished_at = coalesce(finished_at, now()),
+    outcome = %(outcome)s,
+    error = coalesce(%(error)s, error)
+WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND attempt = %(attempt)s;
+
+-- name: status_for_update
+SELECT s.*, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds, r.org_id
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+WHERE s.task_id = %(task_id)s
+FOR UPDATE OF s;
+
+-- name: status
+SELECT * FROM task_status WHERE task_id = %(task_id)s;
+
+-- name: heartbeat
+UPDATE task_status
+SET lease_until = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(),
+    updated_at = now()
+WHERE task_id = %(task_id)s
+  AND attempt = %(attempt)s
+  AND lease_token = %(lease_token)s
+  AND status = 'running'
+RETURNING status, lease_until, cancel_requested;
+
+-- name: set_succeeded
+UPDATE task_status
+SET status = 'succeeded', lease_until = NULL, finished_at = now(), updated_at = now(),
+    last_error = NULL
+WHERE task_id = %(task_id)s;
+
+-- name: set_terminal
+-- failed or canceled; the lease token stays so a retried report can be recognised.
+UPDATE task_status
+SET status = %(status)s, lease_until = NULL, finished_at = now(), updated_at = now(),
+    last_error = coalesce(%(error)s, last_error)
+WHERE task_id = %(task_id)s;
+
+-- name: set_retry
+UPDATE task_status
+SET status = 'queued', lease_until = NULL, updated_at = now(), last_error = %(error)s,
+    next_attempt_at = now() + make_interval(secs => %(backoff)s)
+WHERE task_id = %(task_id)s
+RETURNING next_attempt_at;
+
+-- name: insert_event
+INSERT INTO events (event_id, start_day, org_id, producer_task_id, producer_attempt,
+                    dataset_uuid, dedupe_key, cursor, partition_key, range_start, range_end, payload)
+VALUES (%(event_id)s, %(start_day)s, %(org_id)s, %(task_id)s, %(attempt)s, %(dataset_uuid)s,
+        %(dedupe_key)s, %(cursor)s, %(partition_key)s, %(range_start)s, %(range_end)s, %(payload)s)
+ON CONFLICT (start_day, producer_task_id, dataset_uuid, dedupe_key) DO NOTHING
+RETURNING event_id;
+
+-- name: request_cancel
+UPDATE task_status
+SET cancel_requested = true,
+    status = CASE WHEN status IN ('queued', 'buffered') THEN 'canceled' ELSE status END,
+    finished_at = CASE WHEN status IN ('queued', 'buffered') THEN now() ELSE finished_at END,
+    updated_at = now()
+WHERE task_id = %(task_id)s AND status IN ('queued', 'buffered', 'running')
+RETURNING status, cancel_requested;
+
+-- name: expired_leases
+-- Running attempts whose lease (missed heartbeats) or deadline (timeout_seconds) ran out.
+SELECT s.task_id, s.start_day, s.attempt, s.cancel_requested,
+       (s.deadline_at < now()) AS timed_out,
+       r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+WHERE s.status = 'running' AND (s.lease_until < now() OR s.deadline_at < now())
+ORDER BY s.lease_until
+LIMIT %(limit)s
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: task_view
+SELECT r.task_id, r.start_day, r.org_id, r.dag_id, r.dag_version, r.job, r.operator, r.runtime,
+       r.config, r.parent_task_id, r.input_event, r.input_versions, r.timeout_seconds,
+       r.max_attempts, r.created_at,
+       s.status, s.attempt, s.cancel_requested, s.lease_token, s.lease_until, s.heartbeat_at,
+       s.deadline_at, s.next_attempt_at, s.last_error, s.finished_at
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+WHERE s.task_id = %(task_id)s;
+
+-- name: task_attempts
+SELECT attempt, worker_id, started_at, finished_at, outcome, error
+FROM task_attempts
+WHERE task_id = %(task_id)s AND start_day = %(start_day)s
+ORDER BY attempt;
+
+-- name: task_event_count
+SELECT count(*) AS n FROM events
+WHERE producer_task_id = %(task_id)s AND start_day = %(start_day)s;
+
+-- name: list_tasks
+SELECT r.task_id, r.job, r.operator, r.created_at, s.status, s.attempt, s.last_error, s.finished_at
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+ORDER BY r.created_at DESC
+LIMIT %(limit)s;

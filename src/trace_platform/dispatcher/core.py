@@ -1,0 +1,372 @@
+"""The Dispatcher state machine: every task transition is one Postgres transaction.
+
+queued -> running(attempt n, lease) -> succeeded | failed | canceled; a failed or reaped attempt
+goes back to queued with capped, jittered backoff until max_attempts. Every wake-up is an
+outbox row written in the same transaction as the state change (never a direct enqueue).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import uuid
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from trace_platform.config import Settings
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
+from trace_platform.queue import payloads
+
+_Q = Queries("dispatcher")
+
+
+def backoff_seconds(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Exponential in the attempt, capped, with jitter in [delay/2, delay] to spread retries."""
+    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    return (rng or random).uniform(delay / 2, delay)
+
+
+class Dispatcher:
+    def __init__(self, pool: ConnectionPool, settings: Settings) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.queue = settings.task_queue
+
+    # -- intent + outbox -----------------------------------------------------------------
+    def _enqueue_wakeup(
+        self, conn: Connection[Any], task_id: UUID, start_day: int, delay: float = 0
+    ) -> None:
+        payload = payloads.encode(payloads.TaskWakeup(task_id=task_id, start_day=start_day))
+        conn.execute(
+            _Q.insert_outbox,
+            {
+                "queue": self.queue,
+                "payload": Jsonb(payload, dumps=lambda s: s),
+                "delay": math.ceil(delay),
+            },
+        )
+
+    def create_task(self, spec: m.TaskSpec, conn: Connection[Any] | None = None) -> m.TaskRef:
+        """Task intent and its wake-up in one transaction (the caller's, if given)."""
+        if len(json.dumps(spec.config, default=str)) > m.MAX_CONFIG_BYTES:
+            raise Invalid(f"task config is larger than {m.MAX_CONFIG_BYTES} bytes")
+        s = self.settings
+        task_id = uuid.uuid4()
+        params = {
+            "task_id": task_id,
+            "org_id": spec.org_id,
+            "dag_id": spec.dag_id,
+            "dag_version": spec.dag_version,
+            "job": spec.job,
+            "operator": spec.operator,
+            "runtime": spec.runtime,
+            "config": Jsonb(spec.config),
+            "parent_task_id": spec.parent_task_id,
+            "input_event_id": spec.input_event_id,
+            "input_event": Jsonb(spec.input_event) if spec.input_event is not None else None,
+            "input_versions": Jsonb([r.model_dump(mode="json") for r in spec.input_versions]),
+            "timeout_seconds": spec.timeout_seconds or s.default_timeout_seconds,
+            "max_attempts": spec.max_attempts or s.default_max_attempts,
+            "retry_backoff_seconds": (
+                spec.retry_backoff_seconds
+                if spec.retry_backoff_seconds is not None
+                else s.retry_backoff_seconds
+            ),
+            "retry_backoff_max_seconds": (
+                spec.retry_backoff_max_seconds
+                if spec.retry_backoff_max_seconds is not None
+                else s.retry_backoff_max_seconds
+            ),
+        }
+
+        def write(c: Connection[Any]) -> m.TaskRef:
+            row = c.execute(_Q.insert_registry, params).fetchone()
+            assert row is not None
+            start_day = row["start_day"]
+            c.execute(_Q.insert_status, {"task_id": task_id, "start_day": start_day, "status": "queued"})
+            self._enqueue_wakeup(c, task_id, start_day)
+            return m.TaskRef(task_id=task_id, start_day=start_day, status="queued")
+
+        if conn is not None:
+            return write(conn)
+        with self.pool.connection() as c, c.transaction():
+            return write(c)
+
+    # -- claim ---------------------------------------------------------------------------
+    def claim(self, req: m.ClaimRequest) -> m.Claim:
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                _Q.claim,
+                {"task_id": req.task_id, "worker_id": req.worker_id, "lease": self.settings.lease_seconds},
+            ).fetchone()
+            if row is None:
+                raise self._not_claimable(conn, req.task_id)
+            conn.execute(_Q.insert_attempt, {**row, "worker_id": req.worker_id})
+        return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
+
+    def _not_claimable(self, conn: Connection[Any], task_id: UUID) -> Exception:
+        st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
+        if st is None:
+            return NotFound(f"task {task_id} does not exist")
+        if st["status"] == "queued" and st["cancel_requested"]:
+            reason = "cancel was requested"
+        elif st["status"] == "queued":
+            reason = f"it is backing off until {st['next_attempt_at'].isoformat()}"
+        else:
+            reason = f"it is {st['status']} (attempt {st['attempt']})"
+        return Conflict(
+            "not_claimable",
+            f"task {task_id} cannot be claimed: {reason}",
+            status=st["status"],
+            attempt=st["attempt"],
+        )
+
+    # -- fencing -------------------------------------------------------------------------
+    def _fenced(self, conn: Connection[Any], ref: m.LeaseRef) -> dict[str, Any]:
+        """Locks the status row and checks the caller speaks for the current attempt."""
+        st = conn.execute(_Q.status_for_update, {"task_id": ref.task_id}).fetchone()
+        if st is None:
+            raise NotFound(f"task {ref.task_id} does not exist")
+        if ref.attempt != st["attempt"]:
+            raise Conflict(
+                "stale_attempt",
+                f"attempt {ref.attempt} of task {ref.task_id} is stale: "
+                f"attempt {st['attempt']} has started",
+                current_attempt=st["attempt"],
+            )
+        if st["lease_token"] is None or ref.lease_token != st["lease_token"]:
+            raise Conflict(
+                "wrong_lease",
+                f"the lease token does not hold attempt {ref.attempt} of task {ref.task_id}",
+            )
+        return st
+
+    @staticmethod
+    def _reject_finished(st: dict[str, Any], ref: m.LeaseRef) -> None:
+        if st["status"] in ("succeeded", "canceled"):
+            raise Conflict(
+                "task_finished",
+                f"task {ref.task_id} is already {st['status']}; nothing more is accepted",
+                status=st["status"],
+            )
+
+    # -- task-fetch and heartbeat -----------------------------------------------------------
+    def fetch(self, ref: m.LeaseRef) -> m.TaskPayload:
+        with self.pool.connection() as conn:
+            view = conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone()
+            if view is None:
+                raise NotFound(f"task {ref.task_id} does not exist")
+            if ref.attempt != view["attempt"]:
+                raise Conflict(
+                    "stale_attempt",
+                    f"attempt {ref.attempt} of task {ref.task_id} is stale: "
+                    f"attempt {view['attempt']} has started",
+                    current_attempt=view["attempt"],
+                )
+            if ref.lease_token != view["lease_token"]:
+                raise Conflict(
+                    "wrong_lease",
+                    f"the lease token does not hold attempt {ref.attempt} of task {ref.task_id}",
+                )
+        status = "canceled" if view["cancel_requested"] else view["status"]
+        return m.TaskPayload(
+            task_id=view["task_id"],
+            attempt=view["attempt"],
+            start_day=view["start_day"],
+            status=status,
+            cancel_requested=view["cancel_requested"],
+            org_id=view["org_id"],
+            dag_id=view["dag_id"],
+            dag_version=view["dag_version"],
+            job=view["job"],
+            operator=view["operator"],
+            runtime=view["runtime"],
+            config=view["config"],
+            parent_task_id=view["parent_task_id"],
+            input_event=view["input_event"],
+            inputs=[m.DatasetRef(**r) for r in view["input_versions"]],
+            idempotency=m.IdempotencyContext(producer_task_id=view["task_id"], attempt=view["attempt"]),
+            timeout_seconds=view["timeout_seconds"],
+            deadline_at=view["deadline_at"],
+            lease_until=view["lease_until"],
+            heartbeat_seconds=self.settings.heartbeat_seconds,
+        )
+
+    def heartbeat(self, req: m.HeartbeatRequest) -> m.HeartbeatResponse:
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                _Q.heartbeat,
+                {
+                    "task_id": req.task_id,
+                    "attempt": req.attempt,
+                    "lease_token": req.lease_token,
+                    "lease": self.settings.lease_seconds,
+                },
+            ).fetchone()
+            if row is not None:
+                return m.HeartbeatResponse(**row)
+            st = self._fenced(conn, req)
+            raise Conflict(
+                "lease_lost",
+                f"attempt {req.attempt} of task {req.task_id} no longer holds its lease "
+                f"(task is {st['status']})",
+                status=st["status"],
+            )
+
+    # -- events and completion -----------------------------------------------------------
+    def _insert_events(
+        self, conn: Connection[Any], st: dict[str, Any], attempt: int, events: list[m.EventIn]
+    ) -> tuple[list[UUID], int]:
+        accepted: list[UUID] = []
+        for ev in events:
+            row = conn.execute(
+                _Q.insert_event,
+                {
+                    "event_id": uuid.uuid4(),
+                    "start_day": st["start_day"],
+                    "org_id": st["org_id"],
+                    "task_id": st["task_id"],
+                    "attempt": attempt,
+                    "dataset_uuid": ev.dataset_uuid,
+                    "dedupe_key": ev.dedupe_key,
+                    "cursor": ev.cursor,
+                    "partition_key": ev.partition_key,
+                    "range_start": ev.range.start if ev.range else None,
+                    "range_end": ev.range.end if ev.range else None,
+                    "payload": Jsonb(ev.payload),
+                },
+            ).fetchone()
+            if row is not None:
+                accepted.append(row["event_id"])
+        return accepted, len(events) - len(accepted)
+
+    def events(self, req: m.EventsRequest) -> m.EventsResponse:
+        with self.pool.connection() as conn, conn.transaction():
+            st = self._fenced(conn, req)
+            self._reject_finished(st, req)
+            ids, dups = self._insert_events(conn, st, req.attempt, req.events)
+        return m.EventsResponse(accepted=len(ids), duplicates=dups, event_ids=ids)
+
+    def complete(self, req: m.CompleteRequest) -> m.CompleteResponse:
+        """Accepted only for the current attempt of a task not succeeded/canceled; a late
+        report of the current attempt (after its lease expired) is accepted too."""
+        with self.pool.connection() as conn, conn.transaction():
+            st = self._fenced(conn, req)
+            key = {"task_id": req.task_id, "start_day": st["start_day"], "attempt": req.attempt}
+            if st["status"] in ("succeeded", "canceled"):
+                if st["status"] == req.outcome:  # the same report again: idempotent
+                    return m.CompleteResponse(task_id=req.task_id, attempt=req.attempt, status=st["status"])
+                self._reject_finished(st, req)
+            ids, dups = self._insert_events(conn, st, req.attempt, req.final_events)
+            next_at: datetime | None = None
+            if req.outcome == "succeeded":
+                conn.execute(_Q.set_succeeded, {"task_id": req.task_id})
+                conn.execute(_Q.finish_attempt, {**key, "outcome": "succeeded", "error": None})
+                status = "succeeded"
+            elif req.outcome == "canceled":
+                conn.execute(_Q.set_terminal, {"task_id": req.task_id, "status": "canceled", "error": None})
+                conn.execute(_Q.finish_attempt, {**key, "outcome": "canceled", "error": None})
+                status = "canceled"
+            else:
+                error = req.error or "operator failed without a message"
+                conn.execute(_Q.finish_attempt, {**key, "outcome": "failed", "error": error})
+                if st["status"] != "running":
+                    # A late failure report: the reaper already decided this attempt's fate.
+                    status = st["status"]
+                elif req.retryable and not st["cancel_requested"] and req.attempt < st["max_attempts"]:
+                    next_at = self._schedule_retry(conn, st, error)
+                    status = "queued"
+                else:
+                    final = "canceled" if st["cancel_requested"] else "failed"
+                    conn.execute(_Q.set_terminal, {"task_id": req.task_id, "status": final, "error": error})
+                    status = final
+        return m.CompleteResponse(
+            task_id=req.task_id,
+            attempt=req.attempt,
+            status=status,
+            next_attempt_at=next_at,
+            events_accepted=len(ids),
+            events_duplicate=dups,
+        )
+
+    def _schedule_retry(self, conn: Connection[Any], st: dict[str, Any], error: str) -> datetime:
+        delay = backoff_seconds(st["attempt"], st["retry_backoff_seconds"], st["retry_backoff_max_seconds"])
+        row = conn.execute(
+            _Q.set_retry, {"task_id": st["task_id"], "error": error, "backoff": delay}
+        ).fetchone()
+        assert row is not None
+        self._enqueue_wakeup(conn, st["task_id"], st["start_day"], delay)
+        return row["next_attempt_at"]
+
+    # -- reaper --------------------------------------------------------------------------
+    def reap(self, limit: int = 100) -> int:
+        """Fails attempts whose lease or deadline expired; retries or finishes their tasks.
+        Safe to run in many processes at once (SKIP LOCKED)."""
+        with self.pool.connection() as conn, conn.transaction():
+            rows = conn.execute(_Q.expired_leases, {"limit": limit}).fetchall()
+            for st in rows:
+                outcome = "timed_out" if st["timed_out"] else "lease_expired"
+                error = (
+                    f"attempt {st['attempt']} exceeded its timeout"
+                    if st["timed_out"]
+                    else f"attempt {st['attempt']} lost its lease (missed heartbeats)"
+                )
+                conn.execute(
+                    _Q.finish_attempt,
+                    {
+                        "task_id": st["task_id"],
+                        "start_day": st["start_day"],
+                        "attempt": st["attempt"],
+                        "outcome": outcome,
+                        "error": error,
+                    },
+                )
+                if st["cancel_requested"]:
+                    conn.execute(_Q.set_terminal, {"task_id": st["task_id"], "status": "canceled", "error": error})
+                elif st["attempt"] < st["max_attempts"]:
+                    self._schedule_retry(conn, st, error)
+                else:
+                    conn.execute(_Q.set_terminal, {"task_id": st["task_id"], "status": "failed", "error": error})
+        return len(rows)
+
+    # -- user-facing ---------------------------------------------------------------------
+    def cancel(self, task_id: UUID) -> m.CancelResponse:
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(_Q.request_cancel, {"task_id": task_id}).fetchone()
+            if row is not None:
+                return m.CancelResponse(task_id=task_id, **row)
+            st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
+            if st is None:
+                raise NotFound(f"task {task_id} does not exist")
+            if st["status"] == "canceled":
+                return m.CancelResponse(task_id=task_id, status="canceled", cancel_requested=True)
+            raise Conflict(
+                "task_finished", f"task {task_id} already {st['status']}; it cannot be canceled",
+                status=st["status"],
+            )
+
+    def get_task(self, task_id: UUID) -> m.TaskView:
+        with self.pool.connection() as conn:
+            v = conn.execute(_Q.task_view, {"task_id": task_id}).fetchone()
+            if v is None:
+                raise NotFound(f"task {task_id} does not exist")
+            key = {"task_id": task_id, "start_day": v["start_day"]}
+            attempts = conn.execute(_Q.task_attempts, key).fetchall()
+            n_events = conn.execute(_Q.task_event_count, key).fetchone()
+        return m.TaskView(
+            **{k: v[k] for k in m.TaskView.model_fields if k in v},
+            attempts=[m.AttemptView(**a) for a in attempts],
+            events=n_events["n"] if n_events else 0,
+        )
+
+    def list_tasks(self, limit: int = 50) -> list[dict[str, Any]]:
+        with self.pool.connection() as conn:
+            return conn.execute(_Q.list_tasks, {"limit": limit}).fetchall()

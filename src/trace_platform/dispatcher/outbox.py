@@ -1,0 +1,99 @@
+"""The outbox publisher: pending outbox rows -> QueueDriver.publish -> marked sent.
+
+Publishing and marking happen after the intent committed, in the publisher's own transaction.
+Killed between the two, the rows stay unsent and are published again: a duplicate wake-up,
+never a lost one. Several publishers may run at once: SKIP LOCKED splits the rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from trace_platform import faults
+from trace_platform.db.queries import Queries
+from trace_platform.queue.driver import QueueDriver
+
+_Q = Queries("outbox")
+log = logging.getLogger(__name__)
+
+
+class OutboxPublisher:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        driver: QueueDriver,
+        *,
+        batch_size: int = 500,
+        purge_after_seconds: float = 3600,
+    ) -> None:
+        self.pool = pool
+        self.driver = driver
+        self.batch_size = batch_size
+        self.purge_after_seconds = purge_after_seconds
+
+    def publish_once(self) -> int:
+        """Publishes one batch; returns how many rows were sent."""
+        with self.pool.connection() as conn, conn.transaction():
+            rows = conn.execute(_Q.claim_pending, {"limit": self.batch_size}).fetchall()
+            if not rows:
+                return 0
+            groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+            for r in rows:
+                groups[(r["queue_name"], r["delay_seconds"])].append(r)
+            sent: list[int] = []
+            for (queue, delay), group in groups.items():
+                try:
+                    self.driver.publish_many(queue, [r["payload"] for r in group], delay)
+                except Exception as e:  # the queue is down or refused: keep rows, retry later
+                    log.warning("outbox publish to %s failed: %s", queue, e)
+                    conn.execute(_Q.mark_failed, {"ids": [r["id"] for r in group], "error": str(e)[:2000]})
+                    continue
+                sent.extend(r["id"] for r in group)
+            faults.point("outbox.after_publish")
+            if sent:
+                conn.execute(_Q.mark_sent, {"ids": sent})
+        return len(sent)
+
+    def drain(self) -> int:
+        total = 0
+        while n := self.publish_once():
+            total += n
+        return total
+
+    def pending(self) -> int:
+        with self.pool.connection() as conn:
+            row = conn.execute(_Q.pending_count).fetchone()
+            return int(row["n"]) if row else 0
+
+    def purge_sent(self) -> int:
+        with self.pool.connection() as conn:
+            return conn.execute(_Q.purge_sent, {"older_than": self.purge_after_seconds}).rowcount
+
+    def run(self, stop: threading.Event, dsn: str, poll_seconds: float = 1.0) -> None:
+        """Publish until `stop`; sleeps on LISTEN trace_outbox between batches."""
+        listen = psycopg.connect(dsn, autocommit=True)
+        listen.execute("LISTEN trace_outbox")
+        last_purge = time.monotonic()
+        try:
+            while not stop.is_set():
+                try:
+                    if self.publish_once() >= self.batch_size:
+                        continue
+                    if time.monotonic() - last_purge > 60:
+                        self.purge_sent()
+                        last_purge = time.monotonic()
+                except psycopg.Error as e:
+                    log.warning("outbox publisher: %s", e)
+                    stop.wait(poll_seconds)
+                    continue
+                for _ in listen.notifies(timeout=poll_seconds, stop_after=1):
+                    pass
+        finally:
+            listen.close()

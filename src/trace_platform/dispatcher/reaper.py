@@ -1,0 +1,34 @@
+"""The reaper loop and partition upkeep: both safe to run in every Dispatcher process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+
+from trace_platform.dispatcher.core import Dispatcher
+
+log = logging.getLogger(__name__)
+_PARTITIONS_EVERY = 6 * 3600.0
+
+
+def ensure_partitions(dispatcher: Dispatcher) -> int:
+    with dispatcher.pool.connection() as conn:
+        row = conn.execute("SELECT trace_ensure_partitions() AS n").fetchone()
+        return int(row["n"]) if row else 0
+
+
+def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 1.0) -> None:
+    last_partitions = 0.0
+    while not stop.is_set():
+        try:
+            if time.monotonic() - last_partitions > _PARTITIONS_EVERY:
+                ensure_partitions(dispatcher)
+                last_partitions = time.monotonic()
+            while dispatcher.reap() > 0:
+                pass
+        except psycopg.Error as e:
+            log.warning("reaper: %s", e)
+        stop.wait(interval)

@@ -1,0 +1,120 @@
+"""The Lite stack as local processes: API + Dispatcher loops in this process, N workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from trace_platform.api.app import create_app
+from trace_platform.config import Settings
+from trace_platform.db.embedded import free_port
+from trace_platform.services import Services
+
+
+class ApiServer:
+    """uvicorn in a background thread, so the caller keeps the main thread."""
+
+    def __init__(self, services: Services, host: str, port: int, *, background: bool = True) -> None:
+        self.url = f"http://{host}:{port}"
+        config = uvicorn.Config(
+            create_app(services, background=background), host=host, port=port, log_level="warning",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="api", daemon=True)
+
+    def start(self, timeout: float = 20.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"API server did not start on {self.url} (port in use?)")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def worker_command(api_url: str, *, concurrency: int = 1, extra: list[str] | None = None) -> list[str]:
+    return [
+        sys.executable, "-m", "trace_platform.cli.main", "worker",
+        "--api-url", api_url, "--concurrency", str(concurrency), *(extra or []),
+    ]
+
+
+class LiteStack:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        workers: int = 2,
+        port: int | None = None,
+        dsn: str | None = None,
+        worker_env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.n_workers = workers
+        self.port = port or free_port()
+        self.services = Services.build(settings, dsn)
+        self.api = ApiServer(self.services, settings.api_host, self.port)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.worker_env = worker_env or {}
+        self.log_dir = log_dir or settings.home / "logs"
+
+    @property
+    def url(self) -> str:
+        return self.api.url
+
+    def start(self) -> LiteStack:
+        self.api.start()
+        for _ in range(self.n_workers):
+            self.add_worker()
+        return self
+
+    def add_worker(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        full_env = {
+            **os.environ,
+            "TRACE_STATE_DSN": self.services.dsn,
+            "TRACE_HOME": str(self.settings.home),
+            **self.worker_env,
+            **(env or {}),
+        }
+        logf = (self.log_dir / f"worker-{len(self.workers)}.out").open("ab")
+        proc = subprocess.Popen(worker_command(self.url), env=full_env, stdout=logf, stderr=logf)
+        self.workers.append(proc)
+        return proc
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        for p in self.workers:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.workers:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.api.stop()
+        self.services.close()
+
+    def __enter__(self) -> LiteStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,39 @@
+"""Operators: named units of work the worker runs in its operator host process.
+
+The registry maps a name to "module:function" so a host imports only what it runs (Spark
+operators are heavy). An operator is `fn(ctx: OperatorContext) -> list[EventIn] | None`; what it
+returns are its final events, reported atomically with the completion.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from trace_platform.operators.context import OperatorContext, OperatorError, PermanentError
+
+__all__ = ["REGISTRY", "OperatorContext", "OperatorError", "PermanentError", "resolve"]
+
+Operator = Callable[[OperatorContext], Any]
+
+REGISTRY: dict[str, str] = {
+    "noop": "trace_platform.operators.builtin:noop",
+    "sleep": "trace_platform.operators.builtin:sleep",
+    "fail": "trace_platform.operators.builtin:fail",
+    "emit_events": "trace_platform.operators.builtin:emit_events",
+}
+
+
+class UnknownOperator(LookupError):
+    pass
+
+
+def resolve(name: str) -> Operator:
+    target = REGISTRY.get(name)
+    if target is None:
+        known = ", ".join(sorted(REGISTRY))
+        raise UnknownOperator(f"unknown operator '{name}' (known: {known})")
+    module, _, attr = target.partition(":")
+    fn: Operator = getattr(importlib.import_module(module), attr)
+    return fn

@@ -1,0 +1,57 @@
+"""The one queue abstraction (deployment-profiles note): every internal queue use goes through it.
+
+Semantics every driver must give (and the conformance suite checks): at-least-once delivery,
+duplicates allowed, no ordering guarantee, visibility timeout, poison messages dead-lettered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Message:
+    payload: dict[str, Any]
+    receipt: str  # opaque: only the driver that issued it can interpret it
+    delivery_count: int  # best effort; 1 on first delivery
+
+
+@runtime_checkable
+class QueueDriver(Protocol):
+    def publish(self, queue_name: str, payload_json: Any, delay_seconds: int = 0) -> None:
+        """Enqueue one typed payload (see `queue.payloads`); raises PayloadError if invalid."""
+
+    def publish_many(self, queue_name: str, payloads: list[Any], delay_seconds: int = 0) -> None:
+        """Batched publish, all-or-nothing validation."""
+
+    def receive(
+        self,
+        queue_name: str,
+        max_messages: int,
+        visibility_timeout_seconds: float,
+        wait_seconds: float = 0,
+    ) -> list[Message]:
+        """Lease up to `max_messages`; wait up to `wait_seconds` for one if none is ready."""
+
+    def ack(self, queue_name: str, receipt: str) -> bool:
+        """Delete a received message; False if the receipt no longer holds the lease."""
+
+    def ack_many(self, queue_name: str, receipts: list[str]) -> int:
+        """Batched ack; returns how many receipts still held their lease."""
+
+    def extend_visibility(
+        self, queue_name: str, receipt: str, visibility_timeout_seconds: float
+    ) -> bool:
+        """Push the lease out to now + timeout; False if the lease was lost."""
+
+    def nack(
+        self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0
+    ) -> bool:
+        """Give a message back after a failure, recording `error`; the last allowed
+        delivery goes straight to the dead-letter store."""
+
+    def dead_letters(self, queue_name: str) -> list[dict[str, Any]]:
+        """Messages that exhausted their deliveries (inspection and tests)."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,75 @@
+"""The typed, small queue payloads. Queue messages are wake-ups, never task data."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+MAX_PAYLOAD_BYTES = 256 * 1024  # SQS's limit; pgqueue enforces the same so Lite cannot drift
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskWakeup(_Payload):
+    kind: Literal["task_wakeup"] = "task_wakeup"
+    task_id: UUID
+    start_day: int | None = None  # partition hint
+
+
+class BufferRecord(_Payload):
+    kind: Literal["buffer_record"] = "buffer_record"
+    dataset_uuid: UUID
+    record_id: UUID
+
+
+class Delivery(_Payload):
+    kind: Literal["delivery"] = "delivery"
+    delivery_id: UUID
+
+
+Payload = Annotated[TaskWakeup | BufferRecord | Delivery, Field(discriminator="kind")]
+_ADAPTER: TypeAdapter[TaskWakeup | BufferRecord | Delivery] = TypeAdapter(Payload)
+
+
+class PayloadError(ValueError):
+    """A payload that is not one of the known kinds, or too large for a queue message."""
+
+
+def encode(payload: Any) -> str:
+    """Validates a payload (model or dict) and returns its compact JSON; raises PayloadError."""
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except json.JSONDecodeError as e:
+            raise PayloadError(f"queue payload is not valid JSON: {e}") from None
+    raw = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(
+        payload, separators=(",", ":"), default=str
+    )
+    if len(raw.encode()) > MAX_PAYLOAD_BYTES:
+        raise PayloadError(
+            f"queue payload is {len(raw.encode())} bytes; messages must stay under "
+            f"{MAX_PAYLOAD_BYTES} bytes (send a pointer to the data, not the data)"
+        )
+    try:
+        model = _ADAPTER.validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "payload"
+        raise PayloadError(f"invalid queue payload at {where}: {first['msg']}") from None
+    return model.model_dump_json(exclude_none=True)
+
+
+def decode(raw: str | bytes | dict[str, Any]) -> TaskWakeup | BufferRecord | Delivery:
+    try:
+        if isinstance(raw, dict):
+            return _ADAPTER.validate_python(raw)
+        return _ADAPTER.validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "payload"
+        raise PayloadError(f"invalid queue payload at {where}: {first['msg']}") from None

@@ -1,0 +1,172 @@
+"""pgqueue: the Postgres-backed QueueDriver (Lite, CI, demos).
+
+Receive leases rows with SKIP LOCKED; the receipt is `"{id}:{lease_token}"` and only the
+matching token can ack. Idle consumers sleep on LISTEN/NOTIFY and poll as a fallback.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from trace_platform.db.queries import Queries
+from trace_platform.queue import payloads
+from trace_platform.queue.driver import Message
+
+_Q = Queries("queue")
+_SWEEP_EVERY = 1.0  # seconds between dead-letter sweeps per queue and driver
+
+
+def _split(receipt: str) -> tuple[int, UUID]:
+    try:
+        msg_id, token = receipt.split(":", 1)
+        return int(msg_id), UUID(token)
+    except ValueError:
+        raise ValueError(f"not a pgqueue receipt: {receipt!r}") from None
+
+
+class PgQueue:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        dsn: str,
+        *,
+        max_attempts: int = 20,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self.pool = pool
+        self.dsn = dsn
+        self.max_attempts = max_attempts
+        self.poll_seconds = poll_seconds
+        self._listen_conn: psycopg.Connection[Any] | None = None
+        self._listen_lock = threading.Lock()
+        self._last_sweep: dict[str, float] = {}
+
+    # -- publish -------------------------------------------------------------------------
+    def publish(self, queue_name: str, payload_json: Any, delay_seconds: int = 0) -> None:
+        self.publish_many(queue_name, [payload_json], delay_seconds)
+
+    def publish_many(self, queue_name: str, payloads_: list[Any], delay_seconds: int = 0) -> None:
+        encoded = [Jsonb(p, dumps=lambda s: s) for p in map(payloads.encode, payloads_)]
+        if not encoded:
+            return
+        with self.pool.connection() as conn:
+            conn.execute(
+                _Q.publish,
+                {
+                    "queue": queue_name,
+                    "payloads": encoded,
+                    "delay": max(0, delay_seconds),
+                    "max_attempts": self.max_attempts,
+                },
+            )
+
+    # -- receive -------------------------------------------------------------------------
+    def _lease(self, queue_name: str, max_messages: int, visibility: float) -> list[Message]:
+        with self.pool.connection() as conn:
+            now = time.monotonic()
+            if now - self._last_sweep.get(queue_name, 0.0) > _SWEEP_EVERY:
+                self._last_sweep[queue_name] = now
+                conn.execute(_Q.dead_letter, {"queue": queue_name})
+            rows = conn.execute(
+                _Q.receive,
+                {"queue": queue_name, "limit": max_messages, "visibility": visibility},
+            ).fetchall()
+        return [
+            Message(
+                payload=r["payload"],
+                receipt=f"{r['id']}:{r['lease_token']}",
+                delivery_count=r["attempts"],
+            )
+            for r in rows
+        ]
+
+    def receive(
+        self,
+        queue_name: str,
+        max_messages: int,
+        visibility_timeout_seconds: float,
+        wait_seconds: float = 0,
+    ) -> list[Message]:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            msgs = self._lease(queue_name, max_messages, visibility_timeout_seconds)
+            remaining = deadline - time.monotonic()
+            if msgs or remaining <= 0:
+                return msgs
+            self._wait(queue_name, min(remaining, self._poll_interval(queue_name)))
+
+    def _poll_interval(self, queue_name: str) -> float:
+        """Sleep no longer than until the next delayed message becomes visible."""
+        with self.pool.connection() as conn:
+            row = conn.execute(_Q.next_visible, {"queue": queue_name}).fetchone()
+        nxt = row["seconds"] if row else None
+        if nxt is None:
+            return self.poll_seconds
+        return max(0.005, min(self.poll_seconds, float(nxt)))
+
+    def _wait(self, queue_name: str, timeout: float) -> None:
+        with self._listen_lock:
+            if self._listen_conn is None or self._listen_conn.closed:
+                self._listen_conn = psycopg.connect(self.dsn, autocommit=True)
+                self._listen_conn.execute("LISTEN trace_queue")
+            for n in self._listen_conn.notifies(timeout=timeout):
+                if n.payload == queue_name:
+                    return
+
+    # -- settle --------------------------------------------------------------------------
+    def ack(self, queue_name: str, receipt: str) -> bool:
+        msg_id, token = _split(receipt)
+        with self.pool.connection() as conn:
+            return conn.execute(_Q.ack, {"id": msg_id, "token": token}).rowcount == 1
+
+    def ack_many(self, queue_name: str, receipts: list[str]) -> int:
+        if not receipts:
+            return 0
+        pairs = [_split(r) for r in receipts]
+        with self.pool.connection() as conn:
+            cur = conn.execute(
+                _Q.ack_many,
+                {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs]},
+            )
+            return cur.rowcount
+
+    def extend_visibility(
+        self, queue_name: str, receipt: str, visibility_timeout_seconds: float
+    ) -> bool:
+        msg_id, token = _split(receipt)
+        with self.pool.connection() as conn:
+            cur = conn.execute(
+                _Q.extend_visibility,
+                {"id": msg_id, "token": token, "visibility": visibility_timeout_seconds},
+            )
+            return cur.rowcount == 1
+
+    def nack(self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0) -> bool:
+        msg_id, token = _split(receipt)
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                _Q.nack,
+                {"id": msg_id, "token": token, "error": error[:4000], "delay": delay_seconds},
+            ).fetchone()
+            if row is None:
+                return False
+            if row["exhausted"]:
+                conn.execute(_Q.dead_letter, {"queue": queue_name})
+            return True
+
+    def dead_letters(self, queue_name: str) -> list[dict[str, Any]]:
+        with self.pool.connection() as conn:
+            return conn.execute(_Q.dead_letters, {"queue": queue_name}).fetchall()
+
+    def close(self) -> None:
+        with self._listen_lock:
+            if self._listen_conn is not None:
+                self._listen_conn.close()
+                self._listen_conn = None

@@ -1,0 +1,101 @@
+"""HTTP client of the Dispatcher's internal API, held by the wrapper only (never the operator)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+from uuid import UUID
+
+import httpx
+from pydantic import BaseModel
+
+from trace_platform.dispatcher import models as m
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class DispatcherClient:
+    def __init__(
+        self, base_url: str, *, internal_token: str | None = None, timeout: float = 30.0,
+        retries: int = 5,
+    ) -> None:
+        headers = {"Content-Type": "application/json"}
+        if internal_token:
+            headers["Authorization"] = f"Bearer {internal_token}"
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+        self.retries = retries
+
+    def _call(self, method: str, path: str, out: type[T], **kw: Any) -> T:
+        """Transport failures are retried (every call is idempotent or fenced); HTTP errors
+        are raised as ApiError with the server's code and message."""
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.http.request(method, path, **kw)
+                break
+            except httpx.TransportError:
+                if attempt == self.retries:
+                    raise
+                time.sleep(min(2.0, 0.1 * 2**attempt))
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+                raise ApiError(r.status_code, body.get("error", "error"), body.get("message", r.text))
+            except ValueError:
+                raise ApiError(r.status_code, "error", r.text) from None
+        return out.model_validate(r.json())
+
+    def claim(self, task_id: UUID, worker_id: str, start_day: int | None = None) -> m.Claim:
+        body = m.ClaimRequest(task_id=task_id, worker_id=worker_id, start_day=start_day)
+        return self._call("POST", "/internal/claim", m.Claim, content=body.model_dump_json())
+
+    def fetch(self, claim: m.Claim) -> m.TaskPayload:
+        return self._call(
+            "GET",
+            "/internal/task-fetch",
+            m.TaskPayload,
+            params={"task_id": str(claim.task_id), "attempt": claim.attempt},
+            headers={"X-Lease-Token": str(claim.lease_token)},
+        )
+
+    def heartbeat(self, claim: m.Claim, progress: dict[str, Any] | None = None) -> m.HeartbeatResponse:
+        body = m.HeartbeatRequest(**_ref(claim), progress=progress)
+        return self._call("POST", "/internal/heartbeat", m.HeartbeatResponse, content=body.model_dump_json())
+
+    def events(self, claim: m.Claim, events: list[m.EventIn]) -> m.EventsResponse:
+        body = m.EventsRequest(**_ref(claim), events=events)
+        return self._call("POST", "/internal/events", m.EventsResponse, content=body.model_dump_json())
+
+    def complete(
+        self,
+        claim: m.Claim,
+        outcome: str,
+        *,
+        error: str | None = None,
+        retryable: bool = True,
+        final_events: list[m.EventIn] | None = None,
+    ) -> m.CompleteResponse:
+        body = m.CompleteRequest(
+            **_ref(claim), outcome=outcome, error=error, retryable=retryable,  # type: ignore[arg-type]
+            final_events=final_events or [],
+        )
+        return self._call("POST", "/internal/task-complete", m.CompleteResponse, content=body.model_dump_json())
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _ref(claim: m.Claim) -> dict[str, Any]:
+    return {
+        "task_id": claim.task_id,
+        "attempt": claim.attempt,
+        "lease_token": claim.lease_token,
+        "start_day": claim.start_day,
+    }

@@ -1,0 +1,84 @@
+"""The operator host: a child process that runs operators, one task at a time.
+
+It holds no lease token and no internal credential (its environment is scrubbed), so operator
+code cannot reach /internal/*. It speaks JSON lines: tasks in on stdin, messages out on the
+original stdout; operator prints and logs go to the log file that stdout/stderr now point at.
+Long-lived, so expensive state (a SparkSession) survives between tasks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+from trace_platform.dispatcher.models import EventIn, TaskPayload
+from trace_platform.operators import OperatorContext, resolve
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """If the wrapper is SIGKILLed, the operator must not run on unsupervised."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _error_text(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def run_one(task: TaskPayload, send: Any, workroot: Path) -> None:
+    workdir = workroot / str(task.task_id) / str(task.attempt)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = OperatorContext(task=task, workdir=workdir, _send=send)
+    try:
+        fn = resolve(task.operator)
+        result = fn(ctx)
+        final = [
+            (e if isinstance(e, EventIn) else EventIn.model_validate(e)).model_dump(mode="json")
+            for e in (result or [])
+        ]
+        send({"type": "done", "final_events": final})
+    except Exception as exc:
+        logging.getLogger("trace.operator").exception("operator %s failed", task.operator)
+        send({"type": "failed", "error": _error_text(exc), "retryable": getattr(exc, "retryable", True)})
+
+
+def main() -> None:
+    _die_with_parent()
+    proto: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
+    log_path = os.environ.get("TRACE_HOST_LOG")
+    if log_path:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    workroot = Path(os.environ.get("TRACE_HOST_WORKDIR") or tempfile.mkdtemp(prefix="trace-op-"))
+
+    def send(msg: dict[str, Any]) -> None:
+        proto.write(json.dumps(msg, default=str) + "\n")
+
+    send({"type": "ready", "pid": os.getpid()})
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("type") == "run":
+            run_one(TaskPayload.model_validate(msg["task"]), send, workroot)
+
+
+if __name__ == "__main__":
+    main()
