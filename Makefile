@@ -1,0 +1,35 @@
+# Each target bootstraps its own virtualenv (.venv) from pinned dependencies.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench up clean check-prereqs
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s); install python3.11 and run: make PYTHON=python3.11 ..." % sys.version.split()[0])'
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "python venv module missing: apt-get install python3-venv"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	@touch $(STAMP)
+
+check-prereqs:
+	@command -v java >/dev/null 2>&1 || echo "note: Java 17 is not installed (needed by the Spark data plane): apt-get install openjdk-17-jre-headless"
+
+demo: $(STAMP) check-prereqs
+	$(BIN)/trace demo
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/queue_bench.py
+
+up: $(STAMP)
+	$(BIN)/trace up
+
+clean:
+	-$(BIN)/trace db stop
+	rm -rf $(VENV) .trace
