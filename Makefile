@@ -22,6 +22,7 @@ demo: $(STAMP) check-prereqs
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/pytest
 
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""Resolved configuration: environment variables (`TRACE_*`) over defaults, via pydantic-settings."""
+"""Resolved configuration: `TRACE_*` environment variables over defaults (pydantic-settings)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ class Settings(BaseSettings):
         if self.object_store_root is None:
             self.object_store_root = self.home / "objects"
         if self.profile is Profile.aws and self.state_dsn is None:
-            raise ValueError("TRACE_STATE_DSN is required in the aws profile (no embedded Postgres)")
+            raise ValueError(
+                "TRACE_STATE_DSN is required in the aws profile (no embedded Postgres)"
+            )
         return self
 
     @property

@@ -61,10 +61,14 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     d = services.dispatcher
 
     @app.middleware("http")
-    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return _error(413, "too_large", f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}")
+            return _error(
+                413, "too_large", f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}"
+            )
         return await call_next(request)
 
     @app.exception_handler(DispatcherError)

@@ -21,7 +21,9 @@ from trace_platform.db.pool import embedded_cluster, make_pool, state_dsn
 from trace_platform.dispatcher.errors import DispatcherError
 from trace_platform.dispatcher.models import TaskSpec, TaskView
 
-app = typer.Typer(help="Trace: a Postgres-centred data platform for chain data.", no_args_is_help=True)
+app = typer.Typer(
+    help="Trace: a Postgres-centred data platform for chain data.", no_args_is_help=True
+)
 db_app = typer.Typer(help="The embedded Postgres (Lite).", no_args_is_help=True)
 task_app = typer.Typer(help="Tasks: create, watch, cancel.", no_args_is_help=True)
 config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
@@ -155,7 +157,10 @@ def worker(
     stop = _stop_on_signals()
     wrappers = [
         Wrapper(
-            driver, client, queue_name=settings.task_queue, home=settings.home,
+            driver,
+            client,
+            queue_name=settings.task_queue,
+            home=settings.home,
             visibility_seconds=max(10.0, settings.lease_seconds * 2),
             wait_seconds=min(5.0, settings.queue_poll_seconds * 5),
         )
@@ -190,7 +195,9 @@ def up(
     except Exception as e:
         stack.stop()
         _fail(str(e))
-    console.print(f"[green]Trace Lite up[/green]: API {stack.url}, {workers} worker(s). Ctrl-C stops.")
+    console.print(
+        f"[green]Trace Lite up[/green]: API {stack.url}, {workers} worker(s). Ctrl-C stops."
+    )
     try:
         while not stop.wait(1.0):
             for i, p in enumerate(stack.workers):
@@ -214,8 +221,19 @@ def _dispatcher() -> Any:
 
 def print_task(view: TaskView) -> None:
     table = Table(title=f"task {view.task_id}", show_header=False)
-    for key in ("job", "operator", "runtime", "status", "attempt", "max_attempts", "created_at",
-                "finished_at", "next_attempt_at", "last_error", "events"):
+    for key in (
+        "job",
+        "operator",
+        "runtime",
+        "status",
+        "attempt",
+        "max_attempts",
+        "created_at",
+        "finished_at",
+        "next_attempt_at",
+        "last_error",
+        "events",
+    ):
         table.add_row(key, str(getattr(view, key)))
     table.add_row("config", json.dumps(view.config))
     console.print(table)
@@ -223,8 +241,14 @@ def print_task(view: TaskView) -> None:
         at = Table("attempt", "worker", "started", "duration", "outcome", "error", title="attempts")
         for a in view.attempts:
             dur = f"{(a.finished_at - a.started_at).total_seconds():.2f}s" if a.finished_at else "…"
-            at.add_row(str(a.attempt), a.worker_id or "", a.started_at.strftime("%H:%M:%S"), dur,
-                       a.outcome, (a.error or "")[:80])
+            at.add_row(
+                str(a.attempt),
+                a.worker_id or "",
+                a.started_at.strftime("%H:%M:%S"),
+                dur,
+                a.outcome,
+                (a.error or "")[:80],
+            )
         console.print(at)
 
 
@@ -245,7 +269,13 @@ def task_create(
     d = _dispatcher()
     try:
         ref = d.create_task(
-            TaskSpec(job=job, operator=operator, config=cfg, timeout_seconds=timeout, max_attempts=max_attempts)
+            TaskSpec(
+                job=job,
+                operator=operator,
+                config=cfg,
+                timeout_seconds=timeout,
+                max_attempts=max_attempts,
+            )
         )
     except (DispatcherError, ValueError) as e:
         _fail(str(e))
@@ -256,7 +286,9 @@ def task_create(
             view = d.get_task(ref.task_id)
             state = (view.status, view.attempt)
             if state != last:
-                console.print(f"  {time.strftime('%H:%M:%S')} {view.status} (attempt {view.attempt})")
+                console.print(
+                    f"  {time.strftime('%H:%M:%S')} {view.status} (attempt {view.attempt})"
+                )
                 last = state
             if view.status in ("succeeded", "failed", "canceled"):
                 break
@@ -280,7 +312,9 @@ def task_cancel(task_id: UUID) -> None:
         res = _dispatcher().cancel(task_id)
     except DispatcherError as e:
         _fail(e.message)
-    console.print(f"task {task_id}: {res.status}" + (" (cancel requested)" if res.status == "running" else ""))
+    console.print(
+        f"task {task_id}: {res.status}" + (" (cancel requested)" if res.status == "running" else "")
+    )
 
 
 @task_app.command("list")
@@ -288,8 +322,15 @@ def task_list(limit: Annotated[int, typer.Option()] = 20) -> None:
     """Most recent tasks."""
     table = Table("task", "job", "operator", "status", "attempt", "created", "last error")
     for r in _dispatcher().list_tasks(limit):
-        table.add_row(str(r["task_id"]), r["job"], r["operator"], r["status"], str(r["attempt"]),
-                      r["created_at"].strftime("%H:%M:%S"), (r["last_error"] or "")[:60])
+        table.add_row(
+            str(r["task_id"]),
+            r["job"],
+            r["operator"],
+            r["status"],
+            str(r["attempt"]),
+            r["created_at"].strftime("%H:%M:%S"),
+            (r["last_error"] or "")[:60],
+        )
     console.print(table)
 
 

@@ -7,6 +7,7 @@ reused across runs. As root it runs as an unprivileged system user, since initdb
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import pwd
@@ -49,12 +50,10 @@ def find_bindir(explicit: Path | None = None) -> Path:
         reverse=True,
     )
     candidates.extend(Path(p) for p in debian)
-    try:
-        import pgserver  # type: ignore[import-untyped]
-
-        candidates.append(Path(pgserver.__file__).parent / "pginstall" / "bin")
-    except ImportError:
-        pass
+    # Locate pgserver without importing it (its import has side effects and warnings).
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.origin:
+        candidates.append(Path(spec.origin).parent / "pginstall" / "bin")
     for c in candidates:
         if _has_initdb(c):
             return c
@@ -194,12 +193,16 @@ class EmbeddedPostgres:
             self._run(
                 [
                     "initdb",
-                    "-D", str(self.pgdata),
-                    "-U", SUPERUSER,
-                    "--pwfile", str(pwfile),
+                    "-D",
+                    str(self.pgdata),
+                    "-U",
+                    SUPERUSER,
+                    "--pwfile",
+                    str(pwfile),
                     "--auth-local=trust",
                     "--auth-host=scram-sha-256",
-                    "-E", "UTF8",
+                    "-E",
+                    "UTF8",
                     "--locale=C",
                 ]
             )
@@ -238,10 +241,17 @@ class EmbeddedPostgres:
             self._chown(self.log_file)
         proc = self._run(
             [
-                "pg_ctl", "start", "-w", "-t", "60",
-                "-D", str(self.pgdata),
-                "-l", str(self.log_file),
-                "-o", f"-p {info.port}",
+                "pg_ctl",
+                "start",
+                "-w",
+                "-t",
+                "60",
+                "-D",
+                str(self.pgdata),
+                "-l",
+                str(self.log_file),
+                "-o",
+                f"-p {info.port}",
             ],
             check=False,
         )

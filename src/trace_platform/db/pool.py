@@ -12,7 +12,9 @@ from trace_platform.db.migrate import migrate
 
 def embedded_cluster(settings: Settings) -> EmbeddedPostgres:
     assert settings.pg_data_dir is not None
-    return EmbeddedPostgres(settings.pg_data_dir, bindir=settings.pg_bindir, os_user=settings.pg_os_user)
+    return EmbeddedPostgres(
+        settings.pg_data_dir, bindir=settings.pg_bindir, os_user=settings.pg_os_user
+    )
 
 
 def state_dsn(settings: Settings, *, start: bool = True, run_migrations: bool = True) -> str:
@@ -29,7 +31,9 @@ def state_dsn(settings: Settings, *, start: bool = True, run_migrations: bool = 
     return dsn
 
 
-def make_pool(dsn: str, *, max_size: int = 10, min_size: int = 1, name: str = "trace") -> ConnectionPool:
+def make_pool(
+    dsn: str, *, max_size: int = 10, min_size: int = 1, name: str = "trace"
+) -> ConnectionPool:
     pool = ConnectionPool(
         dsn,
         min_size=min_size,

@@ -28,7 +28,9 @@ from trace_platform.queue import payloads
 _Q = Queries("dispatcher")
 
 
-def backoff_seconds(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+def backoff_seconds(
+    attempt: int, base: float, cap: float, rng: random.Random | None = None
+) -> float:
     """Exponential in the attempt, capped, with jitter in [delay/2, delay] to spread retries."""
     delay = min(cap, base * (2 ** max(0, attempt - 1)))
     return (rng or random).uniform(delay / 2, delay)
@@ -91,7 +93,9 @@ class Dispatcher:
             row = c.execute(_Q.insert_registry, params).fetchone()
             assert row is not None
             start_day = row["start_day"]
-            c.execute(_Q.insert_status, {"task_id": task_id, "start_day": start_day, "status": "queued"})
+            c.execute(
+                _Q.insert_status, {"task_id": task_id, "start_day": start_day, "status": "queued"}
+            )
             self._enqueue_wakeup(c, task_id, start_day)
             return m.TaskRef(task_id=task_id, start_day=start_day, status="queued")
 
@@ -105,7 +109,11 @@ class Dispatcher:
         with self.pool.connection() as conn, conn.transaction():
             row = conn.execute(
                 _Q.claim,
-                {"task_id": req.task_id, "worker_id": req.worker_id, "lease": self.settings.lease_seconds},
+                {
+                    "task_id": req.task_id,
+                    "worker_id": req.worker_id,
+                    "lease": self.settings.lease_seconds,
+                },
             ).fetchone()
             if row is None:
                 raise self._not_claimable(conn, req.task_id)
@@ -193,7 +201,9 @@ class Dispatcher:
             parent_task_id=view["parent_task_id"],
             input_event=view["input_event"],
             inputs=[m.DatasetRef(**r) for r in view["input_versions"]],
-            idempotency=m.IdempotencyContext(producer_task_id=view["task_id"], attempt=view["attempt"]),
+            idempotency=m.IdempotencyContext(
+                producer_task_id=view["task_id"], attempt=view["attempt"]
+            ),
             timeout_seconds=view["timeout_seconds"],
             deadline_at=view["deadline_at"],
             lease_until=view["lease_until"],
@@ -263,7 +273,9 @@ class Dispatcher:
             key = {"task_id": req.task_id, "start_day": st["start_day"], "attempt": req.attempt}
             if st["status"] in ("succeeded", "canceled"):
                 if st["status"] == req.outcome:  # the same report again: idempotent
-                    return m.CompleteResponse(task_id=req.task_id, attempt=req.attempt, status=st["status"])
+                    return m.CompleteResponse(
+                        task_id=req.task_id, attempt=req.attempt, status=st["status"]
+                    )
                 self._reject_finished(st, req)
             ids, dups = self._insert_events(conn, st, req.attempt, req.final_events)
             next_at: datetime | None = None
@@ -272,7 +284,9 @@ class Dispatcher:
                 conn.execute(_Q.finish_attempt, {**key, "outcome": "succeeded", "error": None})
                 status = "succeeded"
             elif req.outcome == "canceled":
-                conn.execute(_Q.set_terminal, {"task_id": req.task_id, "status": "canceled", "error": None})
+                conn.execute(
+                    _Q.set_terminal, {"task_id": req.task_id, "status": "canceled", "error": None}
+                )
                 conn.execute(_Q.finish_attempt, {**key, "outcome": "canceled", "error": None})
                 status = "canceled"
             else:
@@ -281,12 +295,18 @@ class Dispatcher:
                 if st["status"] != "running":
                     # A late failure report: the reaper already decided this attempt's fate.
                     status = st["status"]
-                elif req.retryable and not st["cancel_requested"] and req.attempt < st["max_attempts"]:
+                elif (
+                    req.retryable
+                    and not st["cancel_requested"]
+                    and req.attempt < st["max_attempts"]
+                ):
                     next_at = self._schedule_retry(conn, st, error)
                     status = "queued"
                 else:
                     final = "canceled" if st["cancel_requested"] else "failed"
-                    conn.execute(_Q.set_terminal, {"task_id": req.task_id, "status": final, "error": error})
+                    conn.execute(
+                        _Q.set_terminal, {"task_id": req.task_id, "status": final, "error": error}
+                    )
                     status = final
         return m.CompleteResponse(
             task_id=req.task_id,
@@ -298,7 +318,9 @@ class Dispatcher:
         )
 
     def _schedule_retry(self, conn: Connection[Any], st: dict[str, Any], error: str) -> datetime:
-        delay = backoff_seconds(st["attempt"], st["retry_backoff_seconds"], st["retry_backoff_max_seconds"])
+        delay = backoff_seconds(
+            st["attempt"], st["retry_backoff_seconds"], st["retry_backoff_max_seconds"]
+        )
         row = conn.execute(
             _Q.set_retry, {"task_id": st["task_id"], "error": error, "backoff": delay}
         ).fetchone()
@@ -330,11 +352,17 @@ class Dispatcher:
                     },
                 )
                 if st["cancel_requested"]:
-                    conn.execute(_Q.set_terminal, {"task_id": st["task_id"], "status": "canceled", "error": error})
+                    conn.execute(
+                        _Q.set_terminal,
+                        {"task_id": st["task_id"], "status": "canceled", "error": error},
+                    )
                 elif st["attempt"] < st["max_attempts"]:
                     self._schedule_retry(conn, st, error)
                 else:
-                    conn.execute(_Q.set_terminal, {"task_id": st["task_id"], "status": "failed", "error": error})
+                    conn.execute(
+                        _Q.set_terminal,
+                        {"task_id": st["task_id"], "status": "failed", "error": error},
+                    )
         return len(rows)
 
     # -- user-facing ---------------------------------------------------------------------
@@ -349,7 +377,8 @@ class Dispatcher:
             if st["status"] == "canceled":
                 return m.CancelResponse(task_id=task_id, status="canceled", cancel_requested=True)
             raise Conflict(
-                "task_finished", f"task {task_id} already {st['status']}; it cannot be canceled",
+                "task_finished",
+                f"task {task_id} already {st['status']}; it cannot be canceled",
                 status=st["status"],
             )
 

@@ -53,7 +53,9 @@ class OutboxPublisher:
                     self.driver.publish_many(queue, [r["payload"] for r in group], delay)
                 except Exception as e:  # the queue is down or refused: keep rows, retry later
                     log.warning("outbox publish to %s failed: %s", queue, e)
-                    conn.execute(_Q.mark_failed, {"ids": [r["id"] for r in group], "error": str(e)[:2000]})
+                    conn.execute(
+                        _Q.mark_failed, {"ids": [r["id"] for r in group], "error": str(e)[:2000]}
+                    )
                     continue
                 sent.extend(r["id"] for r in group)
             faults.point("outbox.after_publish")

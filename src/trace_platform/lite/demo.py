@@ -15,31 +15,61 @@ from trace_platform.lite.stack import LiteStack
 
 DEMO_TASKS: list[tuple[str, TaskSpec]] = [
     ("a no-op", TaskSpec(job="demo_noop", operator="noop")),
-    ("sleeps 2 s, reporting progress", TaskSpec(job="demo_sleep", operator="sleep", config={"seconds": 2})),
+    (
+        "sleeps 2 s, reporting progress",
+        TaskSpec(job="demo_sleep", operator="sleep", config={"seconds": 2}),
+    ),
     (
         "fails once, succeeds on retry",
-        TaskSpec(job="demo_flaky", operator="fail", config={"succeed_on_attempt": 2},
-                 retry_backoff_seconds=0.5),
+        TaskSpec(
+            job="demo_flaky",
+            operator="fail",
+            config={"succeed_on_attempt": 2},
+            retry_backoff_seconds=0.5,
+        ),
     ),
     (
         "fails permanently (no retry)",
-        TaskSpec(job="demo_broken", operator="fail", config={"permanent": True, "message": "bad config"}),
+        TaskSpec(
+            job="demo_broken", operator="fail", config={"permanent": True, "message": "bad config"}
+        ),
     ),
-    ("emits 5 events (2 bundled with completion)",
-     TaskSpec(job="demo_events", operator="emit_events", config={"count": 5, "final": 2})),
-    ("a long sleep, canceled while running",
-     TaskSpec(job="demo_cancel", operator="sleep", config={"seconds": 60})),
+    (
+        "emits 5 events (2 bundled with completion)",
+        TaskSpec(job="demo_events", operator="emit_events", config={"count": 5, "final": 2}),
+    ),
+    (
+        "a long sleep, canceled while running",
+        TaskSpec(job="demo_cancel", operator="sleep", config={"seconds": 60}),
+    ),
 ]
 
 
 def _table(rows: list[tuple[str, TaskView]], t0: float) -> Table:
-    table = Table("task", "what", "status", "attempt", "events", "last error",
-                  title=f"Trace Lite demo — {time.monotonic() - t0:.1f}s")
+    table = Table(
+        "task",
+        "what",
+        "status",
+        "attempt",
+        "events",
+        "last error",
+        title=f"Trace Lite demo — {time.monotonic() - t0:.1f}s",
+    )
     for what, v in rows:
-        colour = {"succeeded": "green", "failed": "red", "canceled": "yellow", "running": "cyan"}.get(
-            v.status, "white")
-        table.add_row(str(v.task_id)[:8], what, f"[{colour}]{v.status}[/{colour}]", str(v.attempt),
-                      str(v.events), (v.last_error or "")[:50])
+        colour = {
+            "succeeded": "green",
+            "failed": "red",
+            "canceled": "yellow",
+            "running": "cyan",
+        }.get(v.status, "white")
+        table.add_row(
+            str(v.task_id)[:8],
+            what,
+            f"[{colour}]{v.status}[/{colour}]",
+            str(v.attempt),
+            str(v.events),
+            (v.last_error or "")[:50],
+        )
     return table
 
 
@@ -50,7 +80,9 @@ def run_demo(settings: Settings, *, workers: int = 2, console: Console | None = 
     with LiteStack(settings, workers=workers) as stack:
         d = stack.services.dispatcher
         console.print(f"API at {stack.url}; state in Postgres at {settings.pg_data_dir}")
-        ids: list[tuple[str, UUID]] = [(what, d.create_task(spec).task_id) for what, spec in DEMO_TASKS]
+        ids: list[tuple[str, UUID]] = [
+            (what, d.create_task(spec).task_id) for what, spec in DEMO_TASKS
+        ]
         cancel_id = ids[-1][1]
         canceled = False
         deadline = time.monotonic() + 120
@@ -62,8 +94,10 @@ def run_demo(settings: Settings, *, workers: int = 2, console: Console | None = 
                 for what, v in views:
                     state = (v.status, v.attempt)
                     if last.get(v.task_id) != state:
-                        transitions.append(f"{time.monotonic() - t0:6.2f}s  {what}: {v.status} "
-                                           f"(attempt {v.attempt})")
+                        transitions.append(
+                            f"{time.monotonic() - t0:6.2f}s  {what}: {v.status} "
+                            f"(attempt {v.attempt})"
+                        )
                         last[v.task_id] = state
                 live.update(_table(views, t0))
                 if not canceled and views[-1][1].status == "running":
@@ -79,7 +113,9 @@ def run_demo(settings: Settings, *, workers: int = 2, console: Console | None = 
         pending = stack.services.publisher.pending()
         dead = stack.services.driver.dead_letters(settings.task_queue)
         console.print(f"\noutbox pending: {pending}; dead letters: {len(dead)}")
-        console.print("See one task: [cyan]trace task show <id>[/cyan]; all: [cyan]trace task list[/cyan]")
+        console.print(
+            "See one task: [cyan]trace task show <id>[/cyan]; all: [cyan]trace task list[/cyan]"
+        )
         ok = all(v.status in TERMINAL for _, v in views)
     console.print(f"done in {time.monotonic() - t0:.1f}s")
     return 0 if ok else 1

@@ -22,10 +22,15 @@ from trace_platform.services import Services
 class ApiServer:
     """uvicorn in a background thread, so the caller keeps the main thread."""
 
-    def __init__(self, services: Services, host: str, port: int, *, background: bool = True) -> None:
+    def __init__(
+        self, services: Services, host: str, port: int, *, background: bool = True
+    ) -> None:
         self.url = f"http://{host}:{port}"
         config = uvicorn.Config(
-            create_app(services, background=background), host=host, port=port, log_level="warning",
+            create_app(services, background=background),
+            host=host,
+            port=port,
+            log_level="warning",
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="api", daemon=True)
@@ -43,10 +48,19 @@ class ApiServer:
         self.thread.join(timeout=10)
 
 
-def worker_command(api_url: str, *, concurrency: int = 1, extra: list[str] | None = None) -> list[str]:
+def worker_command(
+    api_url: str, *, concurrency: int = 1, extra: list[str] | None = None
+) -> list[str]:
     return [
-        sys.executable, "-m", "trace_platform.cli.main", "worker",
-        "--api-url", api_url, "--concurrency", str(concurrency), *(extra or []),
+        sys.executable,
+        "-m",
+        "trace_platform.cli.main",
+        "worker",
+        "--api-url",
+        api_url,
+        "--concurrency",
+        str(concurrency),
+        *(extra or []),
     ]
 
 

@@ -10,7 +10,11 @@ from trace_platform.operators.context import OperatorContext, OperatorError, Per
 
 
 def noop(ctx: OperatorContext) -> None:
+    """config: record_to (a file path: appends "task_id attempt", so a run can be counted)."""
     ctx.log.info("noop task %s attempt %s", ctx.task.task_id, ctx.task.attempt)
+    if path := ctx.config.get("record_to"):
+        with open(path, "a") as f:
+            f.write(f"{ctx.task.task_id} {ctx.task.attempt}\n")
 
 
 def sleep(ctx: OperatorContext) -> None:
@@ -37,13 +41,13 @@ def fail(ctx: OperatorContext) -> None:
 def emit_events(ctx: OperatorContext) -> list[EventIn]:
     """config: dataset_uuid (default: derived from the job), count, final (how many of them are
     bundled with the completion instead of sent mid-task), sleep between events."""
-    dataset = uuid.UUID(str(ctx.config.get("dataset_uuid") or uuid.uuid5(uuid.NAMESPACE_URL, ctx.task.job)))
+    dataset = uuid.UUID(
+        str(ctx.config.get("dataset_uuid") or uuid.uuid5(uuid.NAMESPACE_URL, ctx.task.job))
+    )
     count = int(ctx.config.get("count", 3))
     final = int(ctx.config.get("final", 1))
     pause = float(ctx.config.get("sleep", 0))
-    events = [
-        EventIn(dataset_uuid=dataset, cursor=str(i), payload={"n": i}) for i in range(count)
-    ]
+    events = [EventIn(dataset_uuid=dataset, cursor=str(i), payload={"n": i}) for i in range(count)]
     for ev in events[: count - final]:
         ctx.emit(ev)
         time.sleep(pause)

@@ -15,7 +15,10 @@ def make_driver(settings: Settings, pool: ConnectionPool, dsn: str) -> QueueDriv
         from trace_platform.queue.pgqueue import PgQueue
 
         return PgQueue(
-            pool, dsn, max_attempts=settings.queue_max_attempts, poll_seconds=settings.queue_poll_seconds
+            pool,
+            dsn,
+            max_attempts=settings.queue_max_attempts,
+            poll_seconds=settings.queue_poll_seconds,
         )
     raise NotImplementedError(
         f"queue driver '{settings.queue_driver}' is not built yet; use TRACE_QUEUE_DRIVER=pgqueue"

@@ -45,9 +45,7 @@ class QueueDriver(Protocol):
     ) -> bool:
         """Push the lease out to now + timeout; False if the lease was lost."""
 
-    def nack(
-        self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0
-    ) -> bool:
+    def nack(self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0) -> bool:
         """Give a message back after a failure, recording `error`; the last allowed
         delivery goes straight to the dead-letter store."""
 

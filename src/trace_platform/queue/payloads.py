@@ -47,8 +47,10 @@ def encode(payload: Any) -> str:
             payload = json.loads(payload)
         except json.JSONDecodeError as e:
             raise PayloadError(f"queue payload is not valid JSON: {e}") from None
-    raw = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(
-        payload, separators=(",", ":"), default=str
+    raw = (
+        payload.model_dump_json()
+        if isinstance(payload, BaseModel)
+        else json.dumps(payload, separators=(",", ":"), default=str)
     )
     if len(raw.encode()) > MAX_PAYLOAD_BYTES:
         raise PayloadError(

@@ -24,7 +24,11 @@ class ApiError(Exception):
 
 class DispatcherClient:
     def __init__(
-        self, base_url: str, *, internal_token: str | None = None, timeout: float = 30.0,
+        self,
+        base_url: str,
+        *,
+        internal_token: str | None = None,
+        timeout: float = 30.0,
         retries: int = 5,
     ) -> None:
         headers = {"Content-Type": "application/json"}
@@ -47,7 +51,9 @@ class DispatcherClient:
         if r.status_code >= 400:
             try:
                 body = r.json()
-                raise ApiError(r.status_code, body.get("error", "error"), body.get("message", r.text))
+                raise ApiError(
+                    r.status_code, body.get("error", "error"), body.get("message", r.text)
+                )
             except ValueError:
                 raise ApiError(r.status_code, "error", r.text) from None
         return out.model_validate(r.json())
@@ -65,13 +71,19 @@ class DispatcherClient:
             headers={"X-Lease-Token": str(claim.lease_token)},
         )
 
-    def heartbeat(self, claim: m.Claim, progress: dict[str, Any] | None = None) -> m.HeartbeatResponse:
+    def heartbeat(
+        self, claim: m.Claim, progress: dict[str, Any] | None = None
+    ) -> m.HeartbeatResponse:
         body = m.HeartbeatRequest(**_ref(claim), progress=progress)
-        return self._call("POST", "/internal/heartbeat", m.HeartbeatResponse, content=body.model_dump_json())
+        return self._call(
+            "POST", "/internal/heartbeat", m.HeartbeatResponse, content=body.model_dump_json()
+        )
 
     def events(self, claim: m.Claim, events: list[m.EventIn]) -> m.EventsResponse:
         body = m.EventsRequest(**_ref(claim), events=events)
-        return self._call("POST", "/internal/events", m.EventsResponse, content=body.model_dump_json())
+        return self._call(
+            "POST", "/internal/events", m.EventsResponse, content=body.model_dump_json()
+        )
 
     def complete(
         self,
@@ -83,10 +95,15 @@ class DispatcherClient:
         final_events: list[m.EventIn] | None = None,
     ) -> m.CompleteResponse:
         body = m.CompleteRequest(
-            **_ref(claim), outcome=outcome, error=error, retryable=retryable,  # type: ignore[arg-type]
+            **_ref(claim),
+            outcome=outcome,
+            error=error,
+            retryable=retryable,  # type: ignore[arg-type]
             final_events=final_events or [],
         )
-        return self._call("POST", "/internal/task-complete", m.CompleteResponse, content=body.model_dump_json())
+        return self._call(
+            "POST", "/internal/task-complete", m.CompleteResponse, content=body.model_dump_json()
+        )
 
     def close(self) -> None:
         self.http.close()

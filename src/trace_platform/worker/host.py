@@ -8,6 +8,7 @@ Long-lived, so expensive state (a SparkSession) survives between tasks.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -27,10 +28,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     """If the wrapper is SIGKILLed, the operator must not run on unsupervised."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def _error_text(exc: BaseException) -> str:
@@ -53,7 +52,13 @@ def run_one(task: TaskPayload, send: Any, workroot: Path) -> None:
         send({"type": "done", "final_events": final})
     except Exception as exc:
         logging.getLogger("trace.operator").exception("operator %s failed", task.operator)
-        send({"type": "failed", "error": _error_text(exc), "retryable": getattr(exc, "retryable", True)})
+        send(
+            {
+                "type": "failed",
+                "error": _error_text(exc),
+                "retryable": getattr(exc, "retryable", True),
+            }
+        )
 
 
 def main() -> None:

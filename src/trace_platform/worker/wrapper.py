@@ -194,7 +194,9 @@ class Wrapper:
                     hb = self.client.heartbeat(claim, progress)
                     self.driver.extend_visibility(self.queue_name, msg.receipt, self.visibility)
                 except ApiError as e:  # lease lost (reaped) or superseded: stop at once
-                    log.warning("task %s attempt %s: %s; stopping operator", claim.task_id, claim.attempt, e)
+                    log.warning(
+                        "task %s attempt %s: %s; stopping operator", claim.task_id, claim.attempt, e
+                    )
                     self.host.kill()
                     return
                 if hb.cancel_requested or stop.is_set():
@@ -227,5 +229,7 @@ class Wrapper:
                 code = out["returncode"]
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
                 tail = self.host.log_tail()
-                self._report(claim, "failed", error=f"operator process died ({why})\n{tail}".strip())
+                self._report(
+                    claim, "failed", error=f"operator process died ({why})\n{tail}".strip()
+                )
                 return

@@ -1,0 +1,89 @@
+"""Test harness: one throwaway Postgres cluster per run (or TRACE_TEST_DSN's server), a
+migrated template database, and a fresh database cloned from it for each test."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from trace_platform.config import Settings
+from trace_platform.db.embedded import EmbeddedPostgres
+from trace_platform.db.migrate import migrate
+from trace_platform.services import Services
+
+TEMPLATE = "trace_template"
+
+
+def _with_db(dsn: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A DSN (to database `postgres`) of a server the tests may create databases on."""
+    external = os.environ.get("TRACE_TEST_DSN")
+    if external:
+        yield external
+        return
+    root = Path(tempfile.mkdtemp(prefix="trace-test-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "cluster", durable=False)
+    pg.start()
+    try:
+        yield pg.dsn("postgres")
+    finally:
+        pg.destroy()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: str) -> str:
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(TEMPLATE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
+    migrate(_with_db(pg_server, TEMPLATE))
+    return TEMPLATE
+
+
+@pytest.fixture
+def dsn(pg_server: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test (River-style per-test schema)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
+    yield _with_db(pg_server, name)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture
+def settings(tmp_path: Path, dsn: str) -> Settings:
+    return Settings(
+        state_dsn=dsn,
+        home=tmp_path / "home",
+        lease_seconds=2.0,
+        heartbeat_seconds=0.3,
+        retry_backoff_seconds=0.05,
+        retry_backoff_max_seconds=0.2,
+        reaper_interval_seconds=0.2,
+        queue_poll_seconds=0.2,
+    )
+
+
+@pytest.fixture
+def services(settings: Settings, dsn: str) -> Iterator[Services]:
+    svc = Services.build(settings, dsn)
+    yield svc
+    svc.close()
