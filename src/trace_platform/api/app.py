@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
@@ -21,8 +22,11 @@ from trace_platform.services import Services
 MAX_BODY_BYTES = 2 * 1024 * 1024
 
 
-def _error(status: int, code: str, message: str, **detail: Any) -> JSONResponse:
-    return JSONResponse({"error": code, "message": message, "detail": detail}, status_code=status)
+def _error(
+    status: int, code: str, message: str, detail: dict[str, Any] | None = None
+) -> JSONResponse:
+    body = {"error": code, "message": message, "detail": detail or {}}
+    return JSONResponse(jsonable_encoder(body), status_code=status)
 
 
 def create_app(services: Services, *, background: bool = True) -> FastAPI:
@@ -73,7 +77,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
 
     @app.exception_handler(DispatcherError)
     async def dispatcher_error(_: Request, exc: DispatcherError) -> JSONResponse:
-        return _error(exc.status_code, exc.code, exc.message, **exc.detail)
+        return _error(exc.status_code, exc.code, exc.message, exc.detail)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -81,7 +85,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
         for e in exc.errors():
             where = ".".join(str(p) for p in e["loc"])
             problems.append(f"{where}: {e['msg']}")
-        return _error(422, "invalid_request", "; ".join(problems), errors=problems)
+        return _error(422, "invalid_request", "; ".join(problems), {"errors": problems})
 
     def internal_auth(authorization: Annotated[str | None, Header()] = None) -> None:
         token = services.settings.internal_token

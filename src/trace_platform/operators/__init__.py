@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "sleep": "trace_platform.operators.builtin:sleep",
     "fail": "trace_platform.operators.builtin:fail",
     "emit_events": "trace_platform.operators.builtin:emit_events",
+    "crash": "trace_platform.operators.builtin:crash",
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 
@@ -36,6 +38,11 @@ def fail(ctx: OperatorContext) -> None:
     if ctx.config.get("permanent"):
         raise PermanentError(message)
     raise OperatorError(message)
+
+
+def crash(ctx: OperatorContext) -> None:
+    """Kills its own process, as a segfaulting native library would."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def emit_events(ctx: OperatorContext) -> list[EventIn]:

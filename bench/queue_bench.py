@@ -1,0 +1,830 @@
+#!/usr/bin/env python
+"""pgqueue against PgQueuer 1.6 and procrastinate 3.10, side by side, on one durable Postgres.
+
+Starts a throwaway embedded cluster (fsync on) under /tmp, one database per system, and measures
+for each: enqueue throughput (one message per transaction, and 100 per transaction),
+dequeue+complete throughput (1 and 4 consumers, batch 10 and 100 where the system has a batch
+setting), and enqueue->receive latency with an idle consumer woken by LISTEN/NOTIFY. A bare
+SKIP LOCKED loop on pgqueue's own `queue_messages` table is the ceiling reference.
+
+    .venv/bin/python bench/queue_bench.py            # N=20000, median of 3
+    .venv/bin/python bench/queue_bench.py --quick    # N=5000, 1 repeat
+
+Throughput is messages per second (higher is better); latency is milliseconds (lower is
+better). The ratio columns are pgqueue's figure divided by the peer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import secrets
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from uuid import uuid4
+
+import asyncpg
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from trace_platform.db.embedded import EmbeddedPostgres
+from trace_platform.db.migrate import migrate
+from trace_platform.db.pool import make_pool
+from trace_platform.queue.pgqueue import PgQueue
+
+OURS = "pgqueue"
+PGQUEUER = f"PgQueuer {version('pgqueuer')}"
+PROCRASTINATE = f"procrastinate {version('procrastinate')}"
+BARE = "bare SKIP LOCKED"
+SYSTEMS = [OURS, PGQUEUER, PROCRASTINATE, BARE]
+PEERS = [PGQUEUER, PROCRASTINATE, BARE]
+
+QUEUE = "bench"
+ENQ_BATCH = 100
+CONSUMERS = 4
+LATENCY_GAP_S = 0.002
+LATENCY_WARMUP = 10  # first samples dropped: connection setup, first LISTEN, plan caching
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str  # "msg/s" (higher is better) or "ms" (lower is better)
+
+
+METRICS = [
+    Metric("enq1", "enqueue, 1 msg/txn", "msg/s"),
+    Metric("enq100", f"enqueue, {ENQ_BATCH} msgs/txn", "msg/s"),
+    Metric("deq1_b10_ack1", "dequeue+complete, 1 consumer, batch 10, per-message ack", "msg/s"),
+    Metric("deq1_b10", "dequeue+complete, 1 consumer, batch 10", "msg/s"),
+    Metric("deq1_b100", "dequeue+complete, 1 consumer, batch 100", "msg/s"),
+    Metric("deq4_b10", f"dequeue+complete, {CONSUMERS} consumers, batch 10", "msg/s"),
+    Metric("deq4_b100", f"dequeue+complete, {CONSUMERS} consumers, batch 100", "msg/s"),
+    Metric("lat50", "enqueue->receive p50 (idle consumer)", "ms"),
+    Metric("lat99", "enqueue->receive p99 (idle consumer)", "ms"),
+]
+
+
+@dataclass
+class Config:
+    n: int
+    single_n: int
+    proc_n: int
+    repeats: int
+    latency_samples: int
+
+
+@dataclass
+class Results:
+    values: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def put(self, metric: str, system: str, value: float, note: str = "") -> None:
+        self.values.setdefault(metric, {})[system] = value
+        if note:
+            self.notes[(metric, system)] = note
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def median_of(repeats: int, run: Callable[[], float]) -> float:
+    return statistics.median(run() for _ in range(repeats))
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    idx = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[idx]
+
+
+def plain_dsn(dsn: str) -> str:
+    """asyncpg passes unknown URL parameters (connect_timeout) on as server settings."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(query=""))
+
+
+def wakeups(n: int) -> list[dict[str, str]]:
+    return [{"kind": "task_wakeup", "task_id": str(uuid4())} for _ in range(n)]
+
+
+def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)  # type: ignore[arg-type]
+
+
+def scalar(dsn: str, statement: str) -> Any:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(statement).fetchone()  # type: ignore[arg-type]
+        return row[0] if row else None
+
+
+# -- pgqueue (ours) ---------------------------------------------------------------------------
+class Ours:
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.pool: ConnectionPool = make_pool(dsn, max_size=CONSUMERS + 4, name="bench")
+        self.q = PgQueue(self.pool, dsn, max_attempts=20, poll_seconds=1.0)
+
+    def close(self) -> None:
+        self.q.close()
+        self.pool.close()
+
+    def reset(self) -> None:
+        sql(self.dsn, "TRUNCATE queue_messages, queue_dead")
+
+    def preload(self, n: int) -> None:
+        self.reset()
+        for part in chunks(wakeups(n), 1000):
+            self.q.publish_many(QUEUE, part)
+        sql(self.dsn, "VACUUM ANALYZE queue_messages")
+
+    def enqueue_single(self, n: int) -> float:
+        self.reset()
+        msgs = wakeups(n)
+        t0 = time.perf_counter()
+        for m in msgs:
+            self.q.publish(QUEUE, m)
+        return n / (time.perf_counter() - t0)
+
+    def enqueue_batched(self, n: int) -> float:
+        self.reset()
+        parts = list(chunks(wakeups(n), ENQ_BATCH))
+        t0 = time.perf_counter()
+        for part in parts:
+            self.q.publish_many(QUEUE, part)
+        return n / (time.perf_counter() - t0)
+
+    def drain(self, n: int, batch: int, consumers: int, ack_each: bool = False) -> float:
+        self.preload(n)
+        done = [0] * consumers
+        start = threading.Barrier(consumers + 1)
+
+        def consume(i: int) -> None:
+            start.wait()
+            while msgs := self.q.receive(QUEUE, batch, 60):
+                if ack_each:
+                    for m in msgs:
+                        self.q.ack(QUEUE, m.receipt)
+                else:
+                    self.q.ack_many(QUEUE, [m.receipt for m in msgs])
+                done[i] += len(msgs)
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        left = scalar(self.dsn, "SELECT count(*) FROM queue_messages")
+        if sum(done) != n or left:
+            raise RuntimeError(f"pgqueue drained {sum(done)}/{n}, {left} left")
+        return n / elapsed
+
+    def latency(self, samples: int) -> list[float]:
+        self.reset()
+        sent: dict[str, float] = {}
+        lat: list[float] = []
+        stop_id = str(uuid4())
+
+        def consume() -> None:
+            while True:
+                msgs = self.q.receive(QUEUE, 1, 30, wait_seconds=5)
+                now = time.perf_counter()
+                for m in msgs:
+                    tid = m.payload["task_id"]
+                    if tid == stop_id:
+                        return
+                    lat.append(now - sent[tid])
+                    self.q.ack(QUEUE, m.receipt)
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        time.sleep(0.3)  # let it go idle on LISTEN
+        for m in wakeups(samples + LATENCY_WARMUP):
+            sent[m["task_id"]] = time.perf_counter()
+            self.q.publish(QUEUE, m)
+            time.sleep(LATENCY_GAP_S)
+        time.sleep(0.2)
+        self.q.publish(QUEUE, {"kind": "task_wakeup", "task_id": stop_id})
+        consumer.join(30)
+        return lat[LATENCY_WARMUP:]
+
+
+# -- bare SKIP LOCKED on queue_messages (ceiling reference) ----------------------------------
+class Bare:
+    INSERT_ONE = "INSERT INTO queue_messages (queue_name, payload) VALUES (%s, %s)"
+    INSERT_MANY = (
+        "INSERT INTO queue_messages (queue_name, payload) "
+        "SELECT %s, p FROM unnest(%s::jsonb[]) AS p"
+    )
+    INSERT_NOTIFY = (
+        "WITH ins AS (INSERT INTO queue_messages (queue_name, payload) VALUES (%s, %s)) "
+        "SELECT pg_notify('bare_queue', '')"
+    )
+    LOCK = (
+        "SELECT id, payload FROM queue_messages WHERE queue_name = %s "
+        "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+    DELETE = "DELETE FROM queue_messages WHERE id = ANY(%s)"
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def reset(self) -> None:
+        sql(self.dsn, "TRUNCATE queue_messages, queue_dead")
+
+    def enqueue_single(self, n: int) -> float:
+        self.reset()
+        msgs = [Jsonb(m) for m in wakeups(n)]
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            t0 = time.perf_counter()
+            for m in msgs:
+                conn.execute(self.INSERT_ONE, (QUEUE, m))
+            return n / (time.perf_counter() - t0)
+
+    def enqueue_batched(self, n: int) -> float:
+        self.reset()
+        parts = [[Jsonb(m) for m in part] for part in chunks(wakeups(n), ENQ_BATCH)]
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            t0 = time.perf_counter()
+            for part in parts:
+                conn.execute(self.INSERT_MANY, (QUEUE, part))
+            return n / (time.perf_counter() - t0)
+
+    def preload(self, n: int) -> None:
+        self.reset()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for part in chunks(wakeups(n), 1000):
+                conn.execute(self.INSERT_MANY, (QUEUE, [Jsonb(m) for m in part]))
+        sql(self.dsn, "VACUUM ANALYZE queue_messages")
+
+    def _take(self, conn: psycopg.Connection[Any], batch: int) -> int:
+        with conn.transaction():
+            rows = conn.execute(self.LOCK, (QUEUE, batch)).fetchall()
+            if rows:
+                conn.execute(self.DELETE, ([r[0] for r in rows],))
+        return len(rows)
+
+    def drain(self, n: int, batch: int, consumers: int) -> float:
+        self.preload(n)
+        done = [0] * consumers
+        conns = [psycopg.connect(self.dsn, autocommit=True) for _ in range(consumers)]
+        start = threading.Barrier(consumers + 1)
+
+        def consume(i: int) -> None:
+            start.wait()
+            while got := self._take(conns[i], batch):
+                done[i] += got
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        for c in conns:
+            c.close()
+        if sum(done) != n:
+            raise RuntimeError(f"bare drained {sum(done)}/{n}")
+        return n / elapsed
+
+    def latency(self, samples: int) -> list[float]:
+        self.reset()
+        sent: dict[str, float] = {}
+        lat: list[float] = []
+        total = samples + LATENCY_WARMUP
+        listen = psycopg.connect(self.dsn, autocommit=True)
+        listen.execute("LISTEN bare_queue")
+        work = psycopg.connect(self.dsn, autocommit=True)
+        stop = threading.Event()
+
+        def consume() -> None:
+            while not stop.is_set():
+                for _ in listen.notifies(timeout=0.5, stop_after=1):
+                    while True:
+                        with work.transaction():
+                            rows = work.execute(self.LOCK, (QUEUE, 1)).fetchall()
+                            if not rows:
+                                break
+                            now = time.perf_counter()
+                            work.execute(self.DELETE, ([r[0] for r in rows],))
+                        lat.extend(now - sent[r[1]["task_id"]] for r in rows)
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        time.sleep(0.3)
+        with psycopg.connect(self.dsn, autocommit=True) as prod:
+            for m in wakeups(total):
+                sent[m["task_id"]] = time.perf_counter()
+                prod.execute(self.INSERT_NOTIFY, (QUEUE, Jsonb(m)))
+                time.sleep(LATENCY_GAP_S)
+        deadline = time.monotonic() + 10
+        while len(lat) < total and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop.set()
+        consumer.join(5)
+        listen.close()
+        work.close()
+        return lat[LATENCY_WARMUP:]
+
+
+# -- PgQueuer ---------------------------------------------------------------------------------
+class PgQueuerBench:
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.adsn = plain_dsn(dsn)
+        self.tables: list[str] = []
+
+    async def _queries(self) -> tuple[asyncpg.Connection, Any]:
+        from pgqueuer import Queries
+
+        conn = await asyncpg.connect(self.adsn)
+        return conn, Queries.from_asyncpg_connection(conn)
+
+    async def install(self) -> None:
+        conn, queries = await self._queries()
+        try:
+            await queries.install()
+            self.tables = [
+                queries.qbe.settings.queue_table,
+                queries.qbe.settings.queue_table_log,
+                queries.qbe.settings.statistics_table,
+            ]
+        finally:
+            await conn.close()
+
+    def reset(self) -> None:
+        sql(self.dsn, f"TRUNCATE {', '.join(self.tables)}")
+
+    async def _enqueue(self, n: int, batch: int) -> float:
+        self.reset()
+        payloads = [str(i).encode() for i in range(n)]
+        conn, queries = await self._queries()
+        try:
+            t0 = time.perf_counter()
+            if batch == 1:
+                for p in payloads:
+                    await queries.enqueue("noop", p)
+            else:
+                for part in chunks(payloads, batch):
+                    await queries.enqueue(["noop"] * len(part), part, [0] * len(part))
+            return n / (time.perf_counter() - t0)
+        finally:
+            await conn.close()
+
+    def enqueue_single(self, n: int) -> float:
+        return asyncio.run(self._enqueue(n, 1))
+
+    def enqueue_batched(self, n: int) -> float:
+        return asyncio.run(self._enqueue(n, ENQ_BATCH))
+
+    def preload(self, n: int) -> None:
+        asyncio.run(self._enqueue(n, 1000))
+        sql(self.dsn, f"VACUUM ANALYZE {self.tables[0]}")
+
+    def _manager(self, queries: Any, on_job: Callable[[Any], None] | None = None) -> Any:
+        from pgqueuer import QueueManager
+
+        qm = QueueManager(queries)
+
+        @qm.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            if on_job is not None:
+                on_job(job)
+
+        return qm
+
+    async def _drain(self, n: int, batch: int, consumers: int) -> float:
+        from pgqueuer.domain.types import QueueExecutionMode
+
+        pairs = [await self._queries() for _ in range(consumers)]
+        managers = [self._manager(q) for _, q in pairs]
+        try:
+            t0 = time.perf_counter()
+            await asyncio.gather(
+                *(
+                    qm.run(
+                        batch_size=batch,
+                        mode=QueueExecutionMode.drain,
+                        # Only used when a dequeue came back empty; the 30 s default would
+                        # stall drain mode when the queue empties with jobs still in flight.
+                        dequeue_timeout=timedelta(milliseconds=50),
+                    )
+                    for qm in managers
+                )
+            )
+            return n / (time.perf_counter() - t0)
+        finally:
+            for conn, _ in pairs:
+                await conn.close()
+
+    def drain(self, n: int, batch: int, consumers: int) -> float:
+        self.preload(n)
+        rate = asyncio.run(self._drain(n, batch, consumers))
+        left = scalar(self.dsn, f"SELECT count(*) FROM {self.tables[0]}")
+        done = scalar(
+            self.dsn, f"SELECT count(*) FROM {self.tables[1]} WHERE status = 'successful'"
+        )
+        if left or done != n:
+            raise RuntimeError(f"PgQueuer: {left} jobs left, {done}/{n} logged successful")
+        return rate
+
+    async def _latency(self, samples: int) -> list[float]:
+        self.reset()
+        total = samples + LATENCY_WARMUP
+        sent: dict[int, float] = {}
+        lat: list[float] = []
+
+        def on_job(job: Any) -> None:
+            lat.append(time.perf_counter() - sent[int(job.payload)])
+
+        cconn, cq = await self._queries()
+        pconn, pq = await self._queries()
+        qm = self._manager(cq, on_job)
+        runner = asyncio.create_task(qm.run())
+        try:
+            await asyncio.sleep(0.3)
+            for i in range(total):
+                sent[i] = time.perf_counter()
+                await pq.enqueue("noop", str(i).encode())
+                await asyncio.sleep(LATENCY_GAP_S)
+            deadline = time.monotonic() + 10
+            while len(lat) < total and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            qm.shutdown.set()
+            await runner
+            await cconn.close()
+            await pconn.close()
+        return lat[LATENCY_WARMUP:]
+
+    def latency(self, samples: int) -> list[float]:
+        return asyncio.run(self._latency(samples))
+
+
+# -- procrastinate ----------------------------------------------------------------------------
+class ProcrastinateBench:
+    def __init__(self, dsn: str) -> None:
+        from procrastinate import App, PsycopgConnector
+
+        self.dsn = dsn
+        self.on_job: Callable[[int], None] | None = None
+        self.app = App(
+            connector=PsycopgConnector(conninfo=dsn, min_size=1, max_size=CONSUMERS + 4)
+        )
+
+        @self.app.task(name="noop")
+        async def noop(seq: int) -> None:
+            if self.on_job is not None:
+                self.on_job(seq)
+
+        self.task = noop
+
+    async def _with_app(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        async with self.app.open_async():
+            return await fn()
+
+    def install(self) -> None:
+        asyncio.run(self._with_app(self.app.schema_manager.apply_schema_async))
+
+    def reset(self) -> None:
+        sql(self.dsn, "TRUNCATE procrastinate_jobs CASCADE")
+
+    async def _enqueue(self, n: int, batch: int) -> float:
+        self.reset()
+        args = [{"seq": i} for i in range(n)]
+        t0 = time.perf_counter()
+        if batch == 1:
+            for a in args:
+                await self.task.defer_async(**a)
+        else:
+            for part in chunks(args, batch):
+                await self.task.batch_defer_async(*part)
+        return n / (time.perf_counter() - t0)
+
+    def enqueue_single(self, n: int) -> float:
+        return asyncio.run(self._with_app(lambda: self._enqueue(n, 1)))
+
+    def enqueue_batched(self, n: int) -> float:
+        return asyncio.run(self._with_app(lambda: self._enqueue(n, ENQ_BATCH)))
+
+    def preload(self, n: int) -> None:
+        asyncio.run(self._with_app(lambda: self._enqueue(n, 1000)))
+        sql(self.dsn, "VACUUM ANALYZE procrastinate_jobs")
+
+    async def _drain(self, n: int, concurrency: int) -> float:
+        t0 = time.perf_counter()
+        await self.app.run_worker_async(
+            wait=False,
+            concurrency=concurrency,
+            install_signal_handlers=False,
+            delete_jobs="successful",  # like pgqueue's ack: the row goes away
+            listen_notify=False,
+        )
+        return n / (time.perf_counter() - t0)
+
+    def drain(self, n: int, concurrency: int) -> float:
+        self.preload(n)
+        rate = asyncio.run(self._with_app(lambda: self._drain(n, concurrency)))
+        left = scalar(self.dsn, "SELECT count(*) FROM procrastinate_jobs")
+        if left:
+            raise RuntimeError(f"procrastinate: {left} jobs left")
+        return rate
+
+    async def _latency(self, samples: int) -> list[float]:
+        self.reset()
+        total = samples + LATENCY_WARMUP
+        sent: dict[int, float] = {}
+        lat: list[float] = []
+        self.on_job = lambda seq: lat.append(time.perf_counter() - sent[seq])
+        worker = asyncio.create_task(
+            self.app.run_worker_async(
+                concurrency=1, install_signal_handlers=False, delete_jobs="successful"
+            )
+        )
+        try:
+            await asyncio.sleep(0.5)
+            for i in range(total):
+                sent[i] = time.perf_counter()
+                await self.task.defer_async(seq=i)
+                await asyncio.sleep(LATENCY_GAP_S)
+            deadline = time.monotonic() + 10
+            while len(lat) < total and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            self.on_job = None
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        return lat[LATENCY_WARMUP:]
+
+    def latency(self, samples: int) -> list[float]:
+        return asyncio.run(self._with_app(lambda: self._latency(samples)))
+
+
+# -- driver -----------------------------------------------------------------------------------
+def put_latency(res: Results, system: str, samples: list[float], expected: int) -> None:
+    note = "" if len(samples) == expected else f"{len(samples)}/{expected} samples"
+    res.put("lat50", system, percentile(samples, 0.50) * 1000, note)
+    res.put("lat99", system, percentile(samples, 0.99) * 1000, note)
+
+
+def bench_ours(dsn: str, cfg: Config, res: Results) -> None:
+    migrate(dsn)
+    ours = Ours(dsn)
+    try:
+        r = cfg.repeats
+        log(f"{OURS}: enqueue")
+        res.put("enq1", OURS, median_of(r, lambda: ours.enqueue_single(cfg.single_n)))
+        res.put("enq100", OURS, median_of(r, lambda: ours.enqueue_batched(cfg.n)))
+        log(f"{OURS}: dequeue")
+        res.put("deq1_b10_ack1", OURS, median_of(r, lambda: ours.drain(cfg.n, 10, 1, True)))
+        for key, batch, consumers in DRAINS:
+            res.put(key, OURS, median_of(r, lambda b=batch, c=consumers: ours.drain(cfg.n, b, c)))
+        log(f"{OURS}: latency")
+        put_latency(res, OURS, ours.latency(cfg.latency_samples), cfg.latency_samples)
+    finally:
+        ours.close()
+
+
+def bench_bare(dsn: str, cfg: Config, res: Results) -> None:
+    bare = Bare(dsn)
+    r = cfg.repeats
+    log(f"{BARE}: enqueue")
+    res.put("enq1", BARE, median_of(r, lambda: bare.enqueue_single(cfg.single_n)))
+    res.put("enq100", BARE, median_of(r, lambda: bare.enqueue_batched(cfg.n)))
+    log(f"{BARE}: dequeue")
+    for key, batch, consumers in DRAINS:
+        res.put(key, BARE, median_of(r, lambda b=batch, c=consumers: bare.drain(cfg.n, b, c)))
+    log(f"{BARE}: latency")
+    put_latency(res, BARE, bare.latency(cfg.latency_samples), cfg.latency_samples)
+
+
+def bench_pgqueuer(dsn: str, cfg: Config, res: Results) -> None:
+    pq = PgQueuerBench(dsn)
+    asyncio.run(pq.install())
+    r = cfg.repeats
+    log(f"{PGQUEUER}: enqueue")
+    res.put("enq1", PGQUEUER, median_of(r, lambda: pq.enqueue_single(cfg.single_n)))
+    res.put("enq100", PGQUEUER, median_of(r, lambda: pq.enqueue_batched(cfg.n)))
+    log(f"{PGQUEUER}: dequeue")
+    for key, batch, consumers in DRAINS:
+        note = "batched completion log" if key == "deq1_b10" else ""
+        res.put(
+            key,
+            PGQUEUER,
+            median_of(r, lambda b=batch, c=consumers: pq.drain(cfg.n, b, c)),
+            note,
+        )
+    log(f"{PGQUEUER}: latency")
+    put_latency(res, PGQUEUER, pq.latency(cfg.latency_samples), cfg.latency_samples)
+
+
+def bench_procrastinate(dsn: str, cfg: Config, res: Results) -> None:
+    pr = ProcrastinateBench(dsn)
+    pr.install()
+    r = cfg.repeats
+    log(f"{PROCRASTINATE}: enqueue")
+    res.put("enq1", PROCRASTINATE, median_of(r, lambda: pr.enqueue_single(cfg.single_n)))
+    res.put("enq100", PROCRASTINATE, median_of(r, lambda: pr.enqueue_batched(cfg.n)))
+    log(f"{PROCRASTINATE}: dequeue (N={cfg.proc_n}, no batch setting)")
+    one = median_of(r, lambda: pr.drain(cfg.proc_n, 1))
+    many = median_of(r, lambda: pr.drain(cfg.proc_n, CONSUMERS))
+    note = f"no batch setting; N={cfg.proc_n}"
+    for key, _, consumers in DRAINS:
+        res.put(key, PROCRASTINATE, one if consumers == 1 else many, note)
+    log(f"{PROCRASTINATE}: latency")
+    put_latency(res, PROCRASTINATE, pr.latency(cfg.latency_samples), cfg.latency_samples)
+
+
+DRAINS = [
+    ("deq1_b10", 10, 1),
+    ("deq1_b100", 100, 1),
+    ("deq4_b10", 10, CONSUMERS),
+    ("deq4_b100", 100, CONSUMERS),
+]
+
+
+def machine_info(dsn: str) -> list[tuple[str, str]]:
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        kb = int(f.readline().split()[1])
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        settings = {
+            name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
+            for name in (
+                "server_version",
+                "fsync",
+                "synchronous_commit",
+                "wal_sync_method",
+                "shared_buffers",
+            )
+        }
+    return [
+        ("cores", f"{os.cpu_count()} ({cpu})"),
+        ("memory", mem),
+        ("os", platform.platform()),
+        ("python", platform.python_version()),
+        ("postgres", settings["server_version"]),
+        (
+            "durability",
+            f"fsync={settings['fsync']} synchronous_commit={settings['synchronous_commit']} "
+            f"wal_sync_method={settings['wal_sync_method']}",
+        ),
+        ("shared_buffers", settings["shared_buffers"]),
+        (
+            "clients",
+            f"psycopg {version('psycopg')}, asyncpg {version('asyncpg')} "
+            f"(PgQueuer), psycopg_pool {version('psycopg-pool')}",
+        ),
+    ]
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return f"{value:.2f}"
+    return f"{value:,.0f}"
+
+
+def print_report(info: list[tuple[str, str]], cfg: Config, res: Results, wall: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    meta = Table(title="Machine", show_header=False)
+    for k, v in info:
+        meta.add_row(k, v)
+    meta.add_row(
+        "run",
+        f"N={cfg.n} (single-message enqueue N={cfg.single_n}, procrastinate dequeue "
+        f"N={cfg.proc_n}), median of {cfg.repeats}, latency {cfg.latency_samples} samples "
+        f"at {LATENCY_GAP_S * 1000:.0f} ms gaps",
+    )
+    console.print(meta)
+
+    table = Table(title="Queue benchmark (same server, same run)")
+    table.add_column("metric")
+    table.add_column("unit")
+    for s in SYSTEMS:
+        table.add_column(s, justify="right")
+    for p in PEERS:
+        table.add_column(f"pgqueue / {p.split()[0]}", justify="right")
+    marks: dict[str, str] = {}
+    for m in METRICS:
+        row = res.values.get(m.key, {})
+        cells = []
+        for s in SYSTEMS:
+            cell = fmt(row.get(s), m.unit)
+            note = res.notes.get((m.key, s))
+            if note and s in row:
+                mark = marks.setdefault(note, "*" * (len(marks) + 1))
+                cell += mark
+            cells.append(cell)
+        ratios = []
+        for p in PEERS:
+            a, b = row.get(OURS), row.get(p)
+            ratios.append(f"{a / b:.2f}x" if a and b else "-")
+        table.add_row(m.label, m.unit, *cells, *ratios)
+    console.print(table)
+    for note, mark in marks.items():
+        console.print(f"  {mark} {note}")
+    console.print(
+        "  msg/s: higher is better, ratio > 1 favours pgqueue; "
+        "ms: lower is better, ratio < 1 favours pgqueue."
+    )
+    console.print(
+        "  PgQueuer completes through a buffered log (one statement per batch, across jobs); "
+        "procrastinate runs with delete_jobs=successful; pgqueue acks with ack_many per "
+        "received batch unless stated."
+    )
+    console.print(f"  wall time {wall:.0f} s")
+
+
+def parse_args(argv: list[str] | None) -> Config:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("-n", "--messages", type=int, default=20_000, help="messages per run")
+    ap.add_argument(
+        "--single-n", type=int, default=2_000, help="messages for the 1-msg/txn enqueue runs"
+    )
+    ap.add_argument(
+        "--procrastinate-n",
+        type=int,
+        default=None,
+        help="messages for procrastinate's dequeue runs (it does ~1k/s; default min(N, 5000))",
+    )
+    ap.add_argument("-r", "--repeats", type=int, default=3, help="runs per figure (median)")
+    ap.add_argument("--latency-samples", type=int, default=500)
+    ap.add_argument("--quick", action="store_true", help="N=5000, 1 repeat")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.messages, a.repeats, a.single_n = 5_000, 1, min(a.single_n, 1_000)
+    return Config(
+        n=a.messages,
+        single_n=min(a.single_n, a.messages),
+        proc_n=a.procrastinate_n or min(a.messages, 5_000),
+        repeats=a.repeats,
+        latency_samples=a.latency_samples,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    wall0 = time.perf_counter()
+    pg = EmbeddedPostgres(Path(f"/tmp/trace-bench-pg-{secrets.token_hex(4)}"), durable=True)
+    res = Results()
+    try:
+        log(f"starting Postgres in {pg.root}")
+        pg.start()
+        dbs = {s: f"bench_{s}" for s in ("pgqueue", "pgqueuer", "procrastinate")}
+        sql(pg.dsn("postgres"), *(f'CREATE DATABASE "{d}"' for d in dbs.values()))
+        info = machine_info(pg.dsn("postgres"))
+        bench_ours(pg.dsn(dbs["pgqueue"]), cfg, res)
+        bench_bare(pg.dsn(dbs["pgqueue"]), cfg, res)
+        bench_pgqueuer(pg.dsn(dbs["pgqueuer"]), cfg, res)
+        bench_procrastinate(pg.dsn(dbs["procrastinate"]), cfg, res)
+    finally:
+        log("destroying the cluster")
+        pg.destroy()
+    print_report(info, cfg, res, time.perf_counter() - wall0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Whole Lite stack with real worker processes: duplicates, killed workers, poison messages."""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.support.invariants import assert_invariants
+from tests.support.wait import wait_for
+from trace_platform.config import Settings
+from trace_platform.dispatcher.models import TERMINAL, TaskSpec
+from trace_platform.lite.stack import LiteStack
+
+pytestmark = pytest.mark.slow
+
+WORKER_ENV = {"TRACE_QUEUE_POLL_SECONDS": "0.2", "TRACE_LEASE_SECONDS": "2"}
+
+
+@pytest.fixture
+def stack(settings: Settings, dsn: str, request: pytest.FixtureRequest) -> Iterator[LiteStack]:
+    workers = getattr(request, "param", 2)
+    s = LiteStack(settings, workers=workers, dsn=dsn, worker_env=WORKER_ENV)
+    s.start()
+    yield s
+    s.stop()
+
+
+def status(stack: LiteStack, task_id: uuid.UUID) -> tuple[str, int]:
+    v = stack.services.dispatcher.get_task(task_id)
+    return v.status, v.attempt
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_mixed_tasks_run_to_their_outcomes(stack: LiteStack) -> None:
+    d = stack.services.dispatcher
+    specs = {
+        "ok": TaskSpec(job="ok", operator="noop"),
+        "flaky": TaskSpec(
+            job="flaky",
+            operator="fail",
+            config={"succeed_on_attempt": 2},
+            retry_backoff_seconds=0.1,
+        ),
+        "broken": TaskSpec(job="broken", operator="fail", config={"permanent": True}),
+        "unknown": TaskSpec(job="unknown", operator="no_such_operator", max_attempts=1),
+        "events": TaskSpec(job="events", operator="emit_events", config={"count": 4, "final": 2}),
+    }
+    ids = {k: d.create_task(s).task_id for k, s in specs.items()}
+    wait_for(lambda: all(status(stack, i)[0] in TERMINAL for i in ids.values()), 60, "all terminal")
+    got = {k: status(stack, i) for k, i in ids.items()}
+    assert got == {
+        "ok": ("succeeded", 1),
+        "flaky": ("succeeded", 2),
+        "broken": ("failed", 1),
+        "unknown": ("failed", 1),
+        "events": ("succeeded", 1),
+    }
+    assert "unknown operator 'no_such_operator'" in (d.get_task(ids["unknown"]).last_error or "")
+    assert "PermanentError" in (d.get_task(ids["broken"]).last_error or "")
+    assert d.get_task(ids["events"]).events == 4
+    wait_for(lambda: not stack.services.driver.receive("tasks", 1, 0.01), 20, "queue empty")
+    assert_invariants(stack.services)
+
+
+def test_duplicate_wakeups_run_operator_once(stack: LiteStack, tmp_path: Path) -> None:
+    record = tmp_path / "runs.txt"
+    d = stack.services.dispatcher
+    refs = [
+        d.create_task(TaskSpec(job="dup", operator="noop", config={"record_to": str(record)}))
+        for _ in range(6)
+    ]
+    for r in refs:  # a redelivering queue: three extra wake-ups for every task
+        for _ in range(3):
+            stack.services.driver.publish(
+                "tasks", {"kind": "task_wakeup", "task_id": str(r.task_id)}
+            )
+    wait_for(
+        lambda: all(status(stack, r.task_id) == ("succeeded", 1) for r in refs), 60, "succeeded"
+    )
+    wait_for(
+        lambda: stack.services.driver.receive("tasks", 1, 0.01) == [],
+        30,
+        "duplicates acked and dropped",
+    )
+    runs = Counter(record.read_text().split("\n")[:-1])
+    assert runs == Counter({f"{r.task_id} 1": 1 for r in refs})
+    assert_invariants(stack.services)
+
+
+@pytest.mark.parametrize("stack", [1], indirect=True)
+def test_killed_worker_is_reaped_retried_and_fenced(stack: LiteStack) -> None:
+    d = stack.services.dispatcher
+    ref = d.create_task(
+        TaskSpec(job="long", operator="sleep", config={"seconds": 60}, max_attempts=3)
+    )
+    wait_for(lambda: status(stack, ref.task_id) == ("running", 1), 30, "attempt 1 running")
+    with psycopg.connect(stack.services.dsn) as conn:
+        token = conn.execute(
+            "SELECT lease_token FROM task_status WHERE task_id = %s", (ref.task_id,)
+        ).fetchone()
+    assert token is not None
+    worker = stack.workers[0]
+    hosts = children(worker.pid)
+    assert hosts, "the operator runs in a child process of the worker"
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    # The operator host dies with its wrapper: nothing runs on unsupervised.
+    wait_for(lambda: not any(alive(p) for p in hosts), 10, "operator host to die")
+
+    wait_for(lambda: status(stack, ref.task_id)[0] == "queued", 30, "reaper to expire the lease")
+    view = d.get_task(ref.task_id)
+    assert view.attempts[0].outcome == "lease_expired"
+    stack.add_worker()
+    wait_for(lambda: status(stack, ref.task_id) == ("running", 2), 30, "attempt 2 running")
+
+    late = httpx.post(
+        f"{stack.url}/internal/task-complete",
+        json={
+            "task_id": str(ref.task_id),
+            "attempt": 1,
+            "lease_token": str(token[0]),
+            "outcome": "succeeded",
+        },
+    )
+    assert late.status_code == 409 and late.json()["error"] == "stale_attempt"
+    assert status(stack, ref.task_id) == ("running", 2)
+
+    # Cooperative cancel ends attempt 2.
+    d.cancel(ref.task_id)
+    wait_for(lambda: status(stack, ref.task_id)[0] == "canceled", 30, "cancel to land")
+    assert [a.outcome for a in d.get_task(ref.task_id).attempts] == ["lease_expired", "canceled"]
+    assert_invariants(stack.services)
+
+
+@pytest.mark.parametrize("stack", [1], indirect=True)
+def test_poison_message_dead_letters_and_nothing_else(stack: LiteStack) -> None:
+    with psycopg.connect(stack.services.dsn) as conn:
+        conn.execute(
+            "INSERT INTO queue_messages (queue_name, payload, max_attempts) VALUES ('tasks', %s, 3)",
+            (json.dumps({"kind": "task_wakeup", "task_id": "not-a-uuid"}),),
+        )
+    d = stack.services.dispatcher
+    ok = [d.create_task(TaskSpec(job="ok", operator="noop")).task_id for _ in range(3)]
+    wait_for(lambda: len(stack.services.driver.dead_letters("tasks")) == 1, 30, "dead letter")
+    wait_for(lambda: all(status(stack, t)[0] == "succeeded" for t in ok), 30, "good tasks")
+    dead = stack.services.driver.dead_letters("tasks")
+    assert dead[0]["payload"] == {"kind": "task_wakeup", "task_id": "not-a-uuid"}
+    assert dead[0]["attempts"] == 3 and "poison message" in dead[0]["last_error"]
+    assert_invariants(stack.services, allow_dead=1)
+
+
+def test_worker_survives_operator_process_crash(stack: LiteStack) -> None:
+    """An operator that kills its own process fails the attempt; the next one runs normally."""
+    d = stack.services.dispatcher
+    crash = d.create_task(TaskSpec(job="crash", operator="crash", max_attempts=1))
+    wait_for(lambda: status(stack, crash.task_id)[0] == "failed", 30, "crash recorded")
+    assert "operator process died" in (d.get_task(crash.task_id).last_error or "")
+    ok = d.create_task(TaskSpec(job="ok", operator="noop"))
+    wait_for(lambda: status(stack, ok.task_id)[0] == "succeeded", 30, "next task")
+    assert_invariants(stack.services)

@@ -1,0 +1,182 @@
+"""The HTTP API over a real socket: shapes, status codes, and bad input that changes nothing."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from trace_platform.config import Settings
+from trace_platform.db.embedded import free_port
+from trace_platform.lite.stack import ApiServer
+from trace_platform.services import Services
+
+
+@pytest.fixture
+def api(services: Services) -> Iterator[httpx.Client]:
+    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        yield client
+    server.stop()
+
+
+def snapshot(services: Services) -> dict[str, Any]:
+    with services.pool.connection() as conn:
+        return {
+            t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
+            for t in ("task_status", "task_attempts", "events", "outbox", "queue_messages")
+        }
+
+
+def running_task(api: httpx.Client) -> dict[str, Any]:
+    created = api.post("/v1/tasks", json={"job": "j", "operator": "noop"})
+    assert created.status_code == 201, created.text
+    task_id = created.json()["task_id"]
+    claim = api.post("/internal/claim", json={"task_id": task_id, "worker_id": "w"})
+    assert claim.status_code == 200, claim.text
+    return claim.json()
+
+
+def lease(claim: dict[str, Any]) -> dict[str, Any]:
+    return {k: claim[k] for k in ("task_id", "attempt", "lease_token")}
+
+
+def test_happy_path_over_http(api: httpx.Client) -> None:
+    assert api.get("/healthz").json()["ok"] is True
+    c = running_task(api)
+    fetched = api.get(
+        "/internal/task-fetch",
+        params={"task_id": c["task_id"], "attempt": c["attempt"]},
+        headers={"X-Lease-Token": c["lease_token"]},
+    )
+    assert fetched.status_code == 200 and fetched.json()["operator"] == "noop"
+    hb = api.post("/internal/heartbeat", json={**lease(c), "progress": {"done": 0.5}})
+    assert hb.status_code == 200 and hb.json()["cancel_requested"] is False
+    ds = str(uuid.uuid4())
+    ev = api.post(
+        "/internal/events", json={**lease(c), "events": [{"dataset_uuid": ds, "cursor": "1"}]}
+    )
+    assert ev.json()["accepted"] == 1
+    done = api.post(
+        "/internal/task-complete",
+        json={
+            **lease(c),
+            "outcome": "succeeded",
+            "final_events": [{"dataset_uuid": ds, "cursor": "2"}],
+        },
+    )
+    assert done.status_code == 200 and done.json()["status"] == "succeeded"
+    view = api.get(f"/v1/tasks/{c['task_id']}").json()
+    assert view["status"] == "succeeded" and view["events"] == 2 and len(view["attempts"]) == 1
+    assert api.post(f"/v1/tasks/{c['task_id']}/cancel").status_code == 409
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [
+        ("GET", "/v1/tasks/{unknown}", None, 404, "not_found"),
+        ("POST", "/v1/tasks/{unknown}/cancel", None, 404, "not_found"),
+        ("GET", "/v1/tasks/not-a-uuid", None, 422, "invalid_request"),
+        ("POST", "/internal/claim", {"task_id": "{unknown}", "worker_id": "w"}, 404, "not_found"),
+        (
+            "POST",
+            "/internal/heartbeat",
+            {"task_id": "{unknown}", "attempt": 1, "lease_token": "{unknown}"},
+            404,
+            "not_found",
+        ),
+        ("POST", "/internal/heartbeat", "{lease_wrong_token}", 409, "wrong_lease"),
+        ("POST", "/internal/heartbeat", "{lease_stale}", 409, "stale_attempt"),
+        ("POST", "/internal/task-complete", "{complete_wrong_token}", 409, "wrong_lease"),
+        ("POST", "/internal/task-complete", "{complete_bad_outcome}", 422, "invalid_request"),
+        ("POST", "/internal/events", "{events_two_identities}", 422, "invalid_request"),
+        ("POST", "/internal/events", "{events_empty}", 422, "invalid_request"),
+        (
+            "POST",
+            "/v1/tasks",
+            {"job": "j", "operator": "noop", "runtime": "docker"},
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/tasks",
+            {"job": "j", "operator": "noop", "surprise": 1},
+            422,
+            "invalid_request",
+        ),
+    ],
+)
+def test_bad_input_gets_clear_error_and_changes_nothing(
+    api: httpx.Client, services: Services, method: str, path: str, body: Any, status: int, code: str
+) -> None:
+    c = running_task(api)
+    unknown = str(uuid.uuid4())
+    bodies: dict[str, Any] = {
+        "{lease_wrong_token}": {**lease(c), "lease_token": unknown},
+        "{lease_stale}": {**lease(c), "attempt": 2},
+        "{complete_wrong_token}": {**lease(c), "lease_token": unknown, "outcome": "succeeded"},
+        "{complete_bad_outcome}": {**lease(c), "outcome": "kinda"},
+        "{events_two_identities}": {
+            **lease(c),
+            "events": [{"dataset_uuid": unknown, "cursor": "1", "partition_key": "p"}],
+        },
+        "{events_empty}": {**lease(c), "events": []},
+    }
+    if isinstance(body, str):
+        body = bodies[body]
+    elif isinstance(body, dict):
+        body = json.loads(json.dumps(body).replace("{unknown}", unknown))
+    before = snapshot(services)
+    r = api.request(method, path.replace("{unknown}", unknown), json=body)
+    assert r.status_code == status, r.text
+    err = r.json()
+    assert err["error"] == code and err["message"]
+    assert snapshot(services) == before
+
+
+def test_malformed_json_is_422_and_changes_nothing(api: httpx.Client, services: Services) -> None:
+    running_task(api)
+    before = snapshot(services)
+    r = api.post(
+        "/internal/task-complete",
+        content=b'{"task_id": ',
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 422
+    assert "JSON" in r.json()["message"]
+    assert snapshot(services) == before
+
+
+def test_oversized_body_is_413_and_changes_nothing(api: httpx.Client, services: Services) -> None:
+    c = running_task(api)
+    before = snapshot(services)
+    huge = {**lease(c), "outcome": "failed", "error": "x" * (3 * 1024 * 1024)}
+    r = api.post("/internal/task-complete", json=huge)
+    assert r.status_code == 413 and "limit" in r.json()["message"]
+    assert snapshot(services) == before
+
+
+def test_internal_token_guards_internal_endpoints(settings: Settings, dsn: str) -> None:
+    secured = Services.build(
+        settings.model_copy(update={"internal_token": SecretStr("s3cret")}), dsn
+    )
+    server = ApiServer(secured, "127.0.0.1", free_port(), background=False)
+    server.start()
+    try:
+        body = {"task_id": str(uuid.uuid4()), "worker_id": "w"}
+        r = httpx.post(f"{server.url}/internal/claim", json=body)
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+        ok = httpx.post(
+            f"{server.url}/internal/claim", json=body, headers={"Authorization": "Bearer s3cret"}
+        )
+        assert ok.status_code == 404  # past the guard
+    finally:
+        server.stop()
+        secured.close()
