@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -186,3 +187,26 @@ def test_worker_survives_operator_process_crash(stack: LiteStack) -> None:
     ok = d.create_task(TaskSpec(job="ok", operator="noop"))
     wait_for(lambda: status(stack, ok.task_id)[0] == "succeeded", 30, "next task")
     assert_invariants(stack.services)
+
+
+def test_long_task_keeps_its_wakeup_invisible(settings: Settings, dsn: str) -> None:
+    """Visibility (1 s) shorter than the task (3 s): the wrapper extends it, so the wake-up is
+    never redelivered while the task runs."""
+    env = {**WORKER_ENV, "TRACE_WORKER_VISIBILITY_SECONDS": "1"}
+    with LiteStack(settings, workers=1, dsn=dsn, worker_env=env) as stack:
+        d = stack.services.dispatcher
+        ref = d.create_task(TaskSpec(job="long", operator="sleep", config={"seconds": 3}))
+        wait_for(lambda: status(stack, ref.task_id)[0] == "running", 30, "running")
+        deliveries = set()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while status(stack, ref.task_id)[0] == "running":
+                row = conn.execute(
+                    "SELECT attempts FROM queue_messages WHERE payload->>'task_id' = %s",
+                    (str(ref.task_id),),
+                ).fetchone()
+                if row:
+                    deliveries.add(row[0])
+                time.sleep(0.1)
+        assert deliveries == {1}
+        assert status(stack, ref.task_id) == ("succeeded", 1)
+        assert_invariants(stack.services)

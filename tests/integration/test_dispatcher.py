@@ -326,3 +326,43 @@ def test_partitions_created_ahead(services: Services) -> None:
     )
     assert len(parts) >= 3  # last month, this month, and ahead
     assert ensure_partitions(services.dispatcher) == 0  # idempotent
+
+
+def test_concurrent_reapers_reap_each_attempt_once(services: Services) -> None:
+    import threading
+
+    ids = [services.dispatcher.create_task(spec(max_attempts=3)).task_id for _ in range(60)]
+    for t in ids:
+        claim(services, t)
+    with services.pool.connection() as conn:
+        conn.execute("UPDATE task_status SET lease_until = now() - interval '1 s'")
+    services.publisher.drain()
+    reaped: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: reaped.append(services.dispatcher.reap(limit=7)))
+        for _ in range(12)
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    while n := services.dispatcher.reap():
+        reaped.append(n)
+    assert sum(reaped) == 60
+    outcomes = q(services, "SELECT outcome, count(*) AS n FROM task_attempts GROUP BY 1")
+    assert outcomes == [{"outcome": "lease_expired", "n": 60}]
+    assert q(services, "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL")[0]["n"] == 60
+
+
+def test_stranded_queued_task_gets_a_fresh_wakeup(services: Services) -> None:
+    r = services.dispatcher.create_task(spec())
+    services.publisher.drain()
+    msg = services.driver.receive(Q, 1, 30)[0]
+    services.driver.nack(Q, msg.receipt, "lost")  # pretend the wake-up went astray
+    with services.pool.connection() as conn:
+        conn.execute("DELETE FROM queue_messages")
+        conn.execute("UPDATE task_status SET updated_at = now() - interval '10 min'")
+    assert services.dispatcher.rewake(after_seconds=300) == 1
+    assert services.dispatcher.rewake(after_seconds=300) == 0  # touched: not again at once
+    services.publisher.drain()
+    assert [m_.payload["task_id"] for m_ in services.driver.receive(Q, 5, 30)] == [str(r.task_id)]

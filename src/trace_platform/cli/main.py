@@ -161,7 +161,7 @@ def worker(
             client,
             queue_name=settings.task_queue,
             home=settings.home,
-            visibility_seconds=max(10.0, settings.lease_seconds * 2),
+            visibility_seconds=settings.worker_visibility_seconds,
             wait_seconds=min(5.0, settings.queue_poll_seconds * 5),
         )
         for _ in range(concurrency)
@@ -200,11 +200,9 @@ def up(
     )
     try:
         while not stop.wait(1.0):
-            for i, p in enumerate(stack.workers):
-                if p.poll() is not None:
-                    console.print(f"worker {i} exited ({p.returncode}); restarting it")
-                    stack.workers[i] = stack.add_worker()
-                    stack.workers.pop()
+            for i in stack.exited_workers():
+                console.print(f"worker {i} exited; restarting it")
+                stack.restart_worker(i)
     finally:
         console.print("stopping…")
         stack.stop()

@@ -365,6 +365,18 @@ class Dispatcher:
                     )
         return len(rows)
 
+    def rewake(self, after_seconds: float, limit: int = 500) -> int:
+        """Anti-entropy: a fresh wake-up for queued tasks left untouched for `after_seconds`."""
+        with self.pool.connection() as conn, conn.transaction():
+            rows = conn.execute(
+                _Q.stranded_queued, {"after": after_seconds, "limit": limit}
+            ).fetchall()
+            for r in rows:
+                self._enqueue_wakeup(conn, r["task_id"], r["start_day"])
+            if rows:
+                conn.execute(_Q.touch, {"ids": [r["task_id"] for r in rows]})
+        return len(rows)
+
     # -- user-facing ---------------------------------------------------------------------
     def cancel(self, task_id: UUID) -> m.CancelResponse:
         with self.pool.connection() as conn, conn.transaction():

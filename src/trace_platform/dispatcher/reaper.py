@@ -29,6 +29,7 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
                 last_partitions = time.monotonic()
             while dispatcher.reap() > 0:
                 pass
+            dispatcher.rewake(dispatcher.settings.rewake_after_seconds)
         except psycopg.Error as e:
             log.warning("reaper: %s", e)
         stop.wait(interval)

@@ -94,7 +94,20 @@ class LiteStack:
             self.add_worker()
         return self
 
+    def exited_workers(self) -> list[int]:
+        return [i for i, p in enumerate(self.workers) if p.poll() is not None]
+
+    def restart_worker(self, index: int) -> None:
+        self.workers[index] = self._spawn_worker(index)
+
     def add_worker(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        proc = self._spawn_worker(len(self.workers), env)
+        self.workers.append(proc)
+        return proc
+
+    def _spawn_worker(
+        self, index: int, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         full_env = {
             **os.environ,
@@ -103,10 +116,10 @@ class LiteStack:
             **self.worker_env,
             **(env or {}),
         }
-        logf = (self.log_dir / f"worker-{len(self.workers)}.out").open("ab")
-        proc = subprocess.Popen(worker_command(self.url), env=full_env, stdout=logf, stderr=logf)
-        self.workers.append(proc)
-        return proc
+        with (self.log_dir / f"worker-{index}.out").open("ab") as logf:
+            return subprocess.Popen(
+                worker_command(self.url), env=full_env, stdout=logf, stderr=logf
+            )
 
     def healthy(self) -> bool:
         try:

@@ -44,8 +44,10 @@ class PgQueue:
         self.dsn = dsn
         self.max_attempts = max_attempts
         self.poll_seconds = poll_seconds
-        self._listen_conn: psycopg.Connection[Any] | None = None
-        self._listen_lock = threading.Lock()
+        # One LISTEN connection per consumer thread, so every idle consumer is woken.
+        self._local = threading.local()
+        self._listeners: list[psycopg.Connection[Any]] = []
+        self._listeners_lock = threading.Lock()
         self._last_sweep: dict[str, float] = {}
 
     # -- publish -------------------------------------------------------------------------
@@ -111,14 +113,20 @@ class PgQueue:
             return self.poll_seconds
         return max(0.005, min(self.poll_seconds, float(nxt)))
 
+    def _listener(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.dsn, autocommit=True)
+            conn.execute("LISTEN trace_queue")
+            self._local.conn = conn
+            with self._listeners_lock:
+                self._listeners.append(conn)
+        return conn
+
     def _wait(self, queue_name: str, timeout: float) -> None:
-        with self._listen_lock:
-            if self._listen_conn is None or self._listen_conn.closed:
-                self._listen_conn = psycopg.connect(self.dsn, autocommit=True)
-                self._listen_conn.execute("LISTEN trace_queue")
-            for n in self._listen_conn.notifies(timeout=timeout):
-                if n.payload == queue_name:
-                    return
+        for n in self._listener().notifies(timeout=timeout):
+            if n.payload == queue_name:
+                return
 
     # -- settle --------------------------------------------------------------------------
     def ack(self, queue_name: str, receipt: str) -> bool:
@@ -166,7 +174,7 @@ class PgQueue:
             return conn.execute(_Q.dead_letters, {"queue": queue_name}).fetchall()
 
     def close(self) -> None:
-        with self._listen_lock:
-            if self._listen_conn is not None:
-                self._listen_conn.close()
-                self._listen_conn = None
+        with self._listeners_lock:
+            for conn in self._listeners:
+                conn.close()
+            self._listeners.clear()

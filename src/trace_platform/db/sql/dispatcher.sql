@@ -147,3 +147,17 @@ FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
 ORDER BY r.created_at DESC
 LIMIT %(limit)s;
+
+-- name: stranded_queued
+-- Claimable tasks nobody touched for a long time: their wake-up may have been dead-lettered.
+SELECT task_id, start_day
+FROM task_status
+WHERE status = 'queued'
+  AND NOT cancel_requested
+  AND next_attempt_at <= now()
+  AND updated_at < now() - make_interval(secs => %(after)s)
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: touch
+UPDATE task_status SET updated_at = now() WHERE task_id = ANY(%(ids)s);
