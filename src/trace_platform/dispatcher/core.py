@@ -235,27 +235,34 @@ class Dispatcher:
     def _insert_events(
         self, conn: Connection[Any], st: dict[str, Any], attempt: int, events: list[m.EventIn]
     ) -> tuple[list[UUID], int]:
+        if not events:
+            return [], 0
+        params = [
+            {
+                "event_id": uuid.uuid4(),
+                "start_day": st["start_day"],
+                "org_id": st["org_id"],
+                "task_id": st["task_id"],
+                "attempt": attempt,
+                "dataset_uuid": ev.dataset_uuid,
+                "dedupe_key": ev.dedupe_key,
+                "cursor": ev.cursor,
+                "partition_key": ev.partition_key,
+                "range_start": ev.range.start if ev.range else None,
+                "range_end": ev.range.end if ev.range else None,
+                "payload": Jsonb(ev.payload),
+            }
+            for ev in events
+        ]
         accepted: list[UUID] = []
-        for ev in events:
-            row = conn.execute(
-                _Q.insert_event,
-                {
-                    "event_id": uuid.uuid4(),
-                    "start_day": st["start_day"],
-                    "org_id": st["org_id"],
-                    "task_id": st["task_id"],
-                    "attempt": attempt,
-                    "dataset_uuid": ev.dataset_uuid,
-                    "dedupe_key": ev.dedupe_key,
-                    "cursor": ev.cursor,
-                    "partition_key": ev.partition_key,
-                    "range_start": ev.range.start if ev.range else None,
-                    "range_end": ev.range.end if ev.range else None,
-                    "payload": Jsonb(ev.payload),
-                },
-            ).fetchone()
-            if row is not None:
-                accepted.append(row["event_id"])
+        with conn.cursor() as cur:
+            cur.executemany(_Q.insert_event, params, returning=True)
+            while True:
+                row = cur.fetchone()
+                if row is not None:
+                    accepted.append(row["event_id"])
+                if not cur.nextset():
+                    break
         return accepted, len(events) - len(accepted)
 
     def events(self, req: m.EventsRequest) -> m.EventsResponse:

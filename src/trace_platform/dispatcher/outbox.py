@@ -79,23 +79,29 @@ class OutboxPublisher:
             return conn.execute(_Q.purge_sent, {"older_than": self.purge_after_seconds}).rowcount
 
     def run(self, stop: threading.Event, dsn: str, poll_seconds: float = 1.0) -> None:
-        """Publish until `stop`; sleeps on LISTEN trace_outbox between batches."""
-        listen = psycopg.connect(dsn, autocommit=True)
-        listen.execute("LISTEN trace_outbox")
+        """Publish until `stop`; sleeps on LISTEN trace_outbox between batches, polls as a
+        fallback, and reconnects after any failure."""
+        listen: psycopg.Connection[Any] | None = None
         last_purge = time.monotonic()
         try:
             while not stop.is_set():
                 try:
+                    if listen is None or listen.closed:
+                        listen = psycopg.connect(dsn, autocommit=True)
+                        listen.execute("LISTEN trace_outbox")
                     if self.publish_once() >= self.batch_size:
                         continue
                     if time.monotonic() - last_purge > 60:
                         self.purge_sent()
                         last_purge = time.monotonic()
-                except psycopg.Error as e:
+                    for _ in listen.notifies(timeout=poll_seconds, stop_after=1):
+                        pass
+                except Exception as e:  # keep publishing after any transient failure
                     log.warning("outbox publisher: %s", e)
+                    if listen is not None:
+                        listen.close()
+                    listen = None
                     stop.wait(poll_seconds)
-                    continue
-                for _ in listen.notifies(timeout=poll_seconds, stop_after=1):
-                    pass
         finally:
-            listen.close()
+            if listen is not None:
+                listen.close()

@@ -6,8 +6,6 @@ import logging
 import threading
 import time
 
-import psycopg
-
 from trace_platform.dispatcher.core import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -30,6 +28,6 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
             while dispatcher.reap() > 0:
                 pass
             dispatcher.rewake(dispatcher.settings.rewake_after_seconds)
-        except psycopg.Error as e:
+        except Exception as e:  # keep reaping after any transient failure
             log.warning("reaper: %s", e)
         stop.wait(interval)

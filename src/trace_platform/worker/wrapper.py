@@ -129,11 +129,20 @@ class Wrapper:
 
     # -- main loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
+        failures = 0
         try:
             while not stop.is_set():
-                msgs = self.driver.receive(self.queue_name, 1, self.visibility, self.wait_seconds)
-                for msg in msgs:
-                    self.handle(msg, stop)
+                try:
+                    msgs = self.driver.receive(
+                        self.queue_name, 1, self.visibility, self.wait_seconds
+                    )
+                    for msg in msgs:
+                        self.handle(msg, stop)
+                    failures = 0
+                except Exception:  # database or API unreachable: back off, never die
+                    failures += 1
+                    log.exception("worker loop error (%d in a row)", failures)
+                    stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 if max_tasks is not None and self.tasks_run >= max_tasks:
                     return
         finally:
@@ -158,7 +167,14 @@ class Wrapper:
             self.driver.nack(self.queue_name, msg.receipt, f"claim failed: {e}", delay_seconds=1)
             return
         self.tasks_run += 1
-        self._run_claimed(claim, msg, stop or threading.Event())
+        try:
+            self._run_claimed(claim, msg, stop or threading.Event())
+        except Exception as e:
+            # The lease is ours until it expires; the reaper retries the attempt after that.
+            log.exception("task %s attempt %s: wrapper error", claim.task_id, claim.attempt)
+            self.host.kill()
+            self.driver.nack(self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1)
+            return
         self.driver.ack(self.queue_name, msg.receipt)
 
     # -- one attempt ---------------------------------------------------------------------
@@ -173,6 +189,8 @@ class Wrapper:
         task = self.client.fetch(claim)
         if task.status == "canceled":
             self._report(claim, "canceled")
+            return
+        if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
         try:
             self.host.run(task)

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from trace_platform.queue import payloads
+
+
+def test_encode_known_kinds() -> None:
+    t = str(uuid.uuid4())
+    assert json.loads(payloads.encode({"kind": "task_wakeup", "task_id": t})) == {
+        "kind": "task_wakeup",
+        "task_id": t,
+    }
+    assert payloads.encode(payloads.Delivery(delivery_id=uuid.UUID(t))) == json.dumps(
+        {"kind": "delivery", "delivery_id": t}, separators=(",", ":")
+    )
+    rec = {"kind": "buffer_record", "dataset_uuid": t, "record_id": t}
+    assert isinstance(payloads.decode(payloads.encode(rec)), payloads.BufferRecord)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"kind": "nope"}, "kind"),
+        ({"task_id": str(uuid.uuid4())}, "kind"),
+        ({"kind": "task_wakeup", "task_id": "x"}, "task_id"),
+        ({"kind": "delivery", "delivery_id": str(uuid.uuid4()), "x": 1}, "x"),
+        ("[1,", "not valid JSON"),
+    ],
+)
+def test_bad_payloads_name_the_problem(raw: object, message: str) -> None:
+    with pytest.raises(payloads.PayloadError, match=message):
+        payloads.encode(raw)
+
+
+def test_size_limit() -> None:
+    big = {"kind": "task_wakeup", "task_id": str(uuid.uuid4()), "pad": "x" * 300_000}
+    with pytest.raises(payloads.PayloadError, match="under 262144 bytes"):
+        payloads.encode(big)
