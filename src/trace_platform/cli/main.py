@@ -162,7 +162,7 @@ def worker(
             queue_name=settings.task_queue,
             home=settings.home,
             visibility_seconds=settings.worker_visibility_seconds,
-            wait_seconds=min(5.0, settings.queue_poll_seconds * 5),
+            wait_seconds=min(2.0, settings.queue_poll_seconds * 5),
         )
         for _ in range(concurrency)
     ]
