@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool
 from trace_platform.config import Settings
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher.dag_tasks import tasks_for_event
 from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
 from trace_platform.queue import payloads
 
@@ -75,6 +76,10 @@ class Dispatcher:
             "input_event_id": spec.input_event_id,
             "input_event": Jsonb(spec.input_event) if spec.input_event is not None else None,
             "input_versions": Jsonb([r.model_dump(mode="json") for r in spec.input_versions]),
+            "outputs": Jsonb([r.model_dump(mode="json") for r in spec.outputs]),
+            "run_id": spec.run_id,
+            "worker_pool": spec.worker_pool,
+            "max_concurrency": spec.max_concurrency,
             "timeout_seconds": spec.timeout_seconds or s.default_timeout_seconds,
             "max_attempts": spec.max_attempts or s.default_max_attempts,
             "retry_backoff_seconds": (
@@ -117,8 +122,51 @@ class Dispatcher:
             ).fetchone()
             if row is None:
                 raise self._not_claimable(conn, req.task_id)
+            slot = self._lease_slot(conn, req.task_id)  # raises (rolling back the claim) if none
             conn.execute(_Q.insert_attempt, {**row, "worker_id": req.worker_id})
-        return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
+        return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot)
+
+    # -- worker pools ----------------------------------------------------------------------
+    def _lease_slot(self, conn: Connection[Any], task_id: UUID) -> m.SlotLease | None:
+        """One slot of the job's pool, within min(max_concurrency, pool size)."""
+        t = conn.execute(_Q.task_pool, {"task_id": task_id}).fetchone()
+        if t is None or t["worker_pool"] is None:
+            return None
+        key = {"dag_id": t["dag_id"], "pool": t["worker_pool"], "job": t["job"]}
+        conn.execute(_Q.lock_pool, key)  # serialises slot accounting per pool, not claims at large
+        usage = conn.execute(_Q.pool_usage, key).fetchone()
+        assert usage is not None
+        if usage["job_running"] >= (t["max_concurrency"] or 1) or usage["free_slot"] is None:
+            why = (
+                f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
+                if usage["free_slot"] is not None
+                else f"every slot of worker pool '{t['worker_pool']}' is in use"
+            )
+            raise Conflict(
+                "waiting_for_slot", f"task {task_id} waits for a slot: {why}", pool=t["worker_pool"]
+            )
+        conn.execute(_Q.lease_slot, {**key, "task_id": task_id, "slot_index": usage["free_slot"]})
+        return m.SlotLease(pool=t["worker_pool"], slot_index=usage["free_slot"])
+
+    def _release_slot(self, conn: Connection[Any], task_id: UUID) -> None:
+        """Every terminal path (and every retry) frees the slot and wakes a waiting task."""
+        freed = conn.execute(_Q.release_slot, {"task_id": task_id}).fetchone()
+        if freed is None:
+            return
+        for w in conn.execute(_Q.waiting_for_pool, {**freed, "limit": 2}).fetchall():
+            if w["task_id"] != task_id:
+                self._enqueue_wakeup(conn, w["task_id"], w["start_day"])
+
+    def secrets(self, ref: m.LeaseRef) -> dict[str, str]:
+        """The secret env of the task's slot, for the wrapper only (never logged)."""
+        with self.pool.connection() as conn:
+            st = self._fenced(conn, ref)
+            if st["status"] != "running":
+                raise Conflict("lease_lost", f"task {ref.task_id} is {st['status']}")
+            rows = conn.execute(
+                _Q.slot_secret_values, {"task_id": ref.task_id, "org_id": st["org_id"]}
+            ).fetchall()
+        return {r["env_var"]: r["value"] for r in rows}
 
     def _not_claimable(self, conn: Connection[Any], task_id: UUID) -> Exception:
         st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
@@ -184,6 +232,7 @@ class Dispatcher:
                     "wrong_lease",
                     f"the lease token does not hold attempt {ref.attempt} of task {ref.task_id}",
                 )
+            slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
         status = "canceled" if view["cancel_requested"] else view["status"]
         return m.TaskPayload(
             task_id=view["task_id"],
@@ -201,6 +250,12 @@ class Dispatcher:
             parent_task_id=view["parent_task_id"],
             input_event=view["input_event"],
             inputs=[m.DatasetRef(**r) for r in view["input_versions"]],
+            outputs=[m.DatasetRef(**r) for r in view["outputs"]],
+            run_id=view["run_id"],
+            worker_pool=view["worker_pool"],
+            slot_index=slot["slot_index"] if slot else None,
+            slot_env=slot["env"] if slot else {},
+            slot_secret_names=sorted(slot["secrets"]) if slot else [],
             idempotency=m.IdempotencyContext(
                 producer_task_id=view["task_id"], attempt=view["attempt"]
             ),
@@ -232,11 +287,55 @@ class Dispatcher:
             )
 
     # -- events and completion -----------------------------------------------------------
+    @staticmethod
+    def _check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> dict[str, Any]:
+        """A DAG task may only speak for the datasets it produces."""
+        outputs = {o["dataset_uuid"]: o for o in st["outputs"]}
+        if outputs:
+            for ds in dataset_uuids:
+                if str(ds) not in outputs:
+                    raise Invalid(
+                        f"{what} names dataset {ds}, which task {st['task_id']} does not produce "
+                        f"(its outputs: {', '.join(outputs)})"
+                    )
+        return outputs
+
+    def _commit_outputs(
+        self, conn: Connection[Any], st: dict[str, Any], attempt: int, commits: list[m.OutputCommit]
+    ) -> int:
+        outputs = self._check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
+        for c in commits:
+            version = c.dataset_version or (outputs.get(str(c.dataset_uuid)) or {}).get(
+                "dataset_version"
+            )
+            if version is None:
+                raise Invalid(f"output commit for dataset {c.dataset_uuid} needs a dataset_version")
+            conn.execute(
+                _Q.insert_commit,
+                {
+                    "commit_id": uuid.uuid4(),
+                    "dataset_uuid": c.dataset_uuid,
+                    "dataset_version": version,
+                    "task_id": st["task_id"],
+                    "attempt": attempt,
+                    "scope": c.scope,
+                    "partition_key": c.partition_key,
+                    "range_start": c.range.start if c.range else None,
+                    "range_end": c.range.end if c.range else None,
+                    "location": c.location,
+                    "row_count": c.row_count,
+                    "byte_count": c.byte_count,
+                },
+            )
+        return len(commits)
+
     def _insert_events(
         self, conn: Connection[Any], st: dict[str, Any], attempt: int, events: list[m.EventIn]
-    ) -> tuple[list[UUID], int]:
+    ) -> tuple[list[UUID], int, int]:
+        """Stores new events and, in the same transaction, creates the tasks they start."""
         if not events:
-            return [], 0
+            return [], 0, 0
+        self._check_outputs(st, [e.dataset_uuid for e in events], "an event")
         params = [
             {
                 "event_id": uuid.uuid4(),
@@ -255,22 +354,33 @@ class Dispatcher:
             for ev in events
         ]
         accepted: list[UUID] = []
+        created = 0
         with conn.cursor() as cur:
             cur.executemany(_Q.insert_event, params, returning=True)
+            rows = []
             while True:
-                row = cur.fetchone()
-                if row is not None:
-                    accepted.append(row["event_id"])
+                rows.append(cur.fetchone())
                 if not cur.nextset():
                     break
-        return accepted, len(events) - len(accepted)
+        for ev, row in zip(events, rows, strict=True):
+            if row is None:  # a duplicate returns nothing and starts nothing
+                continue
+            accepted.append(row["event_id"])
+            for spec in tasks_for_event(
+                conn, org_id=st["org_id"], producer=st, event_id=row["event_id"], event=ev
+            ):
+                self.create_task(spec, conn)
+                created += 1
+        return accepted, len(events) - len(accepted), created
 
     def events(self, req: m.EventsRequest) -> m.EventsResponse:
         with self.pool.connection() as conn, conn.transaction():
             st = self._fenced(conn, req)
             self._reject_finished(st, req)
-            ids, dups = self._insert_events(conn, st, req.attempt, req.events)
-        return m.EventsResponse(accepted=len(ids), duplicates=dups, event_ids=ids)
+            ids, dups, created = self._insert_events(conn, st, req.attempt, req.events)
+        return m.EventsResponse(
+            accepted=len(ids), duplicates=dups, event_ids=ids, tasks_created=created
+        )
 
     def complete(self, req: m.CompleteRequest) -> m.CompleteResponse:
         """Accepted only for the current attempt of a task not succeeded/canceled; a late
@@ -284,7 +394,9 @@ class Dispatcher:
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 self._reject_finished(st, req)
-            ids, dups = self._insert_events(conn, st, req.attempt, req.final_events)
+            ids, dups, created = self._insert_events(conn, st, req.attempt, req.final_events)
+            committed = self._commit_outputs(conn, st, req.attempt, req.outputs)
+            self._release_slot(conn, req.task_id)
             next_at: datetime | None = None
             if req.outcome == "succeeded":
                 conn.execute(_Q.set_succeeded, {"task_id": req.task_id})
@@ -322,6 +434,8 @@ class Dispatcher:
             next_attempt_at=next_at,
             events_accepted=len(ids),
             events_duplicate=dups,
+            tasks_created=created,
+            outputs_committed=committed,
         )
 
     def _schedule_retry(self, conn: Connection[Any], st: dict[str, Any], error: str) -> datetime:
@@ -358,6 +472,7 @@ class Dispatcher:
                         "error": error,
                     },
                 )
+                self._release_slot(conn, st["task_id"])
                 if st["cancel_requested"]:
                     conn.execute(
                         _Q.set_terminal,

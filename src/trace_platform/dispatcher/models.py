@@ -22,13 +22,14 @@ class _Body(BaseModel):
 
 
 class DatasetRef(_Body):
-    """An input dataset pinned to one version for the whole task."""
+    """A dataset pinned to one version for the whole task (an input, or an output to write)."""
 
     dataset_uuid: UUID
     dataset_version: UUID | None = None
     dataset_name: str | None = None
     backend: Literal["parquet", "postgres"] | None = None
     location: str | None = None
+    output_index: int | None = None
 
 
 class TaskSpec(_Body):
@@ -37,12 +38,16 @@ class TaskSpec(_Body):
     runtime: str = Field(default="ecs_platform", pattern=r"^(ecs_[a-z][a-z0-9_]*|lambda)$")
     config: dict[str, Any] = Field(default_factory=dict)
     org_id: UUID = LITE_ORG_ID
-    dag_id: str | None = None
+    dag_id: UUID | None = None
     dag_version: int | None = None
     parent_task_id: UUID | None = None
     input_event_id: UUID | None = None
     input_event: dict[str, Any] | None = None
     input_versions: list[DatasetRef] = Field(default_factory=list)
+    outputs: list[DatasetRef] = Field(default_factory=list)
+    run_id: UUID | None = None
+    worker_pool: str | None = None
+    max_concurrency: int | None = Field(default=None, gt=0)
     timeout_seconds: int | None = Field(default=None, gt=0, le=7 * 24 * 3600)
     max_attempts: int | None = Field(default=None, gt=0, le=100)
     retry_backoff_seconds: float | None = Field(default=None, ge=0)
@@ -61,6 +66,11 @@ class ClaimRequest(_Body):
     start_day: int | None = None
 
 
+class SlotLease(BaseModel):
+    pool: str
+    slot_index: int
+
+
 class Claim(BaseModel):
     task_id: UUID
     start_day: int
@@ -68,6 +78,7 @@ class Claim(BaseModel):
     lease_token: UUID
     lease_until: datetime
     heartbeat_seconds: float
+    slot: SlotLease | None = None
 
 
 class LeaseRef(_Body):
@@ -129,6 +140,32 @@ class EventIn(_Body):
         return f"range:{self.range.start}-{self.range.end}"
 
 
+class OutputCommit(_Body):
+    """A committed piece of an output dataset version: a partition, a range, or all of it."""
+
+    dataset_uuid: UUID
+    dataset_version: UUID | None = None  # default: the version the task was given
+    partition_key: str | None = Field(default=None, max_length=512)
+    range: RangeSpec | None = None
+    location: str | None = Field(default=None, max_length=2048)
+    row_count: int | None = Field(default=None, ge=0)
+    byte_count: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> Self:
+        if self.partition_key is not None and self.range is not None:
+            raise ValueError("an output commit names a partition_key or a range, not both")
+        return self
+
+    @property
+    def scope(self) -> str:
+        if self.partition_key is not None:
+            return f"partition:{self.partition_key}"
+        if self.range is not None:
+            return f"range:{self.range.start}-{self.range.end}"
+        return "all"
+
+
 class EventsRequest(LeaseRef):
     events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_CALL)
 
@@ -137,6 +174,7 @@ class EventsResponse(BaseModel):
     accepted: int
     duplicates: int
     event_ids: list[UUID]
+    tasks_created: int = 0
 
 
 class CompleteRequest(LeaseRef):
@@ -144,6 +182,7 @@ class CompleteRequest(LeaseRef):
     error: str | None = Field(default=None, max_length=20_000)
     retryable: bool = True
     final_events: list[EventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
+    outputs: list[OutputCommit] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
 
 
 class CompleteResponse(BaseModel):
@@ -153,6 +192,8 @@ class CompleteResponse(BaseModel):
     next_attempt_at: datetime | None = None
     events_accepted: int = 0
     events_duplicate: int = 0
+    tasks_created: int = 0
+    outputs_committed: int = 0
 
 
 class IdempotencyContext(BaseModel):
@@ -172,7 +213,7 @@ class TaskPayload(BaseModel):
     status: TaskStatus  # `canceled` tells the wrapper to exit without running the operator
     cancel_requested: bool
     org_id: UUID
-    dag_id: str | None
+    dag_id: UUID | None
     dag_version: int | None
     job: str
     operator: str
@@ -181,6 +222,12 @@ class TaskPayload(BaseModel):
     parent_task_id: UUID | None
     input_event: dict[str, Any] | None
     inputs: list[DatasetRef]
+    outputs: list[DatasetRef]
+    run_id: UUID | None
+    worker_pool: str | None
+    slot_index: int | None
+    slot_env: dict[str, str]
+    slot_secret_names: list[str]  # values come only from /internal/task-secrets
     idempotency: IdempotencyContext
     timeout_seconds: int
     deadline_at: datetime | None
@@ -199,9 +246,10 @@ class AttemptView(BaseModel):
 
 class TaskView(BaseModel):
     task_id: UUID
+    run_id: UUID | None
     start_day: int
     org_id: UUID
-    dag_id: str | None
+    dag_id: UUID | None
     dag_version: int | None
     job: str
     operator: str

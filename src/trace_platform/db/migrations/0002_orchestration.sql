@@ -12,7 +12,7 @@ CREATE TABLE task_registry (
   task_id          UUID NOT NULL,
   start_day        SMALLINT NOT NULL,
   org_id           UUID NOT NULL,
-  dag_id           TEXT,
+  dag_id           UUID,
   dag_version      INT,
   job              TEXT NOT NULL,
   operator         TEXT NOT NULL,

@@ -4,12 +4,12 @@
 INSERT INTO task_registry (
   task_id, start_day, org_id, dag_id, dag_version, job, operator, runtime, config,
   parent_task_id, input_event_id, input_event, input_versions, timeout_seconds, max_attempts,
-  retry_backoff_seconds, retry_backoff_max_seconds)
+  retry_backoff_seconds, retry_backoff_max_seconds, run_id, worker_pool, max_concurrency, outputs)
 VALUES (
   %(task_id)s, trace_start_day(now()), %(org_id)s, %(dag_id)s, %(dag_version)s, %(job)s,
   %(operator)s, %(runtime)s, %(config)s, %(parent_task_id)s, %(input_event_id)s, %(input_event)s,
   %(input_versions)s, %(timeout_seconds)s, %(max_attempts)s, %(retry_backoff_seconds)s,
-  %(retry_backoff_max_seconds)s)
+  %(retry_backoff_max_seconds)s, %(run_id)s, %(worker_pool)s, %(max_concurrency)s, %(outputs)s)
 RETURNING start_day;
 
 -- name: insert_status
@@ -52,7 +52,8 @@ SET finished_at = coalesce(finished_at, now()),
 WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND attempt = %(attempt)s;
 
 -- name: status_for_update
-SELECT s.*, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds, r.org_id
+SELECT s.*, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds, r.org_id,
+       r.outputs, r.run_id, r.dag_id
 FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
 WHERE s.task_id = %(task_id)s
@@ -124,7 +125,7 @@ FOR UPDATE OF s SKIP LOCKED;
 -- name: task_view
 SELECT r.task_id, r.start_day, r.org_id, r.dag_id, r.dag_version, r.job, r.operator, r.runtime,
        r.config, r.parent_task_id, r.input_event, r.input_versions, r.timeout_seconds,
-       r.max_attempts, r.created_at,
+       r.max_attempts, r.created_at, r.run_id, r.worker_pool, r.max_concurrency, r.outputs,
        s.status, s.attempt, s.cancel_requested, s.lease_token, s.lease_until, s.heartbeat_at,
        s.deadline_at, s.next_attempt_at, s.last_error, s.finished_at
 FROM task_status s
@@ -161,3 +162,57 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: touch
 UPDATE task_status SET updated_at = now() WHERE task_id = ANY(%(ids)s);
+
+-- name: task_pool
+SELECT dag_id, worker_pool, max_concurrency, job FROM task_registry
+WHERE task_id = %(task_id)s;
+
+-- name: lock_pool
+SELECT pg_advisory_xact_lock(hashtext(%(dag_id)s::text || '/' || %(pool)s));
+
+-- name: pool_usage
+-- How many slots this job's running tasks hold, and the first free slot, if any.
+SELECT
+  (SELECT count(*) FROM pool_slots
+    WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_job = %(job)s) AS job_running,
+  (SELECT slot_index FROM pool_slots
+    WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL AND NOT retired
+    ORDER BY slot_index LIMIT 1) AS free_slot;
+
+-- name: lease_slot
+UPDATE pool_slots SET leased_by_task = %(task_id)s, leased_job = %(job)s, leased_at = now()
+WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND slot_index = %(slot_index)s AND leased_by_task IS NULL;
+
+-- name: release_slot
+UPDATE pool_slots SET leased_by_task = NULL, leased_job = NULL, leased_at = NULL
+WHERE leased_by_task = %(task_id)s
+RETURNING dag_id, pool;
+
+-- name: waiting_for_pool
+-- Queued tasks of a pool, oldest first: woken when a slot frees (no polling).
+SELECT s.task_id, s.start_day
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+WHERE r.dag_id = %(dag_id)s AND r.worker_pool = %(pool)s
+  AND s.status = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
+ORDER BY s.updated_at
+LIMIT %(limit)s;
+
+-- name: slot_of_task
+SELECT pool, slot_index, env, secrets FROM pool_slots WHERE leased_by_task = %(task_id)s;
+
+-- name: slot_secret_values
+SELECT e.key AS env_var, s.value
+FROM pool_slots ps
+CROSS JOIN LATERAL jsonb_each_text(ps.secrets) AS e(key, value)
+JOIN secrets s ON s.org_id = %(org_id)s AND s.name = e.value
+WHERE ps.leased_by_task = %(task_id)s;
+
+-- name: insert_commit
+INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, attempt, scope,
+                             partition_key, range_start, range_end, location, row_count, byte_count)
+VALUES (%(commit_id)s, %(dataset_uuid)s, %(dataset_version)s, %(task_id)s, %(attempt)s, %(scope)s,
+        %(partition_key)s, %(range_start)s, %(range_end)s, %(location)s, %(row_count)s, %(byte_count)s)
+ON CONFLICT (dataset_version, scope) DO UPDATE
+SET task_id = EXCLUDED.task_id, attempt = EXCLUDED.attempt, location = EXCLUDED.location,
+    row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now();

@@ -1,0 +1,177 @@
+"""The DAG file: pydantic models, so the JSON Schema (`trace dag schema`) is the same contract."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+NAME_RE = r"^[a-z][a-z0-9_]{0,127}$"
+NAME = re.compile(NAME_RE)
+RUNTIME_RE = r"^(ecs_[a-z][a-z0-9_]*|lambda)$"
+
+# Fields the decisions note removed, and what to use instead.
+FORBIDDEN: dict[str, str] = {
+    "execution_strategy": "execution_strategy is not supported: model bulk work explicitly with "
+    "the range_aggregator / range_splitter operators",
+    "mode": "mode: live|backfill is not supported: rely on contextual time-gating "
+    "(event_time, max_delivery_age) and idempotency instead",
+}
+FORBIDDEN_SCALING = {
+    "mode": "scaling.mode is not supported: set scaling.max_concurrency (effective concurrency "
+    "is min(max_concurrency, worker pool size))",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobOutputRef(_Strict):
+    """An input wired by index to another job's output."""
+
+    job: str
+    output: int = Field(default=0, ge=0)
+
+
+class DatasetSource(_Strict):
+    dataset: str = Field(pattern=NAME_RE)
+
+
+class SharedRead(_Strict):
+    """An input read from a published dataset, possibly produced by another DAG."""
+
+    from_: DatasetSource = Field(alias="from")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def _input_kind(data: Any) -> str:
+    if isinstance(data, dict):
+        return "shared" if "from" in data else "job"
+    return "shared" if isinstance(data, SharedRead) else "job"
+
+
+InputSpec = Annotated[
+    Annotated[JobOutputRef, Tag("job")] | Annotated[SharedRead, Tag("shared")],
+    Discriminator(_input_kind),
+]
+
+
+class OutputSpec(_Strict):
+    backend: Literal["parquet", "postgres"] = "parquet"
+    update_strategy: Literal["replace", "append"] = "replace"
+    unique_key: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _append_needs_key(self) -> Self:
+        if self.update_strategy == "append" and not self.unique_key:
+            raise ValueError(
+                "update_strategy: append needs unique_key (append only inserts, deduplicated by it)"
+            )
+        return self
+
+
+class Scaling(_Strict):
+    max_concurrency: int = Field(default=1, ge=1, le=10_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forbidden(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, why in FORBIDDEN_SCALING.items():
+                if key in data:
+                    raise ValueError(why)
+        return data
+
+
+class JobSpec(_Strict):
+    operator: str = Field(min_length=1)
+    runtime: str = Field(default="ecs_platform", pattern=RUNTIME_RE)
+    config: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[InputSpec] = Field(default_factory=list)
+    outputs: list[OutputSpec] = Field(default_factory=list)
+    timeout_seconds: int = Field(default=3600, gt=0, le=7 * 24 * 3600)
+    max_attempts: int = Field(default=3, gt=0, le=100)
+    worker_pool: str | None = None
+    scaling: Scaling = Field(default_factory=Scaling)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forbidden(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, why in FORBIDDEN.items():
+                if key in data:
+                    raise ValueError(why)
+        return data
+
+    def materialization(self) -> dict[str, Any]:
+        """The fields whose change means different outputs (versus execution-only fields)."""
+        return self.model_dump(
+            mode="json",
+            include={"operator", "runtime", "config", "inputs", "outputs"},
+            by_alias=True,
+        )
+
+
+class PoolSlot(_Strict):
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: dict[str, str] = Field(default_factory=dict, description="env var -> secret name")
+
+
+class CronTrigger(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    schedule: str
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("schedule")
+    @classmethod
+    def _valid_cron(cls, v: str) -> str:
+        from croniter import croniter
+
+        if not croniter.is_valid(v):
+            raise ValueError(f"'{v}' is not a valid cron expression")
+        return v
+
+
+class WebhookTrigger(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class Triggers(_Strict):
+    cron: list[CronTrigger] = Field(default_factory=list)
+    webhooks: list[WebhookTrigger] = Field(default_factory=list)
+
+
+class PublishSpec(_Strict):
+    job: str
+    output_index: int = Field(default=0, ge=0)
+    dataset: str
+
+
+class DagSpec(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    description: str | None = None
+    jobs: dict[str, JobSpec] = Field(min_length=1)
+    publish: list[PublishSpec] = Field(default_factory=list)
+    worker_pools: dict[str, list[PoolSlot]] = Field(default_factory=dict)
+    triggers: Triggers = Field(default_factory=Triggers)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forbidden(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, why in FORBIDDEN.items():
+                if key in data:
+                    raise ValueError(why)
+        return data

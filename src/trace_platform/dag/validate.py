@@ -1,0 +1,226 @@
+"""Loads a DAG file and reports every problem at once, each naming the file, job and field."""
+
+from __future__ import annotations
+
+import graphlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, SharedRead
+from trace_platform.operators import REGISTRY
+
+_UNION_TAGS = {"job", "shared"}
+
+
+@dataclass(frozen=True)
+class DagProblem:
+    where: str
+    message: str
+
+    def render(self, source: str) -> str:
+        return (
+            f"{source}: {self.where}: {self.message}" if self.where else f"{source}: {self.message}"
+        )
+
+
+class DagInvalid(ValueError):
+    def __init__(self, source: str, problems: list[DagProblem]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(p.render(source) for p in problems))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML silently keeps the last of two equal keys; a DAG file must not."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key '{key}' (first on line {seen[key]})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _UNION_TAGS:
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _pydantic_problems(err: ValidationError) -> list[DagProblem]:
+    problems = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        problems.append(DagProblem(_where(e["loc"]), msg))
+    return problems
+
+
+def parse(text: str, source: str = "<dag>") -> DagSpec:
+    """YAML text -> a DagSpec that passed every file-local check, or DagInvalid with them all."""
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise DagInvalid(source, [DagProblem(where, f"invalid YAML: {problem}")]) from None
+    if not isinstance(raw, dict):
+        raise DagInvalid(
+            source, [DagProblem("", "a DAG file must be a YAML mapping (name, jobs, …)")]
+        )
+    try:
+        spec = DagSpec.model_validate(raw)
+    except ValidationError as e:
+        raise DagInvalid(source, _pydantic_problems(e)) from None
+    problems = check(spec)
+    if problems:
+        raise DagInvalid(source, problems)
+    return spec
+
+
+def load(path: Path) -> DagSpec:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise DagInvalid(str(path), [DagProblem("", f"cannot read file: {e.strerror}")]) from None
+    return parse(text, str(path))
+
+
+def check(spec: DagSpec) -> list[DagProblem]:
+    """Graph-level checks pydantic cannot express."""
+    problems: list[DagProblem] = []
+    add = problems.append
+    graph: dict[str, set[str]] = {}
+    for name, job in spec.jobs.items():
+        at = f"jobs.{name}"
+        if not NAME.match(name):
+            add(DagProblem(at, f"job name '{name}' must match ^[a-z][a-z0-9_]{{0,127}}$"))
+        if job.operator not in REGISTRY:
+            add(
+                DagProblem(
+                    f"{at}.operator",
+                    f"unknown operator '{job.operator}' (known: {', '.join(sorted(REGISTRY))})",
+                )
+            )
+        if job.worker_pool is not None and job.worker_pool not in spec.worker_pools:
+            add(
+                DagProblem(
+                    f"{at}.worker_pool",
+                    f"worker pool '{job.worker_pool}' is not defined in worker_pools",
+                )
+            )
+        graph[name] = set()
+        for i, inp in enumerate(job.inputs):
+            if isinstance(inp, JobOutputRef):
+                up = spec.jobs.get(inp.job)
+                if up is None:
+                    add(
+                        DagProblem(
+                            f"{at}.inputs[{i}].job",
+                            f"references job '{inp.job}' which does not exist",
+                        )
+                    )
+                elif inp.output >= len(up.outputs):
+                    add(
+                        DagProblem(
+                            f"{at}.inputs[{i}].output",
+                            f"job '{inp.job}' has {len(up.outputs)} output(s); index {inp.output} does not exist",
+                        )
+                    )
+                else:
+                    graph[name].add(inp.job)
+            elif isinstance(inp, SharedRead) and inp.from_.dataset in {
+                p.dataset for p in spec.publish
+            }:
+                add(
+                    DagProblem(
+                        f"{at}.inputs[{i}].from.dataset",
+                        f"'{inp.from_.dataset}' is published by this DAG: wire it by index ({{job, output}})",
+                    )
+                )
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        cycle = " -> ".join(reversed(e.args[1]))
+        add(DagProblem("jobs", f"the jobs form a cycle: {cycle}"))
+    seen_names: dict[str, int] = {}
+    seen_outputs: dict[tuple[str, int], int] = {}
+    for i, pub in enumerate(spec.publish):
+        at = f"publish[{i}]"
+        job = spec.jobs.get(pub.job)
+        if job is None:
+            add(DagProblem(f"{at}.job", f"publishes job '{pub.job}' which does not exist"))
+        elif pub.output_index >= len(job.outputs):
+            add(
+                DagProblem(
+                    f"{at}.output_index", f"job '{pub.job}' has no output {pub.output_index}"
+                )
+            )
+        if not NAME.match(pub.dataset):
+            add(
+                DagProblem(
+                    f"{at}.dataset",
+                    f"dataset name '{pub.dataset}' must match ^[a-z][a-z0-9_]{{0,127}}$",
+                )
+            )
+        if pub.dataset in seen_names:
+            add(
+                DagProblem(
+                    f"{at}.dataset",
+                    f"dataset '{pub.dataset}' is already published by publish[{seen_names[pub.dataset]}]",
+                )
+            )
+        seen_names.setdefault(pub.dataset, i)
+        key = (pub.job, pub.output_index)
+        if key in seen_outputs:
+            add(
+                DagProblem(
+                    at,
+                    f"output {pub.output_index} of job '{pub.job}' is already published by publish[{seen_outputs[key]}]",
+                )
+            )
+        seen_outputs.setdefault(key, i)
+    for pool, slots in spec.worker_pools.items():
+        if not NAME.match(pool):
+            add(DagProblem(f"worker_pools.{pool}", "pool names must match ^[a-z][a-z0-9_]{0,127}$"))
+        if not slots:
+            add(DagProblem(f"worker_pools.{pool}", "a worker pool needs at least one slot"))
+    names = [t.name for t in spec.triggers.cron] + [t.name for t in spec.triggers.webhooks]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        add(DagProblem("triggers", f"trigger name '{dup}' is used twice"))
+    if names and not any(not j.inputs for j in spec.jobs.values()):
+        add(
+            DagProblem(
+                "triggers", "the DAG has triggers but no source job (a job without inputs) to start"
+            )
+        )
+    return problems
+
+
+def source_jobs(spec: DagSpec) -> list[str]:
+    return [name for name, job in spec.jobs.items() if not job.inputs]

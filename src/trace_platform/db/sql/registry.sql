@@ -1,0 +1,130 @@
+-- Named queries of DAG deploys and the dataset registry.
+
+-- name: insert_dag
+INSERT INTO dags (dag_id, org_id, name, owner_user_id)
+VALUES (%(dag_id)s, %(org_id)s, %(name)s, %(owner)s)
+ON CONFLICT (org_id, name) DO NOTHING;
+
+-- name: dag_for_update
+SELECT * FROM dags WHERE org_id = %(org_id)s AND name = %(name)s FOR UPDATE;
+
+-- name: dag_by_name
+SELECT * FROM dags WHERE org_id = %(org_id)s AND name = %(name)s;
+
+-- name: dag_by_id
+SELECT * FROM dags WHERE dag_id = %(dag_id)s;
+
+-- name: dag_version
+SELECT * FROM dag_versions WHERE dag_id = %(dag_id)s AND version = %(version)s;
+
+-- name: next_version
+SELECT coalesce(max(version), 0) + 1 AS v FROM dag_versions WHERE dag_id = %(dag_id)s;
+
+-- name: insert_dag_version
+INSERT INTO dag_versions (dag_id, version, spec, source_yaml, checksum, deployed_by)
+VALUES (%(dag_id)s, %(version)s, %(spec)s, %(source_yaml)s, %(checksum)s, %(deployed_by)s);
+
+-- name: activate
+UPDATE dags SET active_version = %(version)s WHERE dag_id = %(dag_id)s;
+
+-- name: list_dags
+SELECT d.dag_id, d.name, d.active_version, d.paused, d.deploy_roles, d.owner_user_id, d.org_id,
+       v.deployed_at, u.name AS owner
+FROM dags d
+LEFT JOIN dag_versions v ON v.dag_id = d.dag_id AND v.version = d.active_version
+JOIN users u ON u.user_id = d.owner_user_id
+WHERE d.org_id = %(org_id)s
+ORDER BY d.name;
+
+-- name: set_deploy_roles
+UPDATE dags SET deploy_roles = %(roles)s WHERE dag_id = %(dag_id)s;
+
+-- name: dataset_by_producer
+SELECT * FROM datasets
+WHERE producer_dag_id = %(dag_id)s AND producer_job = %(job)s AND producer_output_index = %(idx)s;
+
+-- name: dataset_by_name
+SELECT ds.*, c.dataset_version AS current_version, v.location AS version_location
+FROM datasets ds
+LEFT JOIN dataset_current c USING (dataset_uuid)
+LEFT JOIN dataset_versions v ON v.dataset_version = c.dataset_version
+WHERE ds.org_id = %(org_id)s AND ds.dataset_name = %(name)s;
+
+-- name: insert_dataset
+INSERT INTO datasets (dataset_uuid, org_id, backend, location, update_strategy, unique_key,
+                      producer_dag_id, producer_job, producer_output_index)
+VALUES (%(dataset_uuid)s, %(org_id)s, %(backend)s, %(location)s, %(update_strategy)s,
+        %(unique_key)s, %(dag_id)s, %(job)s, %(idx)s);
+
+-- name: update_dataset_shape
+UPDATE datasets SET backend = %(backend)s, location = %(location)s,
+       update_strategy = %(update_strategy)s, unique_key = %(unique_key)s
+WHERE dataset_uuid = %(dataset_uuid)s;
+
+-- name: unpublish_dag
+UPDATE datasets SET dataset_name = NULL WHERE producer_dag_id = %(dag_id)s;
+
+-- name: publish
+UPDATE datasets SET dataset_name = %(name)s WHERE dataset_uuid = %(dataset_uuid)s;
+
+-- name: insert_dataset_version
+INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, location)
+VALUES (%(dataset_version)s, %(dataset_uuid)s, %(dag_id)s, %(dag_version)s, %(location)s);
+
+-- name: swap_current
+INSERT INTO dataset_current (dataset_uuid, dataset_version)
+VALUES (%(dataset_uuid)s, %(dataset_version)s)
+ON CONFLICT (dataset_uuid) DO UPDATE SET dataset_version = EXCLUDED.dataset_version, updated_at = now();
+
+-- name: current_version
+SELECT c.dataset_version, v.location
+FROM dataset_current c JOIN dataset_versions v USING (dataset_version)
+WHERE c.dataset_uuid = %(dataset_uuid)s;
+
+-- name: insert_subscription
+INSERT INTO dag_subscriptions (dag_id, dag_version, job, input_index, dataset_uuid)
+VALUES (%(dag_id)s, %(dag_version)s, %(job)s, %(input_index)s, %(dataset_uuid)s);
+
+-- name: upsert_slot
+INSERT INTO pool_slots (dag_id, pool, slot_index, env, secrets)
+VALUES (%(dag_id)s, %(pool)s, %(slot_index)s, %(env)s, %(secrets)s)
+ON CONFLICT (dag_id, pool, slot_index)
+DO UPDATE SET env = EXCLUDED.env, secrets = EXCLUDED.secrets, retired = false;
+
+-- name: retire_slots
+-- Slots the new version no longer has: held leases stay until released, no new ones.
+UPDATE pool_slots SET retired = true
+WHERE dag_id = %(dag_id)s AND NOT ((pool, slot_index) IN (SELECT * FROM unnest(%(pools)s::text[], %(idx)s::int[])));
+
+-- name: missing_secrets
+SELECT n AS name FROM unnest(%(names)s::text[]) AS n
+WHERE NOT EXISTS (SELECT 1 FROM secrets s WHERE s.org_id = %(org_id)s AND s.name = n);
+
+-- name: init_cron
+INSERT INTO cron_state (dag_id, trigger, last_fire_at)
+VALUES (%(dag_id)s, %(trigger)s, now())
+ON CONFLICT DO NOTHING;
+
+-- name: list_datasets
+SELECT ds.dataset_uuid, ds.dataset_name, ds.backend, ds.location, ds.update_strategy, ds.read_roles,
+       ds.producer_job, ds.producer_output_index, ds.org_id,
+       d.name AS producer_dag, d.dag_id AS producer_dag_id, d.owner_user_id, d.deploy_roles,
+       c.dataset_version AS current_version,
+       (SELECT count(*) FROM dataset_commits dc WHERE dc.dataset_version = c.dataset_version) AS commits,
+       (SELECT sum(row_count) FROM dataset_commits dc WHERE dc.dataset_version = c.dataset_version) AS row_count,
+       (SELECT sum(byte_count) FROM dataset_commits dc WHERE dc.dataset_version = c.dataset_version) AS byte_count
+FROM datasets ds
+JOIN dags d ON d.dag_id = ds.producer_dag_id
+LEFT JOIN dataset_current c ON c.dataset_uuid = ds.dataset_uuid
+WHERE ds.org_id = %(org_id)s AND ds.dataset_name IS NOT NULL
+ORDER BY ds.dataset_name;
+
+-- name: set_read_roles
+UPDATE datasets SET read_roles = %(roles)s WHERE dataset_uuid = %(dataset_uuid)s;
+
+-- name: set_secret
+INSERT INTO secrets (org_id, name, value) VALUES (%(org_id)s, %(name)s, %(value)s)
+ON CONFLICT (org_id, name) DO UPDATE SET value = EXCLUDED.value, updated_at = now();
+
+-- name: list_secrets
+SELECT name, updated_at FROM secrets WHERE org_id = %(org_id)s ORDER BY name;

@@ -1,0 +1,169 @@
+"""From triggers and events to the tasks of DAG jobs (always inside the caller's transaction).
+
+1 event -> 1 task per subscribed job of an active DAG version; every task records its parent
+(the producer of its input event) and its run, so a run is a tree.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+
+from trace_platform.dag.schema import JobSpec
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import models as m
+
+_Q = Queries("dag_tasks")
+
+
+def _refs(rows: list[dict[str, Any]]) -> list[m.DatasetRef]:
+    return [
+        m.DatasetRef(
+            dataset_uuid=r["dataset_uuid"],
+            dataset_version=r["dataset_version"],
+            dataset_name=r["dataset_name"],
+            backend=r["backend"],
+            location=r["location"],
+            output_index=r.get("output_index"),
+        )
+        for r in rows
+    ]
+
+
+def job_task(
+    conn: Connection[Any],
+    *,
+    org_id: UUID,
+    dag_id: UUID,
+    version: int,
+    job_name: str,
+    job: JobSpec,
+    run_id: UUID,
+    parent_task_id: UUID | None = None,
+    input_event_id: UUID | None = None,
+    input_event: dict[str, Any] | None = None,
+) -> m.TaskSpec:
+    key = {"dag_id": dag_id, "version": version, "job": job_name}
+    return m.TaskSpec(
+        job=job_name,
+        operator=job.operator,
+        runtime=job.runtime,
+        config=job.config,
+        org_id=org_id,
+        dag_id=dag_id,
+        dag_version=version,
+        parent_task_id=parent_task_id,
+        input_event_id=input_event_id,
+        input_event=input_event,
+        input_versions=_refs(conn.execute(_Q.job_inputs, key).fetchall()),
+        outputs=_refs(conn.execute(_Q.job_outputs, key).fetchall()),
+        run_id=run_id,
+        worker_pool=job.worker_pool,
+        max_concurrency=job.scaling.max_concurrency if job.worker_pool else None,
+        timeout_seconds=job.timeout_seconds,
+        max_attempts=job.max_attempts,
+    )
+
+
+def _jobs(conn: Connection[Any], dag_id: UUID, version: int) -> dict[str, JobSpec]:
+    row = conn.execute(_Q.version_spec, {"dag_id": dag_id, "version": version}).fetchone()
+    assert row is not None, f"dag {dag_id} has no version {version}"
+    return {name: JobSpec.model_validate(j) for name, j in row["spec"]["jobs"].items()}
+
+
+def tasks_for_event(
+    conn: Connection[Any],
+    *,
+    org_id: UUID,
+    producer: dict[str, Any],
+    event_id: UUID,
+    event: m.EventIn,
+) -> list[m.TaskSpec]:
+    """One task for every job (of an active DAG version) that reads the event's dataset."""
+    subs = conn.execute(
+        _Q.subscribers, {"dataset_uuid": event.dataset_uuid, "org_id": org_id}
+    ).fetchall()
+    specs: list[m.TaskSpec] = []
+    cache: dict[tuple[UUID, int], dict[str, JobSpec]] = {}
+    input_event = {
+        "event_id": str(event_id),
+        "producer_task_id": str(producer["task_id"]),
+        **event.model_dump(mode="json", exclude_none=True),
+    }
+    for s in subs:
+        jobs = cache.setdefault(
+            (s["dag_id"], s["dag_version"]), _jobs(conn, s["dag_id"], s["dag_version"])
+        )
+        specs.append(
+            job_task(
+                conn,
+                org_id=org_id,
+                dag_id=s["dag_id"],
+                version=s["dag_version"],
+                job_name=s["job"],
+                job=jobs[s["job"]],
+                # A shared read starts the consumer DAG's own run; within a DAG the run flows on.
+                run_id=producer["run_id"]
+                if producer["dag_id"] == s["dag_id"] and producer["run_id"]
+                else event_id,
+                parent_task_id=producer["task_id"],
+                input_event_id=event_id,
+                input_event=input_event,
+            )
+        )
+    return specs
+
+
+def fire(
+    conn: Connection[Any],
+    *,
+    dag: dict[str, Any],
+    trigger: str,
+    kind: str,
+    fire_key: str,
+    config: dict[str, Any],
+    fired_by: UUID | None,
+) -> tuple[UUID, list[m.TaskSpec]]:
+    """Records the firing (once per (dag, trigger, fire_key)) and returns the source-job tasks
+    to create; an already-recorded firing returns its run and no tasks."""
+    run_id = uuid.uuid4()
+    row = conn.execute(
+        _Q.insert_fire,
+        {
+            "run_id": run_id,
+            "dag_id": dag["dag_id"],
+            "dag_version": dag["active_version"],
+            "trigger": trigger,
+            "kind": kind,
+            "fire_key": fire_key,
+            "config": Jsonb(config),
+            "fired_by": fired_by,
+        },
+    ).fetchone()
+    if row is None:
+        existing = conn.execute(
+            _Q.fire_by_key, {"dag_id": dag["dag_id"], "trigger": trigger, "fire_key": fire_key}
+        ).fetchone()
+        assert existing is not None
+        return existing["run_id"], []
+    jobs = _jobs(conn, dag["dag_id"], dag["active_version"])
+    event = {"trigger": trigger, "kind": kind, "fire_key": fire_key, "config": config}
+    specs = [
+        job_task(
+            conn,
+            org_id=dag["org_id"],
+            dag_id=dag["dag_id"],
+            version=dag["active_version"],
+            job_name=name,
+            job=job,
+            run_id=run_id,
+            input_event=event,
+        )
+        for name, job in jobs.items()
+        if not job.inputs
+    ]
+    return run_id, specs
