@@ -72,6 +72,7 @@ def dsn(pg_server: str, template_db: str) -> Iterator[str]:
 def settings(tmp_path: Path, dsn: str) -> Settings:
     return Settings(
         state_dsn=dsn,
+        auth="permissive",
         home=tmp_path / "home",
         lease_seconds=2.0,
         heartbeat_seconds=0.3,

@@ -6,7 +6,7 @@ import re
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     api_port: int = 8765
     api_url: str | None = None
     internal_token: SecretStr | None = None
+    # required: every user-facing call needs an API key; permissive (Lite only): calls without
+    # a key act as the Lite admin. Endpoint shapes are the same either way.
+    auth: Literal["required", "permissive"] = "required"
+    api_key: SecretStr | None = None  # the CLI's identity (else the key file under `home`)
+    scheduler_interval_seconds: float = 1.0
 
     # Lifecycle defaults a task may override.
     lease_seconds: float = 30.0

@@ -13,11 +13,21 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import DispatcherError, Unauthorized
+from trace_platform.dispatcher.errors import DispatcherError, NotFound, Unauthorized
 from trace_platform.dispatcher.reaper import run_reaper
+from trace_platform.identity import (
+    Actor,
+    Forbidden,
+    authenticate,
+    can_deploy,
+    lite_admin,
+    require_admin,
+)
 from trace_platform.services import Services
+from trace_platform.triggers.cron import run_scheduler
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 
@@ -50,6 +60,12 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
                         target=run_reaper,
                         args=(services.dispatcher, stop, s.reaper_interval_seconds),
                         name="reaper",
+                        daemon=True,
+                    ),
+                    threading.Thread(
+                        target=run_scheduler,
+                        args=(services.dispatcher, stop, s.scheduler_interval_seconds),
+                        name="scheduler",
                         daemon=True,
                     ),
                 ]
@@ -116,6 +132,14 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     ) -> m.TaskPayload:
         return d.fetch(m.LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
 
+    @app.get("/internal/task-secrets", dependencies=internal)
+    def task_secrets(
+        task_id: UUID,
+        attempt: Annotated[int, Query(gt=0)],
+        x_lease_token: Annotated[UUID, Header()],
+    ) -> dict[str, str]:
+        return d.secrets(m.LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
+
     @app.post("/internal/heartbeat", dependencies=internal)
     def heartbeat(body: m.HeartbeatRequest) -> m.HeartbeatResponse:
         return d.heartbeat(body)
@@ -128,21 +152,150 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     def task_complete(body: m.CompleteRequest) -> m.CompleteResponse:
         return d.complete(body)
 
-    # -- user-facing ----------------------------------------------------------------------
+    # -- user-facing: every call acts as a user ---------------------------------------------
+    def actor(authorization: Annotated[str | None, Header()] = None) -> Actor:
+        key = authorization.removeprefix("Bearer ").strip() if authorization else None
+        with services.pool.connection() as conn:
+            found = authenticate(conn, key)
+            if found is not None:
+                return found
+            if key is None and services.settings.auth == "permissive":
+                return lite_admin(conn)
+        raise Unauthorized(
+            "an API key is required (Authorization: Bearer <key>)"
+            if key is None
+            else "unknown or revoked API key"
+        )
+
+    cp = services.control
+
+    def visible_task(user: Actor, task_id: UUID) -> m.TaskView:
+        view = d.get_task(task_id)
+        if user.is_admin:
+            return view
+        if view.org_id != user.org_id or view.dag_id is None:
+            raise NotFound(f"task {task_id} does not exist")
+        with services.pool.connection() as conn:
+            dag = conn.execute("SELECT * FROM dags WHERE dag_id = %s", (view.dag_id,)).fetchone()
+        if dag is None or not can_deploy(user, dag):
+            raise Forbidden(f"'{user.name}' may not see tasks of this DAG")
+        return view
+
     @app.post("/v1/tasks", status_code=201)
-    def create_task(body: m.TaskSpec) -> m.TaskRef:
-        return d.create_task(body)
+    def create_task(body: m.TaskSpec, user: Actor = Depends(actor)) -> m.TaskRef:
+        require_admin(user, "create ad-hoc tasks")
+        return d.create_task(body.model_copy(update={"org_id": user.org_id}))
 
     @app.get("/v1/tasks")
-    def list_tasks(limit: Annotated[int, Query(gt=0, le=1000)] = 50) -> list[dict[str, Any]]:
+    def list_tasks(
+        user: Actor = Depends(actor), limit: Annotated[int, Query(gt=0, le=1000)] = 50
+    ) -> list[dict[str, Any]]:
+        require_admin(user, "list all tasks")
         return d.list_tasks(limit)
 
     @app.get("/v1/tasks/{task_id}")
-    def get_task(task_id: UUID) -> m.TaskView:
-        return d.get_task(task_id)
+    def get_task(task_id: UUID, user: Actor = Depends(actor)) -> m.TaskView:
+        return visible_task(user, task_id)
 
     @app.post("/v1/tasks/{task_id}/cancel")
-    def cancel_task(task_id: UUID) -> m.CancelResponse:
+    def cancel_task(task_id: UUID, user: Actor = Depends(actor)) -> m.CancelResponse:
+        visible_task(user, task_id)
         return d.cancel(task_id)
 
+    @app.post("/v1/dags", status_code=201)
+    def deploy_dag(body: DeployBody, user: Actor = Depends(actor)) -> dict[str, Any]:
+        res = cp.deploy(user, body.yaml, body.source or "<request>")
+        return {
+            "dag_id": res.dag_id,
+            "name": res.name,
+            "version": res.version,
+            "created": res.created,
+            "rebuilt_jobs": res.rebuilt_jobs,
+            "datasets": res.datasets,
+        }
+
+    @app.get("/v1/dags")
+    def list_dags(user: Actor = Depends(actor)) -> list[dict[str, Any]]:
+        return cp.list_dags(user)
+
+    @app.get("/v1/dags/{name}")
+    def show_dag(
+        name: str, user: Actor = Depends(actor), version: int | None = None
+    ) -> dict[str, Any]:
+        return cp.show_dag(user, name, version)
+
+    @app.post("/v1/dags/{name}/trigger", status_code=201)
+    def trigger_dag(
+        name: str,
+        user: Actor = Depends(actor),
+        body: TriggerBody | None = None,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> dict[str, Any]:
+        return cp.trigger(
+            user, name, fire_key=idempotency_key, config=body.config if body else None
+        )
+
+    @app.post("/v1/hooks/{dag}/{trigger}", status_code=201)
+    def webhook(
+        dag: str,
+        trigger: str,
+        user: Actor = Depends(actor),
+        body: dict[str, Any] | None = None,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> dict[str, Any]:
+        """A named webhook: the same durable intent + outbox path as cron and manual runs."""
+        return cp.trigger(
+            user, dag, trigger=trigger, kind="webhook", fire_key=idempotency_key, config=body or {}
+        )
+
+    @app.get("/v1/runs")
+    def list_runs(
+        user: Actor = Depends(actor),
+        dag: str | None = None,
+        limit: Annotated[int, Query(gt=0, le=500)] = 20,
+    ) -> list[dict[str, Any]]:
+        return cp.list_runs(user, dag, limit)
+
+    @app.get("/v1/runs/{run_id}")
+    def show_run(run_id: UUID, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.show_run(user, run_id)
+
+    @app.get("/v1/datasets")
+    def list_datasets(user: Actor = Depends(actor)) -> list[dict[str, Any]]:
+        return cp.list_datasets(user)
+
+    @app.get("/v1/datasets/{name}")
+    def show_dataset(name: str, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.show_dataset(user, name)
+
+    @app.post("/v1/datasets/{name}/read-roles")
+    def dataset_roles(name: str, body: RolesBody, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return {"read_roles": cp.set_read_roles(user, name, body.add, body.remove)}
+
+    @app.put("/v1/secrets/{name}", status_code=204)
+    def put_secret(name: str, body: SecretBody, user: Actor = Depends(actor)) -> None:
+        cp.set_secret(user, name, body.value.get_secret_value())
+
     return app
+
+
+class DeployBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    yaml: str = Field(max_length=1024 * 1024)
+    source: str | None = None
+
+
+class TriggerBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    add: list[str] = Field(default_factory=list)
+    remove: list[str] = Field(default_factory=list)
+
+
+class SecretBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: SecretStr

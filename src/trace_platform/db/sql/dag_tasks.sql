@@ -38,3 +38,61 @@ RETURNING run_id;
 -- name: fire_by_key
 SELECT run_id FROM trigger_fires
 WHERE dag_id = %(dag_id)s AND trigger = %(trigger)s AND fire_key = %(fire_key)s;
+
+-- name: run_tree
+-- Lineage of a run: roots of the run, then every task whose parent is in the tree. Children
+-- are created after their parent, so each step prunes to the parent's start_day onwards.
+WITH RECURSIVE tree AS (
+  SELECT r.task_id, r.parent_task_id, r.start_day, 0 AS depth
+  FROM task_registry r
+  WHERE r.run_id = %(run_id)s AND r.parent_task_id IS NULL
+  UNION ALL
+  SELECT c.task_id, c.parent_task_id, c.start_day, t.depth + 1
+  FROM tree t
+  JOIN task_registry c ON c.parent_task_id = t.task_id
+   AND c.start_day BETWEEN t.start_day AND t.start_day + 31
+)
+SELECT t.task_id, t.parent_task_id, t.depth, r.job, r.operator, r.dag_id, r.created_at,
+       s.status, s.attempt, s.started_at, s.finished_at, s.last_error
+FROM tree t
+JOIN task_registry r ON r.task_id = t.task_id AND r.start_day = t.start_day
+JOIN task_status s ON s.task_id = t.task_id
+ORDER BY r.created_at;
+
+-- name: list_runs
+SELECT f.run_id, d.name AS dag, f.dag_version, f.trigger, f.kind, f.created_at,
+       count(s.task_id) AS tasks,
+       count(*) FILTER (WHERE s.status IN ('queued', 'running', 'buffered')) AS active,
+       count(*) FILTER (WHERE s.status = 'failed') AS failed,
+       count(*) FILTER (WHERE s.status = 'succeeded') AS succeeded,
+       max(s.finished_at) AS finished_at
+FROM trigger_fires f
+JOIN dags d ON d.dag_id = f.dag_id
+LEFT JOIN task_registry r ON r.run_id = f.run_id
+LEFT JOIN task_status s ON s.task_id = r.task_id
+WHERE d.org_id = %(org_id)s AND (%(dag)s::text IS NULL OR d.name = %(dag)s)
+GROUP BY f.run_id, d.name, f.dag_version, f.trigger, f.kind, f.created_at
+ORDER BY f.created_at DESC
+LIMIT %(limit)s;
+
+-- name: run_fire
+SELECT f.*, d.name AS dag, d.org_id, d.owner_user_id, d.deploy_roles
+FROM trigger_fires f JOIN dags d ON d.dag_id = f.dag_id
+WHERE f.run_id = %(run_id)s;
+
+-- name: cron_candidates
+SELECT cs.dag_id, cs.trigger, d.active_version
+FROM cron_state cs
+JOIN dags d ON d.dag_id = cs.dag_id
+WHERE d.active_version IS NOT NULL AND NOT d.paused;
+
+-- name: cron_lock
+-- Whoever holds the row fires the tick; a second scheduler skips it rather than wait.
+SELECT cs.last_fire_at, d.*
+FROM cron_state cs JOIN dags d ON d.dag_id = cs.dag_id
+WHERE cs.dag_id = %(dag_id)s AND cs.trigger = %(trigger)s
+FOR UPDATE OF cs SKIP LOCKED;
+
+-- name: cron_advance
+UPDATE cron_state SET last_fire_at = %(fire_at)s
+WHERE dag_id = %(dag_id)s AND trigger = %(trigger)s;

@@ -1,0 +1,1 @@
+"""Triggers: the cron scheduler loop; webhooks and manual triggers go through ControlPlane."""
