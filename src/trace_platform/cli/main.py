@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trace_platform.cli.control import dag_app, datasets_app, runs_app, secrets_app, users_app
 from trace_platform.config import Settings, get_settings, shown
 from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
@@ -30,6 +31,11 @@ config_app = typer.Typer(help="Configuration.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(task_app, name="task")
 app.add_typer(config_app, name="config")
+app.add_typer(dag_app, name="dag")
+app.add_typer(runs_app, name="runs")
+app.add_typer(datasets_app, name="datasets")
+app.add_typer(secrets_app, name="secrets")
+app.add_typer(users_app, name="users")
 
 console = Console()
 
@@ -177,6 +183,20 @@ def worker(
     client.close()
     driver.close()
     pool.close()
+
+
+@app.command("scheduler")
+def scheduler() -> None:
+    """Run only the cron scheduler (safe to run several: each tick fires once)."""
+    from trace_platform.dispatcher.core import Dispatcher
+    from trace_platform.triggers.cron import run_scheduler
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = get_settings()
+    pool = make_pool(state_dsn(settings), max_size=2, name="scheduler")
+    run_scheduler(
+        Dispatcher(pool, settings), _stop_on_signals(), settings.scheduler_interval_seconds
+    )
 
 
 @app.command("up")

@@ -12,11 +12,13 @@ from trace_platform.operators.context import OperatorContext, OperatorError, Per
 
 
 def noop(ctx: OperatorContext) -> None:
-    """config: record_to (a file path: appends "task_id attempt", so a run can be counted)."""
+    """config: record_to (a file path: appends "task_id attempt", so a run can be counted) and
+    record_env (env var names whose values are appended too: shows what a slot injected)."""
     ctx.log.info("noop task %s attempt %s", ctx.task.task_id, ctx.task.attempt)
     if path := ctx.config.get("record_to"):
+        env = " ".join(f"{k}={os.environ.get(k, '')}" for k in ctx.config.get("record_env", []))
         with open(path, "a") as f:
-            f.write(f"{ctx.task.task_id} {ctx.task.attempt}\n")
+            f.write(f"{ctx.task.task_id} {ctx.task.attempt} {env}".rstrip() + "\n")
 
 
 def sleep(ctx: OperatorContext) -> None:
@@ -46,11 +48,14 @@ def crash(ctx: OperatorContext) -> None:
 
 
 def emit_events(ctx: OperatorContext) -> list[EventIn]:
-    """config: dataset_uuid (default: derived from the job), count, final (how many of them are
+    """config: dataset_uuid (default: the task's first output), count, final (how many of them are
     bundled with the completion instead of sent mid-task), sleep between events."""
-    dataset = uuid.UUID(
-        str(ctx.config.get("dataset_uuid") or uuid.uuid5(uuid.NAMESPACE_URL, ctx.task.job))
+    default = (
+        ctx.task.outputs[0].dataset_uuid
+        if ctx.task.outputs
+        else uuid.uuid5(uuid.NAMESPACE_URL, ctx.task.job)
     )
+    dataset = uuid.UUID(str(ctx.config.get("dataset_uuid") or default))
     count = int(ctx.config.get("count", 3))
     final = int(ctx.config.get("final", 1))
     pause = float(ctx.config.get("sleep", 0))

@@ -71,6 +71,17 @@ class DispatcherClient:
             headers={"X-Lease-Token": str(claim.lease_token)},
         )
 
+    def secrets(self, claim: m.Claim) -> dict[str, str]:
+        r = self.http.get(
+            "/internal/task-secrets",
+            params={"task_id": str(claim.task_id), "attempt": claim.attempt},
+            headers={"X-Lease-Token": str(claim.lease_token)},
+        )
+        if r.status_code >= 400:
+            body = r.json()
+            raise ApiError(r.status_code, body.get("error", "error"), body.get("message", r.text))
+        return dict(r.json())
+
     def heartbeat(
         self, claim: m.Claim, progress: dict[str, Any] | None = None
     ) -> m.HeartbeatResponse:

@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,10 +39,32 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def run_one(task: TaskPayload, send: Any, workroot: Path) -> None:
+@contextlib.contextmanager
+def _task_env(env: dict[str, str]) -> Iterator[None]:
+    """The slot's env vars exist only while its task runs."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_one(
+    task: TaskPayload, send: Any, workroot: Path, env: dict[str, str] | None = None
+) -> None:
     workdir = workroot / str(task.task_id) / str(task.attempt)
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = OperatorContext(task=task, workdir=workdir, _send=send)
+    with _task_env(env or {}):
+        _run(ctx, task, send)
+
+
+def _run(ctx: OperatorContext, task: TaskPayload, send: Any) -> None:
     try:
         fn = resolve(task.operator)
         result = fn(ctx)
@@ -82,7 +105,7 @@ def main() -> None:
     for line in sys.stdin:
         msg = json.loads(line)
         if msg.get("type") == "run":
-            run_one(TaskPayload.model_validate(msg["task"]), send, workroot)
+            run_one(TaskPayload.model_validate(msg["task"]), send, workroot, msg.get("env"))
 
 
 if __name__ == "__main__":

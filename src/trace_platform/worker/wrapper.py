@@ -78,11 +78,13 @@ class OperatorHost:
                 continue
         out.put({"type": "exit", "returncode": proc.wait()})
 
-    def run(self, task: m.TaskPayload) -> None:
+    def run(self, task: m.TaskPayload, env: dict[str, str] | None = None) -> None:
+        """`env` (the slot's env and secrets) is set in the host only while this task runs."""
         self.ensure()
         assert self.proc is not None and self.proc.stdin is not None
         stdin: IO[str] = self.proc.stdin
-        stdin.write(json.dumps({"type": "run", "task": task.model_dump(mode="json")}) + "\n")
+        msg = {"type": "run", "task": task.model_dump(mode="json"), "env": env or {}}
+        stdin.write(json.dumps(msg) + "\n")
         stdin.flush()
 
     def kill(self, grace: float = 3.0) -> None:
@@ -192,8 +194,11 @@ class Wrapper:
             return
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
+        env = dict(task.slot_env)
+        if task.slot_secret_names:
+            env.update(self.client.secrets(claim))
         try:
-            self.host.run(task)
+            self.host.run(task, env)
         except Exception as e:  # the host could not even start
             self._report(claim, "failed", error=f"operator host failed to start: {e}")
             return

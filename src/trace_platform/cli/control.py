@@ -1,0 +1,357 @@
+"""`trace dag|runs|datasets|secrets|users`: the control plane for people, acting as a user."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+from uuid import UUID
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.tree import Tree
+
+from trace_platform.config import get_settings
+from trace_platform.dag.schema import DagSpec
+from trace_platform.dag.validate import DagInvalid, load
+from trace_platform.dispatcher.errors import DispatcherError
+from trace_platform.identity import Actor, authenticate, set_roles
+from trace_platform.lite.bootstrap import key_file
+from trace_platform.services import Services
+
+console = Console()
+dag_app = typer.Typer(help="DAGs: validate, deploy, trigger.", no_args_is_help=True)
+runs_app = typer.Typer(
+    help="Runs: a trigger firing and the tree of tasks it started.", no_args_is_help=True
+)
+datasets_app = typer.Typer(help="The dataset registry.", no_args_is_help=True)
+secrets_app = typer.Typer(
+    help="Secrets for worker pool slots (values never printed).", no_args_is_help=True
+)
+users_app = typer.Typer(help="Users and their org roles.", no_args_is_help=True)
+
+STATUS_COLOUR = {
+    "succeeded": "green",
+    "failed": "red",
+    "canceled": "yellow",
+    "running": "cyan",
+    "queued": "white",
+}
+
+
+def fail(message: str) -> NoReturn:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(1)
+
+
+@cache
+def services() -> Services:
+    svc = Services.build(get_settings())
+    if svc.new_admin_key:
+        console.print(
+            f"[bold yellow]Created the Lite admin API key[/bold yellow] (shown once, saved to "
+            f"{key_file(svc.settings)}):\n  {svc.new_admin_key}"
+        )
+    return svc
+
+
+def me() -> Actor:
+    """The user this CLI acts as: TRACE_API_KEY, else the Lite admin key file."""
+    svc = services()
+    s = svc.settings
+    key = s.api_key.get_secret_value() if s.api_key else None
+    if key is None and key_file(s).exists():
+        key = key_file(s).read_text().strip()
+    with svc.pool.connection() as conn:
+        actor = authenticate(conn, key)
+    if actor is None:
+        fail(
+            "no valid API key: set TRACE_API_KEY, or use the Lite admin key in "
+            f"{key_file(s)} (created on first start)"
+        )
+    return actor
+
+
+def run_op(fn: Any, *args: Any, **kw: Any) -> Any:
+    try:
+        return fn(*args, **kw)
+    except DagInvalid as e:
+        console.print(f"[red]{len(e.problems)} problem(s):[/red]")
+        for p in e.problems:
+            console.print("  " + p.render(e.source), highlight=False)
+        raise typer.Exit(1) from None
+    except DispatcherError as e:
+        fail(e.message)
+
+
+def status_text(status: str) -> str:
+    c = STATUS_COLOUR.get(status, "white")
+    return f"[{c}]{status}[/{c}]"
+
+
+# -- dag -----------------------------------------------------------------------------------
+@dag_app.command("validate")
+def dag_validate(files: Annotated[list[Path], typer.Argument(help="DAG YAML files")]) -> None:
+    """Check DAG files; prints every problem at once (file, job, field)."""
+    bad = 0
+    for f in files:
+        try:
+            spec = load(f)
+            console.print(f"[green]ok[/green] {f}: DAG '{spec.name}', {len(spec.jobs)} job(s)")
+        except DagInvalid as e:
+            bad += 1
+            for p in e.problems:
+                console.print(p.render(e.source), highlight=False)
+    raise typer.Exit(1 if bad else 0)
+
+
+@dag_app.command("schema")
+def dag_schema() -> None:
+    """The JSON Schema of DAG files (for editors)."""
+    sys.stdout.write(json.dumps(DagSpec.model_json_schema(by_alias=True), indent=2) + "\n")
+
+
+@dag_app.command("deploy")
+def dag_deploy(file: Path) -> None:
+    """Deploy a DAG file as a new immutable version and make it active."""
+    try:
+        text = file.read_text()
+    except OSError as e:
+        fail(f"cannot read {file}: {e.strerror}")
+    res = run_op(services().control.deploy, me(), text, str(file))
+    verb = "created" if res.created else "deployed"
+    console.print(f"DAG '{res.name}' {verb}: version {res.version}")
+    if res.rebuilt_jobs:
+        console.print(f"  new dataset versions for: {', '.join(res.rebuilt_jobs)}")
+    for name, uuid_ in res.datasets.items():
+        console.print(f"  published {name} -> {uuid_}")
+
+
+@dag_app.command("list")
+def dag_list() -> None:
+    """DAGs of your org."""
+    table = Table("dag", "active version", "deployed", "owner", "paused", "you may deploy")
+    for d in run_op(services().control.list_dags, me()):
+        table.add_row(
+            d["name"],
+            str(d["active_version"]),
+            str(d["deployed_at"])[:19],
+            d["owner"],
+            str(d["paused"]),
+            str(d["can_deploy"]),
+        )
+    console.print(table)
+
+
+@dag_app.command("show")
+def dag_show(name: str, version: Annotated[int | None, typer.Option()] = None) -> None:
+    """One DAG version: jobs, wiring, publishes, triggers."""
+    d = run_op(services().control.show_dag, me(), name, version)
+    console.print(
+        f"[bold]{d['name']}[/bold] version {d['version']} (active {d['active_version']}), deployed {d['deployed_at']:%Y-%m-%d %H:%M:%S}"
+    )
+    spec = d["spec"]
+    table = Table("job", "operator", "runtime", "inputs", "outputs", "pool", "max attempts")
+    for job, j in spec["jobs"].items():
+        inputs = ", ".join(
+            i["job"] + f"[{i['output']}]" if "job" in i else "dataset:" + i["from"]["dataset"]
+            for i in j["inputs"]
+        )
+        table.add_row(
+            job,
+            j["operator"],
+            j["runtime"],
+            inputs,
+            str(len(j["outputs"])),
+            j["worker_pool"] or "",
+            str(j["max_attempts"]),
+        )
+    console.print(table)
+    for p in spec["publish"]:
+        console.print(f"  publishes {p['job']}[{p['output_index']}] as [cyan]{p['dataset']}[/cyan]")
+    for c in spec["triggers"]["cron"]:
+        console.print(f"  cron {c['name']}: {c['schedule']}")
+    for w in spec["triggers"]["webhooks"]:
+        console.print(f"  webhook {w['name']}: POST /v1/hooks/{d['name']}/{w['name']}")
+
+
+@dag_app.command("grant")
+def dag_grant(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
+    """Set the roles that may deploy and trigger a DAG (admins only)."""
+    run_op(services().control.set_deploy_roles, me(), name, roles)
+    console.print(f"DAG '{name}' deploy roles: {', '.join(sorted(set(roles))) or '(none)'}")
+
+
+def follow_run(run_id: UUID) -> str:
+    """Live tree of the run until nothing is queued or running; returns the final status."""
+    cp, actor = services().control, me()
+    with Live(console=console, refresh_per_second=6) as live:
+        while True:
+            run = cp.show_run(actor, run_id)
+            live.update(run_tree(run))
+            statuses = [t["status"] for t in run["tasks"]]
+            if statuses and not any(s in ("queued", "running", "buffered") for s in statuses):
+                return "failed" if "failed" in statuses else "succeeded"
+            time.sleep(0.2)
+
+
+@dag_app.command("trigger")
+def dag_trigger(
+    name: str,
+    config: Annotated[str, typer.Option(help="run config as JSON")] = "{}",
+    wait: Annotated[bool, typer.Option(help="follow the run until it finishes")] = False,
+) -> None:
+    """Start a run of a DAG now."""
+    try:
+        cfg = json.loads(config)
+    except json.JSONDecodeError as e:
+        fail(f"--config is not valid JSON: {e}")
+    res = run_op(services().control.trigger, me(), name, config=cfg)
+    console.print(f"run {res['run_id']} started ({len(res['tasks'])} source task(s))")
+    if wait:
+        status = follow_run(res["run_id"])
+        console.print(f"run {res['run_id']}: {status_text(status)}")
+        raise typer.Exit(0 if status == "succeeded" else 1)
+
+
+# -- runs ------------------------------------------------------------------------------------
+@runs_app.command("list")
+def runs_list(dag: Annotated[str | None, typer.Option()] = None, limit: int = 20) -> None:
+    """Recent runs with their status."""
+    table = Table("run", "dag", "version", "trigger", "started", "tasks", "status")
+    for r in run_op(services().control.list_runs, me(), dag, limit):
+        table.add_row(
+            str(r["run_id"]),
+            r["dag"],
+            str(r["dag_version"]),
+            f"{r['kind']}:{r['trigger']}",
+            f"{r['created_at']:%H:%M:%S}",
+            str(r["tasks"]),
+            status_text(r["status"]),
+        )
+    console.print(table)
+
+
+def run_tree(run: dict[str, Any]) -> Tree:
+    root = Tree(
+        f"run {run['run_id']} — {run['dag']} v{run['dag_version']} ({run['kind']}:{run['trigger']})"
+    )
+    nodes: dict[Any, Tree] = {}
+    for t in run["tasks"]:
+        dur = ""
+        if t["started_at"] and t["finished_at"]:
+            dur = f" {(t['finished_at'] - t['started_at']).total_seconds():.2f}s"
+        label = f"{t['job']} [dim]{str(t['task_id'])[:8]}[/dim] {status_text(t['status'])} attempt {t['attempt']}{dur}"
+        if t["last_error"] and t["status"] != "succeeded":
+            label += f" [red]{t['last_error'][:60]}[/red]"
+        parent = nodes.get(t["parent_task_id"], root)
+        nodes[t["task_id"]] = parent.add(label)
+    return root
+
+
+@runs_app.command("show")
+def runs_show(run_id: UUID) -> None:
+    """The task tree of a run: status, attempts, durations."""
+    console.print(run_tree(run_op(services().control.show_run, me(), run_id)))
+
+
+# -- datasets ------------------------------------------------------------------------------
+@datasets_app.command("list")
+def datasets_list() -> None:
+    """Published datasets you may read."""
+    table = Table(
+        "dataset", "uuid", "backend", "current version", "producer", "read roles", "rows", "bytes"
+    )
+    for d in run_op(services().control.list_datasets, me()):
+        table.add_row(
+            d["dataset_name"],
+            str(d["dataset_uuid"]),
+            d["backend"],
+            str(d["current_version"]),
+            f"{d['producer_dag']}.{d['producer_job']}[{d['producer_output_index']}]",
+            ", ".join(d["read_roles"]) or "(private)",
+            str(d["row_count"] or "-"),
+            str(d["byte_count"] or "-"),
+        )
+    console.print(table)
+
+
+@datasets_app.command("show")
+def datasets_show(name: str) -> None:
+    """One dataset."""
+    d = run_op(services().control.show_dataset, me(), name)
+    table = Table(show_header=False, title=f"dataset {name}")
+    for k in (
+        "dataset_uuid",
+        "backend",
+        "location",
+        "update_strategy",
+        "current_version",
+        "producer_dag",
+        "producer_job",
+        "producer_output_index",
+        "read_roles",
+        "commits",
+        "row_count",
+        "byte_count",
+    ):
+        table.add_row(k, str(d[k]))
+    console.print(table)
+
+
+@datasets_app.command("grant")
+def datasets_grant(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
+    """Add roles to a dataset's read_roles (admins only)."""
+    now = run_op(services().control.set_read_roles, me(), name, roles, [])
+    console.print(f"{name} read_roles: {', '.join(now)}")
+
+
+@datasets_app.command("revoke")
+def datasets_revoke(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
+    """Remove roles from a dataset's read_roles (admins only)."""
+    now = run_op(services().control.set_read_roles, me(), name, [], roles)
+    console.print(f"{name} read_roles: {', '.join(now) or '(private)'}")
+
+
+# -- secrets and users ---------------------------------------------------------------------
+@secrets_app.command("set")
+def secrets_set(name: str) -> None:
+    """Store a secret; the value is read from stdin and never printed."""
+    value = sys.stdin.read().rstrip("\n")
+    run_op(services().control.set_secret, me(), name, value)
+    console.print(f"secret '{name}' set ({len(value)} characters)")
+
+
+@secrets_app.command("list")
+def secrets_list() -> None:
+    """Secret names (never values)."""
+    table = Table("secret", "updated")
+    for s in run_op(services().control.list_secrets, me()):
+        table.add_row(s["name"], f"{s['updated_at']:%Y-%m-%d %H:%M:%S}")
+    console.print(table)
+
+
+@users_app.command("add")
+def users_add(
+    name: str,
+    role: Annotated[list[str] | None, typer.Option(help="org role (repeatable)")] = None,
+    admin: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Create a user (or update their roles) and print a new API key for them (shown once)."""
+    from trace_platform.identity import create_key, ensure_user, require_admin
+
+    actor = me()
+    run_op(require_admin, actor, "manage users")
+    with services().pool.connection() as conn, conn.transaction():
+        user = ensure_user(conn, actor.org_id, name, is_admin=admin, roles=role or [])
+        set_roles(conn, actor, name, role or [], admin)
+        key = create_key(conn, user.user_id)
+    console.print(
+        f"user '{name}' roles: {', '.join(role or []) or '(none)'}{' (admin)' if admin else ''}"
+    )
+    console.print(f"API key (shown once): {key}")
