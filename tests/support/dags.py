@@ -1,0 +1,48 @@
+"""DAG texts and helpers shared by control-plane tests."""
+
+from __future__ import annotations
+
+from trace_platform.identity import Actor, create_key, ensure_user, lite_admin
+from trace_platform.services import Services
+
+THREE_JOBS = """
+name: {name}
+jobs:
+  source:
+    operator: emit_events
+    config: {{count: 3, final: 1}}
+    outputs: [{{backend: parquet}}]
+  transform:
+    operator: emit_events
+    config: {{count: 1, final: 1}}
+    inputs: [{{job: source, output: 0}}]
+    outputs: [{{backend: parquet}}]
+  sink:
+    operator: noop
+    config: {{record_to: "{record}"}}
+    inputs: [{{job: transform, output: 0}}]
+publish:
+  - {{job: source, output_index: 0, dataset: {name}_raw}}
+  - {{job: transform, output_index: 0, dataset: {name}_clean}}
+triggers:
+  cron:
+    - {{name: minutely, schedule: "* * * * *"}}
+  webhooks:
+    - {{name: poke, config: {{from_hook: true}}}}
+"""
+
+
+def three_jobs(name: str = "hello", record: str = "/dev/null") -> str:
+    return THREE_JOBS.format(name=name, record=record)
+
+
+def admin(services: Services) -> Actor:
+    with services.pool.connection() as conn:
+        return lite_admin(conn)
+
+
+def user(services: Services, name: str, roles: list[str] | None = None) -> tuple[Actor, str]:
+    """A non-admin user of the Lite org and an API key for them."""
+    with services.pool.connection() as conn, conn.transaction():
+        a = ensure_user(conn, admin(services).org_id, name, roles=roles or [])
+        return a, create_key(conn, a.user_id)
