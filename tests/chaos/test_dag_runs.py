@@ -145,7 +145,7 @@ def test_slot_env_and_secrets_reach_the_operator(stack: LiteStack, tmp_path: Pat
     svc, me = stack.services, admin(stack.services)
     svc.control.set_secret(me, "key_a", "secret-a")
     svc.control.set_secret(me, "key_b", "secret-b")
-    config = '{record_to: "%s", record_env: [RPC_URL, RPC_KEY]}' % record
+    config = f'{{record_to: "{record}", record_env: [RPC_URL, RPC_KEY]}}'
     svc.control.deploy(me, POOLED.format(operator="noop", config=config))
     ids = [svc.control.trigger(me, "pooled")["tasks"][0] for _ in range(2)]
     wait_for(
