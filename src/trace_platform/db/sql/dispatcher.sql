@@ -216,3 +216,59 @@ VALUES (%(commit_id)s, %(dataset_uuid)s, %(dataset_version)s, %(task_id)s, %(att
 ON CONFLICT (dataset_version, scope) DO UPDATE
 SET task_id = EXCLUDED.task_id, attempt = EXCLUDED.attempt, location = EXCLUDED.location,
     row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now();
+
+-- name: claim_fast
+-- The common case in one round trip: a claimable task without a worker pool. Anything else
+-- (a pool slot to lease, or a reason to report) takes the full path.
+WITH c AS (
+  UPDATE task_status s
+  SET status = 'running',
+      attempt = s.attempt + 1,
+      lease_token = gen_random_uuid(),
+      lease_until = now() + make_interval(secs => %(lease)s),
+      heartbeat_at = now(),
+      started_at = now(),
+      deadline_at = now() + make_interval(secs => r.timeout_seconds),
+      worker_id = %(worker_id)s,
+      finished_at = NULL,
+      updated_at = now()
+  FROM task_registry r
+  WHERE s.task_id = %(task_id)s
+    AND r.task_id = s.task_id AND r.start_day = s.start_day
+    AND r.worker_pool IS NULL
+    AND s.status = 'queued'
+    AND s.next_attempt_at <= now()
+    AND NOT s.cancel_requested
+  RETURNING s.task_id, s.start_day, s.attempt, s.lease_token, s.lease_until
+), a AS (
+  INSERT INTO task_attempts (task_id, start_day, attempt, lease_token, worker_id)
+  SELECT task_id, start_day, attempt, lease_token, %(worker_id)s FROM c
+)
+SELECT * FROM c;
+
+-- name: complete_fast
+-- A plain success (no events, outputs or slot) of the current attempt, in one round trip.
+-- Zero rows means "not that simple": the full path decides, and explains any refusal.
+WITH st AS (
+  SELECT task_id, start_day
+  FROM task_status
+  WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_token)s
+    AND status IN ('running', 'queued', 'failed')
+    AND NOT EXISTS (SELECT 1 FROM pool_slots WHERE leased_by_task = %(task_id)s)
+  FOR UPDATE
+), upd AS (
+  UPDATE task_status s
+  SET status = 'succeeded', lease_until = NULL, finished_at = now(), updated_at = now(),
+      last_error = NULL
+  FROM st
+  WHERE s.task_id = st.task_id
+  RETURNING s.task_id, s.start_day
+), att AS (
+  -- Scalar sub-selects (not a join) so the partition and the row are found by index.
+  UPDATE task_attempts a
+  SET finished_at = coalesce(a.finished_at, now()), outcome = 'succeeded'
+  WHERE a.start_day = (SELECT start_day FROM upd)
+    AND a.task_id = (SELECT task_id FROM upd)
+    AND a.attempt = %(attempt)s
+)
+SELECT task_id FROM upd;

@@ -1,0 +1,240 @@
+"""Dispatcher latency and throughput on this machine (issue 3's figures).
+
+1. trigger -> running: HTTP trigger of a one-job DAG until its task's attempt starts, on a warm
+   worker (sequential runs, so the worker is idle and waiting on LISTEN/NOTIFY).
+2. upstream commit -> downstream running: the source task's completion commit (with its final
+   event) until the downstream task's attempt starts.
+3. throughput of no-op tasks through the full lifecycle: (a) the Dispatcher core in-process
+   (create -> outbox -> queue -> claim -> complete -> ack, batched, several threads), and (b)
+   end to end through the Lite stack with real worker processes (HTTP internal API, operator
+   host).
+
+Timestamps on both ends come from Postgres (`now()` of the transactions), so the figures are
+not skewed by client clocks. Run: `.venv/bin/python bench/dispatch_bench.py [--runs 500]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trace_platform.config import Settings
+from trace_platform.db.embedded import EmbeddedPostgres
+from trace_platform.db.migrate import migrate
+from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher.errors import Conflict
+from trace_platform.identity import lite_admin
+from trace_platform.lite.stack import LiteStack
+from trace_platform.services import Services
+
+ONE_JOB = "name: one\njobs:\n  a: {operator: noop}\n"
+TWO_JOBS = (
+    "name: two\njobs:\n"
+    "  up: {operator: emit_events, config: {count: 1, final: 1}, outputs: [{}]}\n"
+    "  down: {operator: noop, inputs: [{job: up, output: 0}]}\n"
+)
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+def fmt(values: list[float]) -> str:
+    return (
+        f"p50 {pct(values, 50):7.2f} ms   p95 {pct(values, 95):7.2f} ms   "
+        f"p99 {pct(values, 99):7.2f} ms   (n={len(values)})"
+    )
+
+
+def wait_for(check: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if v := check():
+            return v
+        time.sleep(0.002)
+    raise TimeoutError("bench step timed out")
+
+
+def trigger_to_running(stack: LiteStack, runs: int) -> list[float]:
+    svc = stack.services
+    with svc.pool.connection() as conn:
+        admin = lite_admin(conn)
+    svc.control.deploy(admin, ONE_JOB)
+    out: list[float] = []
+    with httpx.Client(base_url=stack.url) as http:
+        for i in range(runs + 10):
+            r = http.post("/v1/dags/one/trigger")
+            run_id = r.json()["run_id"]
+
+            def started(run_id: str = run_id) -> Any:
+                with svc.pool.connection() as conn:
+                    return conn.execute(
+                        """SELECT extract(epoch FROM a.started_at - f.created_at) * 1000 AS ms
+                           FROM trigger_fires f JOIN task_registry r ON r.run_id = f.run_id
+                           JOIN task_attempts a ON a.task_id = r.task_id AND a.attempt = 1
+                           JOIN task_status s ON s.task_id = r.task_id AND s.status = 'succeeded'
+                           WHERE f.run_id = %s""",
+                        (run_id,),
+                    ).fetchone()
+
+            row = wait_for(started)
+            if i >= 10:  # the first runs warm the worker, the pool and the caches
+                out.append(float(row["ms"]))
+    return out
+
+
+def commit_to_downstream(stack: LiteStack, runs: int) -> list[float]:
+    svc = stack.services
+    with svc.pool.connection() as conn:
+        admin = lite_admin(conn)
+    svc.control.deploy(admin, TWO_JOBS)
+    out: list[float] = []
+    for i in range(runs + 10):
+        run_id = svc.control.trigger(admin, "two")["run_id"]
+
+        def started(run_id: uuid.UUID = run_id) -> Any:
+            with svc.pool.connection() as conn:
+                return conn.execute(
+                    """SELECT extract(epoch FROM a.started_at - us.finished_at) * 1000 AS ms
+                       FROM task_registry u JOIN task_status us ON us.task_id = u.task_id
+                       JOIN task_registry d ON d.parent_task_id = u.task_id
+                       JOIN task_attempts a ON a.task_id = d.task_id AND a.attempt = 1
+                       JOIN task_status ds ON ds.task_id = d.task_id AND ds.status = 'succeeded'
+                       WHERE u.run_id = %s AND u.job = 'up'""",
+                    (run_id,),
+                ).fetchone()
+
+        row = wait_for(started)
+        if i >= 10:
+            out.append(float(row["ms"]))
+    return out
+
+
+def core_throughput(svc: Services, n: int, threads: int, batch: int) -> float:
+    """Create -> outbox -> queue -> claim -> complete -> ack for n no-op tasks, in-process."""
+    d = svc.dispatcher
+    t0 = time.perf_counter()
+    for start in range(0, n, 500):
+        with svc.pool.connection() as conn, conn.transaction():
+            for _ in range(min(500, n - start)):
+                d.create_task(m.TaskSpec(job="bench", operator="noop"), conn)
+    done = 0
+    lock = threading.Lock()
+    publisher_done = threading.Event()
+
+    def publish() -> None:
+        svc.publisher.drain()
+        publisher_done.set()
+
+    def work() -> None:
+        nonlocal done
+        while True:
+            msgs = svc.driver.receive("tasks", batch, 30, wait_seconds=0.2)
+            if not msgs:
+                if publisher_done.is_set() and done >= n:
+                    return
+                if publisher_done.is_set() and not svc.driver.receive("tasks", 1, 0.001):
+                    with lock:
+                        if done >= n:
+                            return
+                continue
+            for msg in msgs:
+                tid = uuid.UUID(msg.payload["task_id"])
+                try:
+                    c = d.claim(m.ClaimRequest(task_id=tid, worker_id="bench"))
+                except Conflict:
+                    continue
+                d.complete(
+                    m.CompleteRequest(
+                        task_id=tid,
+                        attempt=c.attempt,
+                        lease_token=c.lease_token,
+                        outcome="succeeded",
+                    )
+                )
+                with lock:
+                    done += 1
+            svc.driver.ack_many("tasks", [x.receipt for x in msgs])
+
+    pub = threading.Thread(target=publish)
+    pub.start()
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    pub.join()
+    for w in workers:
+        w.join()
+    return n / (time.perf_counter() - t0)
+
+
+def stack_throughput(stack: LiteStack, n: int) -> float:
+    svc = stack.services
+    t0 = time.perf_counter()
+    with svc.pool.connection() as conn, conn.transaction():
+        for _ in range(n):
+            svc.dispatcher.create_task(m.TaskSpec(job="bench_e2e", operator="noop"), conn)
+
+    def finished() -> bool:
+        with svc.pool.connection() as conn:
+            row = conn.execute(
+                """SELECT count(*) AS n FROM task_status s JOIN task_registry r USING (task_id)
+                   WHERE r.job = 'bench_e2e' AND s.status = 'succeeded'"""
+            ).fetchone()
+        return bool(row and row["n"] >= n)
+
+    wait_for(finished, timeout=600)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=500)
+    ap.add_argument("--tasks", type=int, default=5000)
+    ap.add_argument("--e2e-tasks", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="trace-dispatch-bench-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "pg", durable=True)  # fsync on: real commit costs
+    pg.start()
+    try:
+        dsn = pg.dsn()
+        migrate(dsn)
+        settings = Settings(
+            state_dsn=dsn, home=root / "home", auth="permissive", queue_poll_seconds=1.0
+        )
+        print(f"machine: {os.cpu_count()} cores; Postgres {pg.bindir}; fsync on")
+        with LiteStack(settings, workers=1, dsn=dsn) as stack:
+            lat = trigger_to_running(stack, args.runs)
+            print(f"trigger -> running (HTTP trigger, warm worker):      {fmt(lat)}")
+            lat2 = commit_to_downstream(stack, args.runs)
+            print(f"upstream commit -> downstream running:               {fmt(lat2)}")
+        with LiteStack(settings, workers=args.workers, dsn=dsn) as stack:
+            e2e = stack_throughput(stack, args.e2e_tasks)
+            print(f"no-op tasks end to end, {args.workers} worker processes:  {e2e:8.0f} tasks/s")
+        svc = Services.build(settings, dsn)
+        try:
+            for threads in (1, 4):
+                tput = core_throughput(svc, args.tasks, threads, 100)
+                print(
+                    f"Dispatcher core lifecycle, {threads} thread(s), batch 100: {tput:8.0f} tasks/s"
+                )
+        finally:
+            svc.close()
+    finally:
+        pg.destroy()
+
+
+if __name__ == "__main__":
+    main()
