@@ -219,9 +219,15 @@ def main() -> None:
             print(f"trigger -> running (HTTP trigger, warm worker):      {fmt(lat)}")
             lat2 = commit_to_downstream(stack, args.runs)
             print(f"upstream commit -> downstream running:               {fmt(lat2)}")
-        with LiteStack(settings, workers=args.workers, dsn=dsn) as stack:
-            e2e = stack_throughput(stack, args.e2e_tasks)
-            print(f"no-op tasks end to end, {args.workers} worker processes:  {e2e:8.0f} tasks/s")
+        for conc in (1, 4):
+            with LiteStack(
+                settings, workers=args.workers, dsn=dsn, worker_concurrency=conc
+            ) as stack:
+                e2e = stack_throughput(stack, args.e2e_tasks)
+                print(
+                    f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
+                    f"   {e2e:8.0f} tasks/s"
+                )
         svc = Services.build(settings, dsn)
         try:
             for threads in (1, 4):

@@ -74,6 +74,7 @@ class LiteStack:
         dsn: str | None = None,
         worker_env: dict[str, str] | None = None,
         log_dir: Path | None = None,
+        worker_concurrency: int = 1,
     ) -> None:
         self.settings = settings
         self.n_workers = workers
@@ -82,6 +83,7 @@ class LiteStack:
         self.api = ApiServer(self.services, settings.api_host, self.port)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.worker_env = worker_env or {}
+        self.worker_concurrency = worker_concurrency
         self.log_dir = log_dir or settings.home / "logs"
 
     @property
