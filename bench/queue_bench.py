@@ -46,11 +46,9 @@ from uuid import uuid4
 import asyncpg
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
-from trace_platform.db.pool import make_pool
 from trace_platform.queue.pgqueue import PgQueue
 
 OURS = "pgqueue"
@@ -153,12 +151,11 @@ def scalar(dsn: str, statement: str) -> Any:
 class Ours:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self.pool: ConnectionPool = make_pool(dsn, max_size=CONSUMERS + 4, name="bench")
-        self.q = PgQueue(self.pool, dsn, max_attempts=20, poll_seconds=1.0)
+        # The driver as production builds it: autocommit pools, relaxed acks.
+        self.q = PgQueue.from_dsn(dsn, max_attempts=20, poll_seconds=1.0, max_size=CONSUMERS + 4)
 
     def close(self) -> None:
         self.q.close()
-        self.pool.close()
 
     def reset(self) -> None:
         sql(self.dsn, "TRUNCATE queue_messages, queue_dead")

@@ -30,7 +30,7 @@ class Services:
     def build(cls, settings: Settings, dsn: str | None = None) -> Services:
         dsn = dsn or state_dsn(settings)
         pool = make_pool(dsn, max_size=settings.pool_max_size)
-        driver = make_driver(settings, pool, dsn)
+        driver = make_driver(settings, dsn)
         dispatcher = Dispatcher(pool, settings)
         services = cls(
             settings=settings,

@@ -19,12 +19,11 @@ from trace_platform.queue.pgqueue import PgQueue
 class TestPgQueueConformance(QueueDriverConformance):
     @pytest.fixture
     def driver(self, dsn: str) -> Iterator[PgQueue]:
-        pool = make_pool(dsn, max_size=6)
-        # A long poll interval proves idle consumers are woken by NOTIFY, not by polling.
-        drv = PgQueue(pool, dsn, max_attempts=self.max_attempts, poll_seconds=8.0)
+        # The production set-up (autocommit pools, relaxed acks). A long poll interval proves
+        # idle consumers are woken by NOTIFY, not by polling.
+        drv = PgQueue.from_dsn(dsn, max_attempts=self.max_attempts, poll_seconds=8.0)
         yield drv
         drv.close()
-        pool.close()
 
     def raw_publish(self, driver: QueueDriver, queue: str, body: dict[str, Any]) -> None:
         assert isinstance(driver, PgQueue)

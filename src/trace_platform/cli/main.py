@@ -155,9 +155,7 @@ def worker(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = get_settings()
-    dsn = state_dsn(settings)
-    pool = make_pool(dsn, max_size=max(2, concurrency + 1), name="worker")
-    driver = make_driver(settings, pool, dsn)
+    driver = make_driver(settings, state_dsn(settings))
     token = settings.internal_token.get_secret_value() if settings.internal_token else None
     client = DispatcherClient(api_url or settings.resolved_api_url, internal_token=token)
     stop = _stop_on_signals()
@@ -182,7 +180,6 @@ def worker(
         t.join()
     client.close()
     driver.close()
-    pool.close()
 
 
 @app.command("scheduler")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -32,13 +33,23 @@ def state_dsn(settings: Settings, *, start: bool = True, run_migrations: bool = 
 
 
 def make_pool(
-    dsn: str, *, max_size: int = 10, min_size: int = 1, name: str = "trace"
+    dsn: str,
+    *,
+    max_size: int = 10,
+    min_size: int = 1,
+    name: str = "trace",
+    autocommit: bool = False,
+    options: str | None = None,
 ) -> ConnectionPool:
+    """`autocommit` for single-statement work (one round trip, no BEGIN/COMMIT); `options` are
+    server settings for the session, e.g. "-c synchronous_commit=off"."""
+    if options:
+        dsn = make_conninfo(dsn, options=options)
     pool = ConnectionPool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"row_factory": dict_row, "autocommit": False},
+        kwargs={"row_factory": dict_row, "autocommit": autocommit},
         name=name,
         open=False,
     )

@@ -41,29 +41,31 @@ class PayloadError(ValueError):
 
 
 def encode(payload: Any) -> str:
-    """Validates a payload (model or dict) and returns its compact JSON; raises PayloadError."""
+    """Validates a payload (model, dict or JSON text) and returns its compact JSON."""
     if isinstance(payload, str):
         try:
             payload = json.loads(payload)
         except json.JSONDecodeError as e:
             raise PayloadError(f"queue payload is not valid JSON: {e}") from None
-    raw = (
-        payload.model_dump_json()
-        if isinstance(payload, BaseModel)
-        else json.dumps(payload, separators=(",", ":"), default=str)
-    )
-    if len(raw.encode()) > MAX_PAYLOAD_BYTES:
+    if isinstance(payload, TaskWakeup | BufferRecord | Delivery):
+        model = payload
+    else:
+        _check_size(len(json.dumps(payload, separators=(",", ":"), default=str)))
+        try:
+            model = _ADAPTER.validate_python(payload)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "payload"
+            raise PayloadError(f"invalid queue payload at {where}: {first['msg']}") from None
+    return model.model_dump_json(exclude_none=True)
+
+
+def _check_size(n: int) -> None:
+    if n > MAX_PAYLOAD_BYTES:
         raise PayloadError(
-            f"queue payload is {len(raw.encode())} bytes; messages must stay under "
+            f"queue payload is {n} bytes; messages must stay under "
             f"{MAX_PAYLOAD_BYTES} bytes (send a pointer to the data, not the data)"
         )
-    try:
-        model = _ADAPTER.validate_json(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "payload"
-        raise PayloadError(f"invalid queue payload at {where}: {first['msg']}") from None
-    return model.model_dump_json(exclude_none=True)
 
 
 def decode(raw: str | bytes | dict[str, Any]) -> TaskWakeup | BufferRecord | Delivery:

@@ -2,6 +2,10 @@
 
 Receive leases rows with SKIP LOCKED; the receipt is `"{id}:{lease_token}"` and only the
 matching token can ack. Idle consumers sleep on LISTEN/NOTIFY and poll as a fallback.
+
+Every operation is one statement, run in autocommit. Publishing waits for the disk flush;
+receive/ack/extend/nack need not (a lease or ack lost in a crash only means a redelivery,
+which at-least-once allows), so they may use a `relaxed` pool with synchronous_commit=off.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from trace_platform.db.pool import make_pool
 from trace_platform.db.queries import Queries
 from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message
@@ -37,10 +41,14 @@ class PgQueue:
         pool: ConnectionPool,
         dsn: str,
         *,
+        relaxed_pool: ConnectionPool | None = None,
         max_attempts: int = 20,
         poll_seconds: float = 1.0,
+        owns_pools: bool = False,
     ) -> None:
         self.pool = pool
+        self.relaxed = relaxed_pool or pool
+        self.owns_pools = owns_pools
         self.dsn = dsn
         self.max_attempts = max_attempts
         self.poll_seconds = poll_seconds
@@ -50,12 +58,34 @@ class PgQueue:
         self._listeners_lock = threading.Lock()
         self._last_sweep: dict[str, float] = {}
 
+    @classmethod
+    def from_dsn(
+        cls, dsn: str, *, max_attempts: int = 20, poll_seconds: float = 1.0, max_size: int = 8
+    ) -> PgQueue:
+        """The production set-up: its own autocommit pools, durable and relaxed."""
+        durable = make_pool(dsn, max_size=max_size, name="pgqueue", autocommit=True)
+        relaxed = make_pool(
+            dsn,
+            max_size=max_size,
+            name="pgqueue-relaxed",
+            autocommit=True,
+            options="-c synchronous_commit=off",
+        )
+        return cls(
+            durable,
+            dsn,
+            relaxed_pool=relaxed,
+            max_attempts=max_attempts,
+            poll_seconds=poll_seconds,
+            owns_pools=True,
+        )
+
     # -- publish -------------------------------------------------------------------------
     def publish(self, queue_name: str, payload_json: Any, delay_seconds: int = 0) -> None:
         self.publish_many(queue_name, [payload_json], delay_seconds)
 
     def publish_many(self, queue_name: str, payloads_: list[Any], delay_seconds: int = 0) -> None:
-        encoded = [Jsonb(p, dumps=lambda s: s) for p in map(payloads.encode, payloads_)]
+        encoded = [payloads.encode(p) for p in payloads_]
         if not encoded:
             return
         with self.pool.connection() as conn:
@@ -71,7 +101,7 @@ class PgQueue:
 
     # -- receive -------------------------------------------------------------------------
     def _lease(self, queue_name: str, max_messages: int, visibility: float) -> list[Message]:
-        with self.pool.connection() as conn:
+        with self.relaxed.connection() as conn:
             now = time.monotonic()
             if now - self._last_sweep.get(queue_name, 0.0) > _SWEEP_EVERY:
                 self._last_sweep[queue_name] = now
@@ -81,11 +111,7 @@ class PgQueue:
                 {"queue": queue_name, "limit": max_messages, "visibility": visibility},
             ).fetchall()
         return [
-            Message(
-                payload=r["payload"],
-                receipt=f"{r['id']}:{r['lease_token']}",
-                delivery_count=r["attempts"],
-            )
+            Message(payload=r["payload"], receipt=r["receipt"], delivery_count=r["attempts"])
             for r in rows
         ]
 
@@ -109,7 +135,7 @@ class PgQueue:
         with self.pool.connection() as conn:
             row = conn.execute(_Q.next_visible, {"queue": queue_name}).fetchone()
         nxt = row["seconds"] if row else None
-        if nxt is None:
+        if nxt is None or nxt <= 0:
             return self.poll_seconds
         return max(0.005, min(self.poll_seconds, float(nxt)))
 
@@ -131,14 +157,14 @@ class PgQueue:
     # -- settle --------------------------------------------------------------------------
     def ack(self, queue_name: str, receipt: str) -> bool:
         msg_id, token = _split(receipt)
-        with self.pool.connection() as conn:
+        with self.relaxed.connection() as conn:
             return conn.execute(_Q.ack, {"id": msg_id, "token": token}).rowcount == 1
 
     def ack_many(self, queue_name: str, receipts: list[str]) -> int:
         if not receipts:
             return 0
         pairs = [_split(r) for r in receipts]
-        with self.pool.connection() as conn:
+        with self.relaxed.connection() as conn:
             cur = conn.execute(
                 _Q.ack_many,
                 {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs]},
@@ -149,7 +175,7 @@ class PgQueue:
         self, queue_name: str, receipt: str, visibility_timeout_seconds: float
     ) -> bool:
         msg_id, token = _split(receipt)
-        with self.pool.connection() as conn:
+        with self.relaxed.connection() as conn:
             cur = conn.execute(
                 _Q.extend_visibility,
                 {"id": msg_id, "token": token, "visibility": visibility_timeout_seconds},
@@ -158,16 +184,17 @@ class PgQueue:
 
     def nack(self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0) -> bool:
         msg_id, token = _split(receipt)
-        with self.pool.connection() as conn:
+        with self.relaxed.connection() as conn:
             row = conn.execute(
                 _Q.nack,
                 {"id": msg_id, "token": token, "error": error[:4000], "delay": delay_seconds},
             ).fetchone()
             if row is None:
                 return False
-            if row["exhausted"]:
-                conn.execute(_Q.dead_letter, {"queue": queue_name})
-            return True
+        if row["exhausted"]:
+            with self.pool.connection() as conn:  # durable: a dead letter is a record
+                conn.execute(_Q.dead_letter_one, {"id": row["id"]})
+        return True
 
     def dead_letters(self, queue_name: str) -> list[dict[str, Any]]:
         with self.pool.connection() as conn:
@@ -178,3 +205,6 @@ class PgQueue:
             for conn in self._listeners:
                 conn.close()
             self._listeners.clear()
+        if self.owns_pools:
+            self.pool.close()
+            self.relaxed.close()

@@ -3,9 +3,10 @@
 -- name: publish
 -- One statement per batch: insert, then wake idle consumers of this queue.
 WITH ins AS (
+  -- Payloads travel as a binary text[] (no per-character escaping) and become jsonb here.
   INSERT INTO queue_messages (queue_name, payload, visible_at, max_attempts)
-  SELECT %(queue)s, p, now() + make_interval(secs => %(delay)s), %(max_attempts)s
-  FROM unnest(%(payloads)s::jsonb[]) AS p
+  SELECT %(queue)s, p::jsonb, now() + make_interval(secs => %(delay)s), %(max_attempts)s
+  FROM unnest(%(payloads)b::text[]) AS t(p)
   RETURNING 1
 )
 SELECT count(*) AS n,
@@ -20,7 +21,8 @@ WITH picked AS (
     AND visible_at <= now()
     AND (lease_until IS NULL OR lease_until < now())
     AND attempts < max_attempts
-  ORDER BY id
+  -- Matches queue_ready_idx, so the ready rows of this queue come straight off the index.
+  ORDER BY visible_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
 )
@@ -30,7 +32,7 @@ SET lease_until = now() + make_interval(secs => %(visibility)s),
     attempts = m.attempts + 1
 FROM picked
 WHERE m.id = picked.id
-RETURNING m.id, m.payload, m.lease_token, m.attempts;
+RETURNING m.id || ':' || m.lease_token AS receipt, m.payload, m.attempts;
 
 -- name: ack
 DELETE FROM queue_messages
@@ -53,20 +55,32 @@ SET lease_until = NULL,
     last_error = %(error)s,
     visible_at = now() + make_interval(secs => %(delay)s)
 WHERE id = %(id)s AND lease_token = %(token)s
-RETURNING attempts >= max_attempts AS exhausted;
+RETURNING id, attempts >= max_attempts AS exhausted;
 
 -- name: dead_letter
--- Messages out of deliveries and not currently leased move to queue_dead.
+-- Messages whose final lease expired (their consumer died) move to queue_dead. Uses
+-- queue_lease_idx, so it touches expired leases only, whatever the backlog.
 WITH moved AS (
   DELETE FROM queue_messages
   WHERE queue_name = %(queue)s
+    AND lease_until < now()
     AND attempts >= max_attempts
-    AND (lease_until IS NULL OR lease_until < now())
   RETURNING id, queue_name, payload, created_at, attempts, last_error
 )
 INSERT INTO queue_dead (id, queue_name, payload, created_at, attempts, last_error)
 SELECT id, queue_name, payload, created_at, attempts,
        coalesce(last_error, 'visibility timeout expired on the final delivery')
+FROM moved;
+
+-- name: dead_letter_one
+-- A message given back (nack) on its last allowed delivery.
+WITH moved AS (
+  DELETE FROM queue_messages
+  WHERE id = %(id)s AND attempts >= max_attempts
+  RETURNING id, queue_name, payload, created_at, attempts, last_error
+)
+INSERT INTO queue_dead (id, queue_name, payload, created_at, attempts, last_error)
+SELECT id, queue_name, payload, created_at, attempts, last_error
 FROM moved;
 
 -- name: dead_letters
@@ -76,6 +90,10 @@ WHERE queue_name = %(queue)s
 ORDER BY id;
 
 -- name: next_visible
-SELECT extract(epoch FROM min(visible_at) - now()) AS seconds
+-- Seconds until a delayed message becomes visible or a lease runs out (NULL: nothing pending).
+SELECT extract(epoch FROM least(
+         min(visible_at) FILTER (WHERE visible_at > now()),
+         min(lease_until) FILTER (WHERE lease_until > now())) - now()) AS seconds
 FROM queue_messages
-WHERE queue_name = %(queue)s AND attempts < max_attempts;
+WHERE queue_name = %(queue)s AND attempts < max_attempts
+  AND (visible_at > now() OR lease_until > now());
