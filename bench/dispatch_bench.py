@@ -219,7 +219,7 @@ def main() -> None:
             print(f"trigger -> running (HTTP trigger, warm worker):      {fmt(lat)}")
             lat2 = commit_to_downstream(stack, args.runs)
             print(f"upstream commit -> downstream running:               {fmt(lat2)}")
-        for conc in (1, 4):
+        for conc in (1, 4, 8):
             with LiteStack(
                 settings, workers=args.workers, dsn=dsn, worker_concurrency=conc
             ) as stack:
