@@ -27,6 +27,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
+	$(BIN)/python bench/dispatch_bench.py
 
 up: $(STAMP)
 	$(BIN)/trace up
