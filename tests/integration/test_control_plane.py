@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.support.dags import admin, three_jobs, user
+from tests.support.invariants import expire_lease
 from trace_platform.config import Settings
 from trace_platform.db.embedded import free_port
 from trace_platform.dispatcher import models as m
@@ -206,11 +207,7 @@ def test_pool_slots_bound_concurrency_and_free_on_every_path(services: Services)
     woken = [x.payload["task_id"] for x in services.driver.receive("tasks", 10, 30)]
     assert woken and all(uuid.UUID(w) in ids[2:] for w in woken)
     # A reaped lease frees its slot too.
-    with services.pool.connection() as conn:
-        conn.execute(
-            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
-            (claims[1].task_id,),
-        )
+    expire_lease(services, claims[1].task_id)
     d.reap()
     assert (
         q(services, "SELECT count(*) AS n FROM pool_slots WHERE leased_by_task IS NOT NULL")[0]["n"]

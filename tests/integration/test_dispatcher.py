@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.invariants import assert_invariants
+from tests.support.invariants import assert_invariants, expire_lease
 from trace_platform.dispatcher import models as m
 from trace_platform.dispatcher.errors import Conflict, NotFound
 from trace_platform.services import Services
@@ -165,11 +165,7 @@ def test_reaper_expires_lost_lease_and_fences_old_attempt(services: Services) ->
     r = services.dispatcher.create_task(spec(max_attempts=3))
     c1 = claim(services, r.task_id)
     # No heartbeat: let the 2 s lease run out.
-    with services.pool.connection() as conn:
-        conn.execute(
-            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
-            (r.task_id,),
-        )
+    expire_lease(services, r.task_id)
     assert services.dispatcher.reap() == 1
     view = services.dispatcher.get_task(r.task_id)
     assert view.status == "queued" and view.attempts[0].outcome == "lease_expired"
@@ -193,11 +189,7 @@ def test_reaper_expires_lost_lease_and_fences_old_attempt(services: Services) ->
 def test_late_completion_of_current_attempt_is_accepted(services: Services) -> None:
     r = services.dispatcher.create_task(spec(max_attempts=3))
     c1 = claim(services, r.task_id)
-    with services.pool.connection() as conn:
-        conn.execute(
-            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
-            (r.task_id,),
-        )
+    expire_lease(services, r.task_id)
     services.dispatcher.reap()
     # Reaped, re-queued, but no newer attempt has started: attempt 1's success still counts.
     assert complete(services, c1).status == "succeeded"
@@ -211,11 +203,7 @@ def test_late_completion_of_current_attempt_is_accepted(services: Services) -> N
 def test_late_success_after_final_reap_is_accepted(services: Services) -> None:
     r = services.dispatcher.create_task(spec(max_attempts=1))
     c1 = claim(services, r.task_id)
-    with services.pool.connection() as conn:
-        conn.execute(
-            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
-            (r.task_id,),
-        )
+    expire_lease(services, r.task_id)
     services.dispatcher.reap()
     assert services.dispatcher.get_task(r.task_id).status == "failed"
     assert complete(services, c1).status == "succeeded"
@@ -269,11 +257,7 @@ def test_canceled_running_task_whose_lease_expires_is_not_retried(services: Serv
     r = services.dispatcher.create_task(spec(max_attempts=5))
     claim(services, r.task_id)
     services.dispatcher.cancel(r.task_id)
-    with services.pool.connection() as conn:
-        conn.execute(
-            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
-            (r.task_id,),
-        )
+    expire_lease(services, r.task_id)
     services.dispatcher.reap()
     assert services.dispatcher.get_task(r.task_id).status == "canceled"
 

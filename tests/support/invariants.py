@@ -30,3 +30,12 @@ def assert_invariants(services: Services, *, allow_dead: int = 0) -> None:
         assert pending is not None and pending["n"] == 0, "outbox not drained"
         dead = conn.execute("SELECT count(*) AS n FROM queue_dead").fetchone()
         assert dead is not None and dead["n"] == allow_dead, f"queue_dead has {dead['n']} rows"
+
+
+def expire_lease(services: Services, task_id: object) -> None:
+    """What missed heartbeats look like to the reaper: the lease ran out a second ago."""
+    with services.pool.connection() as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
+            (task_id,),
+        )

@@ -36,6 +36,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _reject_forbidden(data: Any, table: dict[str, str]) -> Any:
+    """Removed fields fail with what to use instead, not a bare "unknown field"."""
+    if isinstance(data, dict):
+        for key, why in table.items():
+            if key in data:
+                raise ValueError(why)
+    return data
+
+
 class JobOutputRef(_Strict):
     """An input wired by index to another job's output."""
 
@@ -87,11 +96,7 @@ class Scaling(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _forbidden(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key, why in FORBIDDEN_SCALING.items():
-                if key in data:
-                    raise ValueError(why)
-        return data
+        return _reject_forbidden(data, FORBIDDEN_SCALING)
 
 
 class JobSpec(_Strict):
@@ -108,11 +113,7 @@ class JobSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _forbidden(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key, why in FORBIDDEN.items():
-                if key in data:
-                    raise ValueError(why)
-        return data
+        return _reject_forbidden(data, FORBIDDEN)
 
     def materialization(self) -> dict[str, Any]:
         """The fields whose change means different outputs (versus execution-only fields)."""
@@ -170,8 +171,4 @@ class DagSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _forbidden(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key, why in FORBIDDEN.items():
-                if key in data:
-                    raise ValueError(why)
-        return data
+        return _reject_forbidden(data, FORBIDDEN)

@@ -111,28 +111,23 @@ class Dispatcher:
 
     # -- claim ---------------------------------------------------------------------------
     def claim(self, req: m.ClaimRequest) -> m.Claim:
+        """Leases a queued task: one statement for a task without a worker pool; with one, the
+        same statement plus a slot in one transaction (no slot, no claim)."""
         params = {
             "task_id": req.task_id,
             "worker_id": req.worker_id,
             "lease": self.settings.lease_seconds,
+            "pooled": False,
         }
         with self.pool.connection() as conn:
-            row = conn.execute(_Q.claim_fast, params).fetchone()
+            row = conn.execute(_Q.claim, params).fetchone()
         if row is not None:
             return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
         with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(
-                _Q.claim,
-                {
-                    "task_id": req.task_id,
-                    "worker_id": req.worker_id,
-                    "lease": self.settings.lease_seconds,
-                },
-            ).fetchone()
+            row = conn.execute(_Q.claim, {**params, "pooled": True}).fetchone()
             if row is None:
                 raise self._not_claimable(conn, req.task_id)
             slot = self._lease_slot(conn, req.task_id)  # raises (rolling back the claim) if none
-            conn.execute(_Q.insert_attempt, {**row, "worker_id": req.worker_id})
         return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot)
 
     # -- worker pools ----------------------------------------------------------------------
@@ -197,22 +192,27 @@ class Dispatcher:
     # -- fencing -------------------------------------------------------------------------
     def _fenced(self, conn: Connection[Any], ref: m.LeaseRef) -> dict[str, Any]:
         """Locks the status row and checks the caller speaks for the current attempt."""
-        st = conn.execute(_Q.status_for_update, {"task_id": ref.task_id}).fetchone()
-        if st is None:
+        return self._check_lease(
+            conn.execute(_Q.status_for_update, {"task_id": ref.task_id}).fetchone(), ref
+        )
+
+    @staticmethod
+    def _check_lease(row: dict[str, Any] | None, ref: m.LeaseRef) -> dict[str, Any]:
+        if row is None:
             raise NotFound(f"task {ref.task_id} does not exist")
-        if ref.attempt != st["attempt"]:
+        if ref.attempt != row["attempt"]:
             raise Conflict(
                 "stale_attempt",
                 f"attempt {ref.attempt} of task {ref.task_id} is stale: "
-                f"attempt {st['attempt']} has started",
-                current_attempt=st["attempt"],
+                f"attempt {row['attempt']} has started",
+                current_attempt=row["attempt"],
             )
-        if st["lease_token"] is None or ref.lease_token != st["lease_token"]:
+        if row["lease_token"] is None or ref.lease_token != row["lease_token"]:
             raise Conflict(
                 "wrong_lease",
                 f"the lease token does not hold attempt {ref.attempt} of task {ref.task_id}",
             )
-        return st
+        return row
 
     @staticmethod
     def _reject_finished(st: dict[str, Any], ref: m.LeaseRef) -> None:
@@ -226,21 +226,9 @@ class Dispatcher:
     # -- task-fetch and heartbeat -----------------------------------------------------------
     def fetch(self, ref: m.LeaseRef) -> m.TaskPayload:
         with self.pool.connection() as conn:
-            view = conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone()
-            if view is None:
-                raise NotFound(f"task {ref.task_id} does not exist")
-            if ref.attempt != view["attempt"]:
-                raise Conflict(
-                    "stale_attempt",
-                    f"attempt {ref.attempt} of task {ref.task_id} is stale: "
-                    f"attempt {view['attempt']} has started",
-                    current_attempt=view["attempt"],
-                )
-            if ref.lease_token != view["lease_token"]:
-                raise Conflict(
-                    "wrong_lease",
-                    f"the lease token does not hold attempt {ref.attempt} of task {ref.task_id}",
-                )
+            view = self._check_lease(
+                conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone(), ref
+            )
             slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
         status = "canceled" if view["cancel_requested"] else view["status"]
         return m.TaskPayload(

@@ -20,30 +20,6 @@ VALUES (%(task_id)s, %(start_day)s, %(status)s);
 INSERT INTO outbox (queue_name, payload, delay_seconds)
 VALUES (%(queue)s, %(payload)s, %(delay)s);
 
--- name: claim
-UPDATE task_status s
-SET status = 'running',
-    attempt = s.attempt + 1,
-    lease_token = gen_random_uuid(),
-    lease_until = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    started_at = now(),
-    deadline_at = now() + make_interval(secs => r.timeout_seconds),
-    worker_id = %(worker_id)s,
-    finished_at = NULL,
-    updated_at = now()
-FROM task_registry r
-WHERE s.task_id = %(task_id)s
-  AND r.task_id = s.task_id AND r.start_day = s.start_day
-  AND s.status = 'queued'
-  AND s.next_attempt_at <= now()
-  AND NOT s.cancel_requested
-RETURNING s.task_id, s.start_day, s.attempt, s.lease_token, s.lease_until;
-
--- name: insert_attempt
-INSERT INTO task_attempts (task_id, start_day, attempt, lease_token, worker_id)
-VALUES (%(task_id)s, %(start_day)s, %(attempt)s, %(lease_token)s, %(worker_id)s);
-
 -- name: finish_attempt
 UPDATE task_attempts
 SET finished_at = coalesce(finished_at, now()),
@@ -217,9 +193,9 @@ ON CONFLICT (dataset_version, scope) DO UPDATE
 SET task_id = EXCLUDED.task_id, attempt = EXCLUDED.attempt, location = EXCLUDED.location,
     row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now();
 
--- name: claim_fast
--- The common case in one round trip: a claimable task without a worker pool. Anything else
--- (a pool slot to lease, or a reason to report) takes the full path.
+-- name: claim
+-- Lease a claimable task and open its attempt, in one round trip. `pooled` false claims only
+-- tasks without a worker pool (the caller then leases a slot in the same transaction).
 WITH c AS (
   UPDATE task_status s
   SET status = 'running',
@@ -235,7 +211,7 @@ WITH c AS (
   FROM task_registry r
   WHERE s.task_id = %(task_id)s
     AND r.task_id = s.task_id AND r.start_day = s.start_day
-    AND r.worker_pool IS NULL
+    AND (r.worker_pool IS NULL) <> %(pooled)s
     AND s.status = 'queued'
     AND s.next_attempt_at <= now()
     AND NOT s.cancel_requested
