@@ -10,7 +10,6 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s); install python3.11 and run: make PYTHON=python3.11 ..." % sys.version.split()[0])'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "python venv module missing: apt-get install python3-venv"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	@touch $(STAMP)
 
