@@ -212,6 +212,11 @@ def up(
     except Exception as e:
         stack.stop()
         _fail(str(e))
+    if stack.services.new_admin_key:
+        console.print(
+            "[bold yellow]Created the Lite admin API key[/bold yellow] (shown once, saved to "
+            f"{settings.home / 'admin.key'}):\n  {stack.services.new_admin_key}"
+        )
     console.print(
         f"[green]Trace Lite up[/green]: API {stack.url}, {workers} worker(s). Ctrl-C stops."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from uuid import UUID
 
 from rich.console import Console
@@ -12,6 +13,8 @@ from rich.table import Table
 from trace_platform.config import Settings
 from trace_platform.dispatcher.models import TERMINAL, TaskSpec, TaskView
 from trace_platform.lite.stack import LiteStack
+
+EXAMPLE_DAG = Path(__file__).resolve().parents[3] / "examples" / "dags" / "hello.yaml"
 
 DEMO_TASKS: list[tuple[str, TaskSpec]] = [
     ("a no-op", TaskSpec(job="demo_noop", operator="noop")),
@@ -73,6 +76,34 @@ def _table(rows: list[tuple[str, TaskView]], t0: float) -> Table:
     return table
 
 
+def _dag_run(stack: LiteStack, console: Console) -> bool:
+    """Deploy the example DAG (source -> transform -> sink) and follow one run of it."""
+    from trace_platform.cli.control import run_tree
+    from trace_platform.identity import lite_admin
+
+    svc = stack.services
+    with svc.pool.connection() as conn:
+        admin = lite_admin(conn)
+    res = svc.control.deploy(admin, EXAMPLE_DAG.read_text(), str(EXAMPLE_DAG))
+    console.print(
+        f"\n[bold]Deployed DAG '{res.name}'[/bold] version {res.version}; triggering a run…"
+    )
+    run_id = svc.control.trigger(admin, res.name)["run_id"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run = svc.control.show_run(admin, run_id)
+        if run["tasks"] and all(t["status"] in TERMINAL for t in run["tasks"]):
+            break
+        time.sleep(0.1)
+    console.print(run_tree(run))
+    for d in svc.control.list_datasets(admin):
+        console.print(
+            f"  dataset [cyan]{d['dataset_name']}[/cyan] {d['dataset_uuid']} version {d['current_version']}"
+        )
+    console.print(f"See it again: [cyan]trace runs show {run_id}[/cyan]")
+    return all(t["status"] == "succeeded" for t in run["tasks"])
+
+
 def run_demo(settings: Settings, *, workers: int = 2, console: Console | None = None) -> int:
     console = console or Console()
     t0 = time.monotonic()
@@ -109,6 +140,7 @@ def run_demo(settings: Settings, *, workers: int = 2, console: Console | None = 
         console.print("\n[bold]Lifecycle transitions[/bold]")
         for line in transitions:
             console.print("  " + line)
+        ok_dag = _dag_run(stack, console)
         stack.services.publisher.drain()
         pending = stack.services.publisher.pending()
         dead = stack.services.driver.dead_letters(settings.task_queue)
@@ -116,6 +148,6 @@ def run_demo(settings: Settings, *, workers: int = 2, console: Console | None = 
         console.print(
             "See one task: [cyan]trace task show <id>[/cyan]; all: [cyan]trace task list[/cyan]"
         )
-        ok = all(v.status in TERMINAL for _, v in views)
+        ok = all(v.status in TERMINAL for _, v in views) and ok_dag
     console.print(f"done in {time.monotonic() - t0:.1f}s")
     return 0 if ok else 1
