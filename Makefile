@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "python venv module missing: apt-get install python3-venv"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	@command -v npm >/dev/null 2>&1 || { echo "npm is missing (the devnet's anvil comes from npm): apt-get install nodejs npm"; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @foundry-rs/anvil@1.7.1
 	@touch $(STAMP)
 
 check-prereqs:

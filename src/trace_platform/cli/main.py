@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trace_platform.cli.control import dag_app, datasets_app, runs_app, secrets_app, users_app
+from trace_platform.cli.devnet import devnet_app
 from trace_platform.config import Settings, get_settings, shown
 from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
@@ -36,6 +37,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
+app.add_typer(devnet_app, name="devnet")
 
 console = Console()
 

@@ -1,0 +1,116 @@
+"""The devnet: a real anvil, deterministic for a seed, whose state the logs reproduce."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trace_platform.devnet import ChainSpec, Devnet
+from trace_platform.devnet.chain import STAKING_ADDRESS
+from trace_platform.devnet.rpc import Rpc, calldata, topic0
+
+pytestmark = pytest.mark.slow
+SPEC = ChainSpec(seed=11, blocks=240, accounts=40, validators=4, epoch_blocks=50)
+TRANSFER = topic0("Transfer(address,address,uint256)")
+DELEGATE = topic0("Delegate(uint64,address,uint256,uint64)")
+UNDELEGATE = topic0("Undelegate(uint64,address,uint8,uint256,uint64)")
+ZERO = "0x" + "0" * 40
+
+
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Devnet, Rpc]]:
+    d = Devnet(tmp_path_factory.mktemp("devnet-home"))
+    info, _ = d.up(SPEC)
+    rpc = Rpc(info.url)
+    yield d, rpc
+    rpc.close()
+    d.down()
+
+
+def addr(topic: str) -> str:
+    return "0x" + topic[-40:]
+
+
+def test_same_seed_same_chain(devnet: tuple[Devnet, Rpc], tmp_path: Path) -> None:
+    d, rpc = devnet
+    other = Devnet(tmp_path)
+    try:
+        info, chain = other.up(SPEC)
+        theirs = Rpc(info.url)
+        for b in (1, 100, SPEC.blocks):
+            ours = rpc.call("eth_getBlockByNumber", hex(b), False)["hash"]
+            assert theirs.call("eth_getBlockByNumber", hex(b), False)["hash"] == ours
+        assert chain.token == d.chain().token  # type: ignore[union-attr]
+        theirs.close()
+    finally:
+        other.down()
+
+
+def test_reuse_when_already_up(devnet: tuple[Devnet, Rpc]) -> None:
+    d, rpc = devnet
+    _, chain = d.up(SPEC)
+    assert chain.head == SPEC.blocks == rpc.block_number()
+    assert d.status()["running"] is True
+
+
+def test_token_supply_and_balances_follow_from_the_logs(devnet: tuple[Devnet, Rpc]) -> None:
+    d, rpc = devnet
+    chain = d.chain()
+    assert chain is not None
+    logs = rpc.call(
+        "eth_getLogs",
+        {
+            "fromBlock": "0x0",
+            "toBlock": hex(SPEC.blocks),
+            "address": chain.token,
+            "topics": [TRANSFER],
+        },
+    )
+    assert len(logs) > 100
+    for at in (60, 150, SPEC.blocks):
+        supply = 0
+        balances: dict[str, int] = {}
+        for log in logs:
+            if int(log["blockNumber"], 16) > at:
+                continue
+            src, dst, value = addr(log["topics"][1]), addr(log["topics"][2]), int(log["data"], 16)
+            supply += value if src == ZERO else 0
+            supply -= value if dst == ZERO else 0
+            balances[src] = balances.get(src, 0) - value
+            balances[dst] = balances.get(dst, 0) + value
+        assert rpc.eth_call(chain.token, calldata("totalSupply()"), at) == supply
+        for holder in sorted(h for h in balances if h != ZERO)[:5]:
+            assert (
+                rpc.eth_call(chain.token, calldata("balanceOf(address)", holder), at)
+                == balances[holder]
+            )
+
+
+def test_staking_events_reproduce_delegations(devnet: tuple[Devnet, Rpc]) -> None:
+    _, rpc = devnet
+    logs = rpc.call(
+        "eth_getLogs",
+        {
+            "fromBlock": "0x0",
+            "toBlock": hex(SPEC.blocks),
+            "address": STAKING_ADDRESS,
+            "topics": [[DELEGATE, UNDELEGATE]],
+        },
+    )
+    stake: dict[tuple[int, str], int] = {}
+    for log in logs:
+        key = (int(log["topics"][1], 16), addr(log["topics"][2]))
+        data = log["data"][2:]
+        words = [int(data[i : i + 64], 16) for i in range(0, len(data), 64)]
+        amount = words[0] if log["topics"][0] == DELEGATE else words[1]
+        stake[key] = stake.get(key, 0) + (amount if log["topics"][0] == DELEGATE else -amount)
+    assert any(log["topics"][0] == UNDELEGATE for log in logs)
+    for (validator, delegator), amount in list(stake.items())[:10]:
+        view = rpc.eth_call(
+            STAKING_ADDRESS, calldata("delegation(uint64,address)", validator, delegator)
+        )
+        assert view == amount
+    total = rpc.eth_call(STAKING_ADDRESS, calldata("totalStake()"))
+    assert total == sum(stake.values())
