@@ -150,6 +150,7 @@ def worker(
     max_tasks: Annotated[int | None, typer.Option(help="exit after this many tasks")] = None,
 ) -> None:
     """Run a worker: receive wake-ups, claim, run operators, report."""
+    from trace_platform.objectstore import store_env
     from trace_platform.queue import make_driver
     from trace_platform.worker.client import DispatcherClient
     from trace_platform.worker.wrapper import Wrapper
@@ -168,6 +169,7 @@ def worker(
             queue_name=settings.task_queue,
             home=settings.home,
             visibility_seconds=settings.worker_visibility_seconds,
+            task_env=store_env(settings),
             wait_seconds=min(2.0, settings.queue_poll_seconds * 5),
         )
         for _ in range(concurrency)

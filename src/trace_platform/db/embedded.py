@@ -71,7 +71,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -231,7 +231,7 @@ class EmbeddedPostgres:
         assert info is not None
         if self.running():
             return info
-        if not _port_free(info.port):  # someone took our port while we were down
+        if not port_free(info.port):  # someone took our port while we were down
             info = ClusterInfo(port=free_port(), password=info.password)
             self._write_info(info)
         if self.log_file.exists():

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import httpx
 
-from trace_platform.db.embedded import free_port
+from trace_platform.db.embedded import free_port, port_free
 
 ANVIL_PACKAGE = "@foundry-rs/anvil@1.7.1"
+DEFAULT_PORT = 8545
 
 
 class DevnetError(RuntimeError):
@@ -125,7 +126,8 @@ class AnvilNode:
             return info
         anvil = find_anvil(self.home)
         self.root.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        # The conventional 8545 when it is free (example DAGs point there), else any port.
+        port = DEFAULT_PORT if port_free(DEFAULT_PORT) else free_port()
         log = (self.root / "anvil.log").open("ab")
         proc = subprocess.Popen(
             [

@@ -96,6 +96,24 @@ def delete_prefix(store: ObjectStore, prefix: str) -> int:
     return len(keys)
 
 
+def store_env(settings: Settings) -> dict[str, str]:
+    """The object-store settings a worker hands to the operators it runs (and nothing else)."""
+    env = {"TRACE_OBJECT_STORE": settings.object_store.value}
+    if settings.object_store is ObjectStoreBackend.local:
+        assert settings.object_store_root is not None
+        env["TRACE_OBJECT_STORE_ROOT"] = str(Path(settings.object_store_root).absolute())
+    else:
+        env["TRACE_S3_BUCKET"] = settings.s3_bucket
+        env["TRACE_S3_REGION"] = settings.s3_region
+        if settings.s3_endpoint_url:
+            env["TRACE_S3_ENDPOINT_URL"] = settings.s3_endpoint_url
+        if settings.s3_access_key_id:
+            env["TRACE_S3_ACCESS_KEY_ID"] = settings.s3_access_key_id
+        if settings.s3_secret_access_key:
+            env["TRACE_S3_SECRET_ACCESS_KEY"] = settings.s3_secret_access_key.get_secret_value()
+    return env
+
+
 def make_store(settings: Settings) -> ObjectStore:
     if settings.object_store is ObjectStoreBackend.s3:
         from trace_platform.objectstore.s3 import S3Store

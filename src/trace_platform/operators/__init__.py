@@ -11,9 +11,21 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from trace_platform.operators.context import OperatorContext, OperatorError, PermanentError
+from trace_platform.operators.context import (
+    OperatorContext,
+    OperatorError,
+    OperatorResult,
+    PermanentError,
+)
 
-__all__ = ["REGISTRY", "OperatorContext", "OperatorError", "PermanentError", "resolve"]
+__all__ = [
+    "REGISTRY",
+    "OperatorContext",
+    "OperatorError",
+    "OperatorResult",
+    "PermanentError",
+    "resolve",
+]
 
 Operator = Callable[[OperatorContext], Any]
 
@@ -23,6 +35,8 @@ REGISTRY: dict[str, str] = {
     "fail": "trace_platform.operators.builtin:fail",
     "emit_events": "trace_platform.operators.builtin:emit_events",
     "crash": "trace_platform.operators.builtin:crash",
+    "range_splitter": "trace_platform.operators.ranges:range_splitter",
+    "cryo_ingest": "trace_platform.operators.cryo_ingest:cryo_ingest",
 }
 
 

@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_platform.dispatcher.models import EventIn, TaskPayload
+from trace_platform.dispatcher.models import EventIn, OutputCommit, TaskPayload
+from trace_platform.objectstore import ObjectStore
+
+
+@dataclass
+class OperatorResult:
+    """What an operator returns: final events (sent atomically with the completion) and the
+    output pieces it committed (attempt-fenced by the Dispatcher)."""
+
+    events: list[EventIn] = field(default_factory=list)
+    outputs: list[OutputCommit] = field(default_factory=list)
 
 
 class OperatorError(Exception):
@@ -38,6 +48,16 @@ class OperatorContext:
         """Emit an event now (mid-task); the wrapper forwards it, attempt-fenced."""
         ev = event if isinstance(event, EventIn) else EventIn.model_validate(event)
         self._send({"type": "event", "event": ev.model_dump(mode="json")})
+
+    @property
+    def store(self) -> ObjectStore:
+        """The platform object store (configured by the wrapper for this task's run)."""
+        from trace_platform.config import Settings
+        from trace_platform.objectstore import make_store
+
+        store = make_store(Settings())
+        store.ensure_bucket()
+        return store
 
     def progress(self, **values: Any) -> None:
         """Progress shown with the task; sent with the next heartbeat."""

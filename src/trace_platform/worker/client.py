@@ -104,6 +104,7 @@ class DispatcherClient:
         error: str | None = None,
         retryable: bool = True,
         final_events: list[m.EventIn] | None = None,
+        outputs: list[m.OutputCommit] | None = None,
     ) -> m.CompleteResponse:
         body = m.CompleteRequest(
             **_ref(claim),
@@ -111,6 +112,7 @@ class DispatcherClient:
             error=error,
             retryable=retryable,  # type: ignore[arg-type]
             final_events=final_events or [],
+            outputs=outputs or [],
         )
         return self._call(
             "POST", "/internal/task-complete", m.CompleteResponse, content=body.model_dump_json()

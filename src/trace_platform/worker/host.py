@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from trace_platform.dispatcher.models import EventIn, TaskPayload
-from trace_platform.operators import OperatorContext, resolve
+from trace_platform.dispatcher.models import TaskPayload
+from trace_platform.operators import OperatorContext, OperatorResult, resolve
 
 _PR_SET_PDEATHSIG = 1
 
@@ -68,11 +68,15 @@ def _run(ctx: OperatorContext, task: TaskPayload, send: Any) -> None:
     try:
         fn = resolve(task.operator)
         result = fn(ctx)
-        final = [
-            (e if isinstance(e, EventIn) else EventIn.model_validate(e)).model_dump(mode="json")
-            for e in (result or [])
-        ]
-        send({"type": "done", "final_events": final})
+        if not isinstance(result, OperatorResult):
+            result = OperatorResult(events=list(result or []))
+        send(
+            {
+                "type": "done",
+                "final_events": [e.model_dump(mode="json") for e in result.events],
+                "outputs": [o.model_dump(mode="json") for o in result.outputs],
+            }
+        )
     except Exception as exc:
         logging.getLogger("trace.operator").exception("operator %s failed", task.operator)
         send(

@@ -118,12 +118,15 @@ class Wrapper:
         home: Path = Path(".trace"),
         visibility_seconds: float = 60.0,
         wait_seconds: float = 5.0,
+        task_env: dict[str, str] | None = None,
     ) -> None:
+        """`task_env`: set for every operator run (the object store it writes to)."""
         self.driver = driver
         self.client = client
         self.queue_name = queue_name
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.visibility = visibility_seconds
+        self.task_env = task_env or {}
         self.wait_seconds = wait_seconds
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
         self.host = OperatorHost(home / "logs" / f"worker-{safe_id}.log", home / "work" / safe_id)
@@ -194,7 +197,7 @@ class Wrapper:
             return
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
-        env = dict(task.slot_env)
+        env = {**self.task_env, **task.slot_env}
         if task.slot_secret_names:
             env.update(self.client.secrets(claim))
         try:
@@ -243,7 +246,8 @@ class Wrapper:
                     return
             elif kind == "done":
                 finals = [m.EventIn.model_validate(e) for e in out["final_events"]]
-                self._report(claim, "succeeded", final_events=finals)
+                outputs = [m.OutputCommit.model_validate(o) for o in out.get("outputs", [])]
+                self._report(claim, "succeeded", final_events=finals, outputs=outputs)
                 return
             elif kind == "failed":
                 self._report(claim, "failed", error=out["error"], retryable=out["retryable"])

@@ -1,0 +1,88 @@
+"""cryo_ingest: one block range of raw chain data into the task's output dataset versions.
+
+Input: a range manifest event ([start, end)). Config: `datatypes` (one per output, in order;
+default blocks, transactions, logs, geth_calls — Monad has no trace_* methods), `rpc_url`
+(else the slot's RPC_URL env), `network_name`, `requests_per_second`,
+`max_concurrent_requests`. Files land under `{version}/range={start}-{end}/`; a re-run of the
+range first removes its own earlier files, so rows are never duplicated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
+from trace_platform.objectstore import delete_prefix
+from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
+
+DEFAULT_DATATYPES = ["blocks", "transactions", "logs", "geth_calls"]
+
+
+def range_prefix(location: str, start: int, end: int) -> str:
+    return f"{location.rstrip('/')}/range={start:010d}-{end:010d}/"
+
+
+def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
+    import cryo
+    import polars as pl
+
+    event = ctx.task.input_event or {}
+    rng = event.get("range")
+    if not rng:
+        raise PermanentError("cryo_ingest needs a range manifest event (from range_splitter)")
+    start, end = int(rng["start"]), int(rng["end"])
+    datatypes = list(ctx.config.get("datatypes", DEFAULT_DATATYPES))
+    if len(datatypes) != len(ctx.task.outputs):
+        raise PermanentError(
+            f"{len(datatypes)} datatypes but {len(ctx.task.outputs)} outputs: one output per datatype"
+        )
+    rpc = ctx.config.get("rpc_url") or os.environ.get("RPC_URL")
+    if not rpc:
+        raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
+    store = ctx.store
+    result = OperatorResult()
+    for datatype, out in zip(datatypes, ctx.task.outputs, strict=True):
+        stage = ctx.workdir / datatype
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+        cryo.freeze(
+            [datatype],
+            blocks=[f"{start}:{end}"],
+            rpc=rpc,
+            output_dir=str(stage),
+            network_name=ctx.config.get("network_name", "devnet"),
+            requests_per_second=int(ctx.config.get("requests_per_second", 200)),
+            max_concurrent_requests=int(ctx.config.get("max_concurrent_requests", 4)),
+            chunk_size=max(1, end - start),
+            overwrite=True,
+            no_verbose=True,
+        )
+        assert out.location is not None and out.dataset_version is not None
+        prefix = range_prefix(out.location, start, end)
+        delete_prefix(store, prefix)  # a retry replaces, never duplicates
+        rows = size = 0
+        for f in sorted(Path(stage).glob("*.parquet")):
+            rows += int(pl.scan_parquet(f).select(pl.len()).collect().item())
+            size += f.stat().st_size
+            store.put_file(prefix + f.name, f)
+        result.outputs.append(
+            OutputCommit(
+                dataset_uuid=out.dataset_uuid,
+                dataset_version=out.dataset_version,
+                range=RangeSpec(start=start, end=end),
+                location=prefix,
+                row_count=rows,
+                byte_count=size,
+            )
+        )
+        result.events.append(
+            EventIn(
+                dataset_uuid=out.dataset_uuid,
+                range=RangeSpec(start=start, end=end),
+                payload={"datatype": datatype, "rows": rows, "location": prefix},
+            )
+        )
+        ctx.progress(datatype=datatype, rows=rows)
+    return result
