@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     queue_max_attempts: int = 20
     queue_poll_seconds: float = 1.0
 
+    spark_master: str = "local[*]"
     object_store: ObjectStoreBackend = ObjectStoreBackend.local
     object_store_root: Path | None = None
     s3_bucket: str = "trace"

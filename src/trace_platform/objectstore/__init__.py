@@ -98,7 +98,10 @@ def delete_prefix(store: ObjectStore, prefix: str) -> int:
 
 def store_env(settings: Settings) -> dict[str, str]:
     """The object-store settings a worker hands to the operators it runs (and nothing else)."""
-    env = {"TRACE_OBJECT_STORE": settings.object_store.value}
+    env = {
+        "TRACE_OBJECT_STORE": settings.object_store.value,
+        "TRACE_SPARK_MASTER": settings.spark_master,
+    }
     if settings.object_store is ObjectStoreBackend.local:
         assert settings.object_store_root is not None
         env["TRACE_OBJECT_STORE_ROOT"] = str(Path(settings.object_store_root).absolute())

@@ -50,6 +50,13 @@ class OperatorContext:
         self._send({"type": "event", "event": ev.model_dump(mode="json")})
 
     @property
+    def spark(self) -> Any:
+        """The host's long-lived SparkSession (created on first use)."""
+        from trace_platform.spark import get_spark
+
+        return get_spark()
+
+    @property
     def store(self) -> ObjectStore:
         """The platform object store (configured by the wrapper for this task's run)."""
         from trace_platform.config import Settings

@@ -26,7 +26,7 @@ def range_prefix(location: str, start: int, end: int) -> str:
 
 def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
     import cryo
-    import polars as pl
+    import pyarrow.parquet as pq
 
     event = ctx.task.input_event or {}
     rng = event.get("range")
@@ -64,7 +64,11 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
         delete_prefix(store, prefix)  # a retry replaces, never duplicates
         rows = size = 0
         for f in sorted(Path(stage).glob("*.parquet")):
-            rows += int(pl.scan_parquet(f).select(pl.len()).collect().item())
+            # Rewrite with pyarrow: Spark's reader rejects some pages polars writes
+            # ("Corrupted RLE data"); the stored files must be readable by every engine.
+            table = pq.read_table(f)
+            pq.write_table(table, f, compression="zstd")
+            rows += table.num_rows
             size += f.stat().st_size
             store.put_file(prefix + f.name, f)
         result.outputs.append(

@@ -36,6 +36,10 @@ def _die_with_parent() -> None:
 def _error_text(exc: BaseException) -> str:
     tb = traceback.extract_tb(exc.__traceback__)
     where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    if type(exc).__module__.startswith(("pyspark", "py4j")):
+        from trace_platform.spark import spark_error_text
+
+        return f"Spark {type(exc).__name__}: {spark_error_text(exc)}{where}"
     return f"{type(exc).__name__}: {exc}{where}"
 
 
