@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -20,7 +22,7 @@ from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import list_all, make_store
 
 pytestmark = pytest.mark.slow
-SPEC = ChainSpec(seed=5, blocks=300, accounts=40, validators=4, epoch_blocks=50)
+SPEC = ChainSpec(seed=5, blocks=2000, accounts=100, validators=6, epoch_blocks=100)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_sync.yaml"
 
 
@@ -32,55 +34,96 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     d.down()
 
 
-def run_sync(stack: LiteStack, rpc_url: str, first: int, last: int) -> uuid.UUID:
+def run_sync(
+    stack: LiteStack, rpc_url: str, first: int, last: int, chunk: int = 500, on_running: Any = None
+) -> uuid.UUID:
     svc, me = stack.services, admin(stack.services)
     text = EXAMPLE.read_text().replace("http://127.0.0.1:8545", rpc_url)
     svc.control.deploy(me, text, str(EXAMPLE))
     run = svc.control.trigger(
-        me, "monad_sync", config={"from_block": first, "to_block": last, "chunk_size": 100}
+        me, "monad_sync", config={"from_block": first, "to_block": last, "chunk_size": chunk}
     )
     run_id = run["run_id"]
 
     def done() -> bool:
         tasks = svc.control.show_run(me, run_id)["tasks"]
+        if on_running is not None and any(
+            t["job"] == "ingest" and t["status"] == "running" for t in tasks
+        ):
+            on_running()
         return bool(tasks) and all(t["status"] in ("succeeded", "failed") for t in tasks)
 
-    wait_for(done, 240, "sync run")
+    wait_for(done, 300, "sync run")
     tasks = svc.control.show_run(me, run_id)["tasks"]
     assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
-    assert sum(t["job"] == "ingest" for t in tasks) == 3
+    assert sum(t["job"] == "ingest" for t in tasks) == -(-(last - first + 1) // chunk)
     return run_id
 
 
-def test_sync_matches_the_node_and_reruns_do_not_duplicate(
-    settings: Settings, dsn: str, chain: str
-) -> None:
-    rpc = Rpc(chain)
+def node_counts(url: str) -> tuple[int, int]:
+    rpc = Rpc(url)
     head = SPEC.blocks
     n_tx = sum(
         int(rpc.call("eth_getBlockTransactionCountByNumber", hex(b)), 16) for b in range(0, head)
     )
     n_logs = len(rpc.call("eth_getLogs", {"fromBlock": "0x0", "toBlock": hex(head - 1)}))
+    return n_tx, n_logs
+
+
+def check_datasets(stack: LiteStack, settings: Settings, url: str) -> None:
+    """Every dataset equals what the node reports: no duplicates, no gaps."""
+    svc, me = stack.services, admin(stack.services)
+    n_tx, n_logs = node_counts(url)
+    store = make_store(settings)
+    counts = {}
+    for name in ("blocks", "transactions", "logs", "traces"):
+        ds = svc.control.show_dataset(me, name)
+        prefix = f"org/{me.org_id}/dataset/{ds['dataset_uuid']}/version/{ds['current_version']}/"
+        files = [o.key for o in list_all(store, prefix)]
+        frame = pl.concat([pl.read_parquet(io.BytesIO(store.get(k))) for k in files])
+        counts[name] = (frame.height, ds["row_count"])
+        if name == "blocks":
+            assert sorted(frame["block_number"].to_list()) == list(range(SPEC.blocks))
+    assert counts["blocks"] == (SPEC.blocks, SPEC.blocks)
+    assert counts["transactions"] == (n_tx, n_tx)
+    assert counts["logs"] == (n_logs, n_logs)
+    assert counts["traces"][0] == counts["traces"][1] >= n_tx
+
+
+def test_sync_matches_the_node_and_reruns_do_not_duplicate(
+    settings: Settings, dsn: str, chain: str
+) -> None:
     with LiteStack(
         settings, workers=2, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
     ) as stack:
-        svc, me = stack.services, admin(stack.services)
-        store = make_store(settings)
-        for attempt in range(2):  # the second run re-ingests the same ranges
-            run_sync(stack, chain, 0, head - 1)
-            counts = {}
-            for name in ("blocks", "transactions", "logs", "traces"):
-                ds = svc.control.show_dataset(me, name)
-                prefix = (
-                    f"org/{me.org_id}/dataset/{ds['dataset_uuid']}/version/{ds['current_version']}/"
-                )
-                files = [o.key for o in list_all(store, prefix)]
-                frame = pl.concat([pl.read_parquet(io.BytesIO(store.get(k))) for k in files])
-                counts[name] = (frame.height, ds["row_count"])
-                if name == "blocks":
-                    assert frame["block_number"].n_unique() == frame.height  # no duplicates
-            assert counts["blocks"] == (head, head), attempt
-            assert counts["transactions"] == (n_tx, n_tx), attempt
-            assert counts["logs"] == (n_logs, n_logs), attempt
-            assert counts["traces"][0] == counts["traces"][1] >= n_tx
-        assert_invariants(svc)
+        for _ in range(2):  # the second run re-ingests the same ranges
+            run_sync(stack, chain, 0, SPEC.blocks - 1)
+            check_datasets(stack, settings, chain)
+        assert_invariants(stack.services)
+
+
+def test_killed_worker_mid_ingest_retries_without_duplicates_or_gaps(
+    settings: Settings, dsn: str, chain: str
+) -> None:
+    with LiteStack(
+        settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
+    ) as stack:
+        killed: list[int] = []
+
+        def kill_once() -> None:
+            if not killed:
+                victim = stack.workers[0]
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                killed.append(victim.pid)
+                stack.add_worker()
+
+        run_sync(stack, chain, 0, SPEC.blocks - 1, on_running=kill_once)
+        assert killed
+        check_datasets(stack, settings, chain)
+        with stack.services.pool.connection() as conn:
+            reaped = conn.execute(
+                "SELECT count(*) AS n FROM task_attempts WHERE outcome = 'lease_expired'"
+            ).fetchone()
+        assert reaped is not None and reaped["n"] >= 1
+        assert_invariants(stack.services)
