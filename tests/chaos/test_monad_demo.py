@@ -105,3 +105,72 @@ def test_demo_dag_decodes_exactly(settings: Settings, dsn: str, chain: tuple[str
         epochs = staking.filter(pl.col("event") == "EpochChanged")["epoch"].to_list()
         assert epochs == sorted(epochs) and epochs[0] == 1
         assert_invariants(svc)
+
+
+SQL_DAG = """
+name: supply_check
+worker_pools:
+  rpc: [{env: {RPC_URL: "RPC_ENDPOINT"}}]
+jobs:
+  backfill:
+    operator: range_splitter
+    config: {from_block: 0, to_block: 299, chunk_size: 1000}
+    outputs: [{}]
+  ingest:
+    operator: cryo_ingest
+    config: {datatypes: [logs]}
+    inputs: [{job: backfill}]
+    outputs: [{}]
+    worker_pool: rpc
+  transfers:
+    operator: decode_erc20_transfers
+    inputs: [{job: ingest}]
+    outputs: [{}]
+  supply:
+    operator: sql_transform
+    config:
+      sql: >
+        SELECT block_number, SUM(SUM(CASE WHEN from_address = '0x0000000000000000000000000000000000000000'
+        THEN value WHEN to_address = '0x0000000000000000000000000000000000000000' THEN -value ELSE 0 END))
+        OVER (ORDER BY block_number) AS total_supply FROM input_0 GROUP BY block_number
+    inputs: [{job: transfers}]
+    outputs: [{}]
+  broken:
+    operator: sql_transform
+    config: {sql: "SELECT no_such_column FROM input_0"}
+    inputs: [{job: transfers}]
+    outputs: [{}]
+publish:
+  - {job: supply, output_index: 0, dataset: supply_check}
+"""
+
+
+def test_sql_transform_and_spark_errors(
+    settings: Settings, dsn: str, chain: tuple[str, str]
+) -> None:
+    url, token = chain
+    rpc = Rpc(url)
+    with LiteStack(
+        settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
+    ) as stack:
+        svc, me = stack.services, admin(stack.services)
+        svc.control.deploy(me, SQL_DAG.replace("RPC_ENDPOINT", url))
+        run_id = svc.control.trigger(me, "supply_check")["run_id"]
+
+        def done() -> bool:
+            tasks = svc.control.show_run(me, run_id)["tasks"]
+            return bool(tasks) and all(t["status"] in ("succeeded", "failed") for t in tasks)
+
+        wait_for(done, 300, "run")
+        tasks = {t["job"]: t for t in svc.control.show_run(me, run_id)["tasks"]}
+        assert len(tasks) == 5, {j: t["last_error"] for j, t in tasks.items()}
+        assert tasks["supply"]["status"] == "succeeded", tasks["supply"]["last_error"]
+        broken = tasks["broken"]
+        assert broken["status"] == "failed" and broken["attempt"] == 1  # no retry for bad SQL
+        assert "Spark SQL" in broken["last_error"] and "no_such_column" in broken["last_error"]
+        assert "\tat " not in broken["last_error"]  # the useful lines, not the Java stack
+        supply = read_dataset(stack, settings, "supply_check").sort("block_number")
+        for row in supply.sample(n=min(10, supply.height), seed=1).iter_rows(named=True):
+            assert rpc.eth_call(token, calldata("totalSupply()"), row["block_number"]) == int(
+                row["total_supply"]
+            )

@@ -39,6 +39,7 @@ REGISTRY: dict[str, str] = {
     "cryo_ingest": "trace_platform.operators.cryo_ingest:cryo_ingest",
     "decode_erc20_transfers": "trace_platform.operators.decode:decode_erc20_transfers",
     "decode_staking_events": "trace_platform.operators.decode:decode_staking_events",
+    "sql_transform": "trace_platform.operators.sql_transform:sql_transform",
 }
 
 

@@ -1,0 +1,70 @@
+"""sql_transform: a Spark SQL statement over the task's input datasets, each registered as a
+view of its pinned version (named like the dataset, else `input_{i}`), into output 0.
+
+The batch path for heavy SQL (the Query Service stays interactive). The output version is
+rewritten as a whole: scope `all`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from trace_platform.dispatcher.models import EventIn, OutputCommit
+from trace_platform.objectstore import delete_prefix, list_all
+from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
+
+
+def sql_transform(ctx: OperatorContext) -> OperatorResult:
+    sql = ctx.config.get("sql")
+    if not isinstance(sql, str) or not sql.strip():
+        raise PermanentError("sql_transform needs config.sql (a Spark SQL SELECT)")
+    if not ctx.task.outputs:
+        raise PermanentError("sql_transform needs one output")
+    spark, store = ctx.spark, ctx.store
+    for i, ref in enumerate(ctx.task.inputs):
+        assert ref.location is not None
+        local = ctx.workdir / f"input_{i}"
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        for obj in list_all(store, ref.location):
+            if obj.key.endswith(".parquet"):
+                dest = local / obj.key[len(ref.location) :].replace("/", "__")
+                store.get_file(obj.key, dest)
+        view = ref.dataset_name or f"input_{i}"
+        if any(local.iterdir()):
+            spark.read.parquet(str(local)).createOrReplaceTempView(view)
+        else:
+            raise PermanentError(f"input {i} ({view}) has no data in its pinned version yet")
+    try:
+        frame = spark.sql(sql)
+    except Exception as e:  # analysis/parse errors: no retry can fix the statement
+        if type(e).__name__ in ("AnalysisException", "ParseException"):
+            from trace_platform.spark import spark_error_text
+
+            raise PermanentError(f"Spark SQL: {spark_error_text(e)}") from None
+        raise
+    out = ctx.task.outputs[0]
+    assert out.location is not None
+    stage = ctx.workdir / "output"
+    shutil.rmtree(stage, ignore_errors=True)
+    frame.coalesce(1).write.mode("overwrite").parquet(str(stage))
+    delete_prefix(store, out.location)
+    size = 0
+    for i, f in enumerate(sorted(Path(stage).glob("*.parquet"))):
+        size += f.stat().st_size
+        store.put_file(f"{out.location}part-{i:05d}.parquet", f)
+    rows = int(spark.read.parquet(str(stage)).count())
+    return OperatorResult(
+        events=[
+            EventIn(dataset_uuid=out.dataset_uuid, partition_key="all", payload={"rows": rows})
+        ],
+        outputs=[
+            OutputCommit(
+                dataset_uuid=out.dataset_uuid,
+                dataset_version=out.dataset_version,
+                location=out.location,
+                row_count=rows,
+                byte_count=size,
+            )
+        ],
+    )
