@@ -16,12 +16,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 check-prereqs:
-	@command -v java >/dev/null 2>&1 || echo "note: Java 17 is not installed (needed by the Spark data plane): apt-get install openjdk-17-jre-headless"
+	@command -v java >/dev/null 2>&1 || { echo "Java 17 is missing (Spark needs it): apt-get install openjdk-17-jre-headless"; exit 1; }
 
 demo: $(STAMP) check-prereqs
 	$(BIN)/trace demo
 
-test: $(STAMP)
+test: $(STAMP) check-prereqs
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/pytest
@@ -29,6 +29,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
 	$(BIN)/python bench/dispatch_bench.py
+	$(BIN)/python bench/sync_bench.py
 
 up: $(STAMP)
 	$(BIN)/trace up

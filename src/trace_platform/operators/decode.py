@@ -96,22 +96,17 @@ def _hex_address(col: str) -> str:
     return f"concat('0x', lower(hex(substring({col}, 13, 20))))"
 
 
-def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
-    """logs -> erc20_transfers(block_number, tx_hash, log_index, token_address, from_address,
-    to_address, value, value_text, value_overflow). Transfer by topic0 with exactly three
-    topics (ERC721's Transfer has four); config `token_address` narrows to one token."""
+def transfers_frame(logs: Any, token: str | None = None) -> Any:
+    """Raw logs -> erc20_transfers rows (Transfer by topic0 with exactly three topics; ERC721's
+    Transfer has four). `token` narrows to one token address."""
     from pyspark.sql import functions as F
 
-    spark = ctx.spark
-    start, end = _range(ctx)
-    logs = spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
     uint_text = _uint_text()
     frame = logs.where(
         (F.lower(F.hex("topic0")) == TRANSFER[2:])
         & F.col("topic3").isNull()
         & (F.length("data") == 32)
     )
-    token = ctx.config.get("token_address")
     if token:
         frame = frame.where(F.concat(F.lit("0x"), F.lower(F.hex("address"))) == token.lower())
     frame = frame.select(
@@ -123,9 +118,17 @@ def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
         F.expr(_hex_address("topic2")).alias("to_address"),
         uint_text("data").alias("value_text"),
     )
-    frame = frame.withColumn("value", F.expr("try_cast(value_text AS DECIMAL(38,0))")).withColumn(
+    return frame.withColumn("value", F.expr("try_cast(value_text AS DECIMAL(38,0))")).withColumn(
         "value_overflow", F.col("value").isNull()
     )
+
+
+def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
+    """logs -> erc20_transfers(block_number, tx_hash, log_index, token_address, from_address,
+    to_address, value, value_text, value_overflow); config `token_address` narrows to one."""
+    start, end = _range(ctx)
+    logs = ctx.spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
+    frame = transfers_frame(logs, ctx.config.get("token_address"))
     return _publish(ctx, frame.orderBy("block_number", "log_index"), start, end)
 
 
