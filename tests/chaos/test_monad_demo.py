@@ -174,3 +174,70 @@ def test_sql_transform_and_spark_errors(
             assert rpc.eth_call(token, calldata("totalSupply()"), row["block_number"]) == int(
                 row["total_supply"]
             )
+
+
+TIP_DAG = """
+name: tip
+worker_pools:
+  rpc: [{env: {RPC_URL: "RPC_ENDPOINT"}}]
+jobs:
+  tip:
+    operator: chain_tip
+    config: {chunk_size: 100, safety_blocks: 3}
+    outputs: [{}]
+    worker_pool: rpc
+  ingest:
+    operator: cryo_ingest
+    config: {datatypes: [logs]}
+    inputs: [{job: tip}]
+    outputs: [{}]
+    worker_pool: rpc
+publish:
+  - {job: ingest, output_index: 0, dataset: tip_logs}
+"""
+
+
+def test_tip_following_emits_each_whole_range_once(
+    settings: Settings, dsn: str, chain: tuple[str, str]
+) -> None:
+    """Runs last in this module: it mines more blocks on the shared devnet."""
+    url, _ = chain
+    rpc = Rpc(url)
+    with LiteStack(
+        settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
+    ) as stack:
+        svc, me = stack.services, admin(stack.services)
+        svc.control.deploy(me, TIP_DAG.replace("RPC_ENDPOINT", url))
+
+        def run_once() -> list[dict[str, object]]:
+            run_id = svc.control.trigger(me, "tip")["run_id"]
+
+            def done() -> bool:
+                tasks = svc.control.show_run(me, run_id)["tasks"]
+                return bool(tasks) and all(t["status"] in ("succeeded", "failed") for t in tasks)
+
+            wait_for(done, 120, "tip run")
+            tasks = svc.control.show_run(me, run_id)["tasks"]
+            assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
+            return [t for t in tasks if t["job"] == "ingest"]
+
+        def safe_head() -> int:  # the node's finalized block (anvil's lags its head), less safety
+            return int(rpc.call("eth_getBlockByNumber", "finalized", False)["number"], 16) - 3
+
+        assert len(run_once()) == (safe_head() + 1) // 100  # whole chunks only
+        assert run_once() == []  # nothing new: nothing emitted
+        for _ in range(150):
+            rpc.call("evm_mine")
+        run_once()
+        with svc.pool.connection() as conn:
+            scopes = [
+                r["scope"]
+                for r in conn.execute(
+                    """SELECT c.scope FROM dataset_commits c JOIN datasets d USING (dataset_uuid)
+                       WHERE d.dataset_name = 'tip_logs' ORDER BY c.range_start"""
+                ).fetchall()
+            ]
+        expected = [f"range:{s}-{s + 100}" for s in range(0, ((safe_head() + 1) // 100) * 100, 100)]
+        assert len(expected) >= 3  # the third run did follow the tip
+        assert scopes == expected
+        assert_invariants(svc)

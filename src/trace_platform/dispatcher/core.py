@@ -230,6 +230,13 @@ class Dispatcher:
                 conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone(), ref
             )
             slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
+            state = None
+            if view["dag_id"] is not None:
+                row = conn.execute(
+                    _Q.operator_state,
+                    {"org_id": view["org_id"], "dag_id": view["dag_id"], "job": view["job"]},
+                ).fetchone()
+                state = row["state"] if row else None
         status = "canceled" if view["cancel_requested"] else view["status"]
         return m.TaskPayload(
             task_id=view["task_id"],
@@ -253,6 +260,7 @@ class Dispatcher:
             slot_index=slot["slot_index"] if slot else None,
             slot_env=slot["env"] if slot else {},
             slot_secret_names=sorted(slot["secrets"]) if slot else [],
+            operator_state=state,
             idempotency=m.IdempotencyContext(
                 producer_task_id=view["task_id"], attempt=view["attempt"]
             ),
@@ -382,7 +390,12 @@ class Dispatcher:
     def complete(self, req: m.CompleteRequest) -> m.CompleteResponse:
         """Accepted only for the current attempt of a task not succeeded/canceled; a late
         report of the current attempt (after its lease expired) is accepted too."""
-        if req.outcome == "succeeded" and not req.final_events and not req.outputs:
+        if (
+            req.outcome == "succeeded"
+            and not req.final_events
+            and not req.outputs
+            and req.operator_state is None
+        ):
             fast = {"task_id": req.task_id, "attempt": req.attempt, "lease_token": req.lease_token}
             with self.pool.connection() as conn:
                 if conn.execute(_Q.complete_fast, fast).fetchone() is not None:
@@ -404,6 +417,19 @@ class Dispatcher:
             next_at: datetime | None = None
             if req.outcome == "succeeded":
                 conn.execute(_Q.set_succeeded, {"task_id": req.task_id})
+                if req.operator_state is not None:
+                    if st["dag_id"] is None:
+                        raise Invalid("operator state is kept per DAG job; this task has no DAG")
+                    conn.execute(
+                        _Q.save_operator_state,
+                        {
+                            "org_id": st["org_id"],
+                            "dag_id": st["dag_id"],
+                            "job": st["job"],
+                            "state": Jsonb(req.operator_state),
+                            "task_id": req.task_id,
+                        },
+                    )
                 conn.execute(_Q.finish_attempt, {**key, "outcome": "succeeded", "error": None})
                 status = "succeeded"
             elif req.outcome == "canceled":

@@ -183,6 +183,8 @@ class CompleteRequest(LeaseRef):
     retryable: bool = True
     final_events: list[EventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
     outputs: list[OutputCommit] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
+    # Saved with a successful completion, in the same transaction as its events.
+    operator_state: dict[str, Any] | None = None
 
 
 class CompleteResponse(BaseModel):
@@ -228,6 +230,7 @@ class TaskPayload(BaseModel):
     slot_index: int | None
     slot_env: dict[str, str]
     slot_secret_names: list[str]  # values come only from /internal/task-secrets
+    operator_state: dict[str, Any] | None = None  # the job's durable state, if it keeps one
     idempotency: IdempotencyContext
     timeout_seconds: int
     deadline_at: datetime | None

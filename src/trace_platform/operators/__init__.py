@@ -36,6 +36,7 @@ REGISTRY: dict[str, str] = {
     "emit_events": "trace_platform.operators.builtin:emit_events",
     "crash": "trace_platform.operators.builtin:crash",
     "range_splitter": "trace_platform.operators.ranges:range_splitter",
+    "chain_tip": "trace_platform.operators.ranges:chain_tip",
     "cryo_ingest": "trace_platform.operators.cryo_ingest:cryo_ingest",
     "decode_erc20_transfers": "trace_platform.operators.decode:decode_erc20_transfers",
     "decode_staking_events": "trace_platform.operators.decode:decode_staking_events",

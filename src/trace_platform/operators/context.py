@@ -19,6 +19,7 @@ class OperatorResult:
 
     events: list[EventIn] = field(default_factory=list)
     outputs: list[OutputCommit] = field(default_factory=list)
+    state: dict[str, Any] | None = None  # the job's new durable state, saved on success
 
 
 class OperatorError(Exception):

@@ -5,8 +5,10 @@ trigger's run config (`from_block`, `to_block` inclusive, `chunk_size`)."""
 
 from __future__ import annotations
 
+import os
+
 from trace_platform.dispatcher.models import EventIn, RangeSpec
-from trace_platform.operators.context import OperatorContext, PermanentError
+from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 
 
 def split(first: int, last: int, size: int) -> list[tuple[int, int]]:
@@ -49,3 +51,42 @@ def range_splitter(ctx: OperatorContext) -> list[EventIn]:
     ]
     ctx.progress(ranges=len(events))
     return events
+
+
+def chain_tip(ctx: OperatorContext) -> OperatorResult:
+    """Tip following: each run emits the complete, aligned ranges between where the last run
+    stopped (durable operator state) and the chain head minus `safety_blocks` (Monad's `latest`
+    is speculative; `finalized` is used when the node has it). Config: `chunk_size`,
+    `start_block`, `safety_blocks`, `rpc_url` (else the slot's RPC_URL)."""
+    from trace_platform.devnet.rpc import Rpc, RpcError
+
+    size = int(ctx.config.get("chunk_size", 100))
+    safety = int(ctx.config.get("safety_blocks", 3))
+    rpc_url = ctx.config.get("rpc_url") or os.environ.get("RPC_URL")
+    if not rpc_url:
+        raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
+    if not ctx.task.outputs:
+        raise PermanentError("chain_tip needs one output to emit its manifests on")
+    state = ctx.task.operator_state or {}
+    start = int(state.get("next_block", ctx.config.get("start_block", 0)))
+    rpc = Rpc(rpc_url)
+    try:
+        try:
+            head = int(rpc.call("eth_getBlockByNumber", "finalized", False)["number"], 16)
+        except (RpcError, TypeError, KeyError):
+            head = rpc.block_number()
+    finally:
+        rpc.close()
+    safe = head - safety
+    stop = ((safe + 1) // size) * size  # only whole chunks: the same ranges a backfill makes
+    dataset = ctx.task.outputs[0].dataset_uuid
+    events = [
+        EventIn(
+            dataset_uuid=dataset,
+            range=RangeSpec(start=s, end=e),
+            payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e, "head": head},
+        )
+        for s, e in (split(start, stop - 1, size) if stop > start else [])
+    ]
+    ctx.progress(head=head, emitted=len(events))
+    return OperatorResult(events=events, state={"next_block": max(start, stop), "head": head})

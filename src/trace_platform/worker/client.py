@@ -105,6 +105,7 @@ class DispatcherClient:
         retryable: bool = True,
         final_events: list[m.EventIn] | None = None,
         outputs: list[m.OutputCommit] | None = None,
+        operator_state: dict[str, Any] | None = None,
     ) -> m.CompleteResponse:
         body = m.CompleteRequest(
             **_ref(claim),
@@ -113,6 +114,7 @@ class DispatcherClient:
             retryable=retryable,  # type: ignore[arg-type]
             final_events=final_events or [],
             outputs=outputs or [],
+            operator_state=operator_state,
         )
         return self._call(
             "POST", "/internal/task-complete", m.CompleteResponse, content=body.model_dump_json()

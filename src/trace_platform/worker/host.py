@@ -79,6 +79,7 @@ def _run(ctx: OperatorContext, task: TaskPayload, send: Any) -> None:
                 "type": "done",
                 "final_events": [e.model_dump(mode="json") for e in result.events],
                 "outputs": [o.model_dump(mode="json") for o in result.outputs],
+                "state": result.state,
             }
         )
     except Exception as exc:

@@ -247,7 +247,13 @@ class Wrapper:
             elif kind == "done":
                 finals = [m.EventIn.model_validate(e) for e in out["final_events"]]
                 outputs = [m.OutputCommit.model_validate(o) for o in out.get("outputs", [])]
-                self._report(claim, "succeeded", final_events=finals, outputs=outputs)
+                self._report(
+                    claim,
+                    "succeeded",
+                    final_events=finals,
+                    outputs=outputs,
+                    operator_state=out.get("state"),
+                )
                 return
             elif kind == "failed":
                 self._report(claim, "failed", error=out["error"], retryable=out["retryable"])

@@ -29,7 +29,7 @@ WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND attempt = %(attemp
 
 -- name: status_for_update
 SELECT s.*, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds, r.org_id,
-       r.outputs, r.run_id, r.dag_id
+       r.outputs, r.run_id, r.dag_id, r.job
 FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
 WHERE s.task_id = %(task_id)s
@@ -248,3 +248,13 @@ WITH st AS (
     AND a.attempt = %(attempt)s
 )
 SELECT task_id FROM upd;
+
+-- name: operator_state
+SELECT state FROM operator_state
+WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s;
+
+-- name: save_operator_state
+INSERT INTO operator_state (org_id, dag_id, job, state, updated_by_task)
+VALUES (%(org_id)s, %(dag_id)s, %(job)s, %(state)s, %(task_id)s)
+ON CONFLICT (org_id, dag_id, job)
+DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task, updated_at = now();
