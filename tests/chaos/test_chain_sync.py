@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tests.support.dags import admin
+from tests.support.dags import admin, finished_run
 from tests.support.invariants import assert_invariants
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
@@ -45,16 +45,14 @@ def run_sync(
     )
     run_id = run["run_id"]
 
-    def done() -> bool:
+    def ingesting() -> bool:
         tasks = svc.control.show_run(me, run_id)["tasks"]
-        if on_running is not None and any(
-            t["job"] == "ingest" and t["status"] == "running" for t in tasks
-        ):
-            on_running()
-        return bool(tasks) and all(t["status"] in ("succeeded", "failed") for t in tasks)
+        return any(t["job"] == "ingest" and t["status"] == "running" for t in tasks)
 
-    wait_for(done, 300, "sync run")
-    tasks = svc.control.show_run(me, run_id)["tasks"]
+    if on_running is not None:
+        wait_for(ingesting, 120, "an ingest task to run")
+        on_running()
+    tasks = finished_run(svc, run_id, 300)
     assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
     assert sum(t["job"] == "ingest" for t in tasks) == -(-(last - first + 1) // chunk)
     return run_id
@@ -111,12 +109,11 @@ def test_killed_worker_mid_ingest_retries_without_duplicates_or_gaps(
         killed: list[int] = []
 
         def kill_once() -> None:
-            if not killed:
-                victim = stack.workers[0]
-                victim.send_signal(signal.SIGKILL)
-                victim.wait()
-                killed.append(victim.pid)
-                stack.add_worker()
+            victim = stack.workers[0]
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            killed.append(victim.pid)
+            stack.add_worker()
 
         run_sync(stack, chain, 0, SPEC.blocks - 1, on_running=kill_once)
         assert killed

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.dags import admin, three_jobs
+from tests.support.dags import admin, finished_run, three_jobs
 from tests.support.invariants import assert_invariants
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
@@ -29,13 +29,6 @@ def stack(settings: Settings, dsn: str, request: pytest.FixtureRequest) -> Itera
     s.start()
     yield s
     s.stop()
-
-
-def run_done(stack: LiteStack, run_id: uuid.UUID) -> list[dict[str, object]] | None:
-    tasks = stack.services.control.show_run(admin(stack.services), run_id)["tasks"]
-    if tasks and all(t["status"] in ("succeeded", "failed", "canceled") for t in tasks):
-        return tasks
-    return None
 
 
 def check_tree(tasks: list[dict[str, object]], record: Path, run_id: uuid.UUID) -> None:
@@ -62,13 +55,13 @@ def test_three_job_dag_from_cron_and_from_webhook(stack: LiteStack, tmp_path: Pa
     svc.control.deploy(admin(svc), three_jobs(record=str(record)))
     assert tick(svc.dispatcher, datetime.now(UTC) + timedelta(seconds=61)) == 1
     (cron_run,) = [r["run_id"] for r in svc.control.list_runs(admin(svc))]
-    tasks = wait_for(lambda: run_done(stack, cron_run), 60, "cron run")
+    tasks = finished_run(svc, cron_run, 60)
     check_tree(tasks, record, cron_run)
 
     r = httpx.post(f"{stack.url}/v1/hooks/hello/poke", json={"n": 1})  # permissive Lite auth
     assert r.status_code == 201, r.text
     hook_run = uuid.UUID(r.json()["run_id"])
-    tasks = wait_for(lambda: run_done(stack, hook_run), 60, "webhook run")
+    tasks = finished_run(svc, hook_run, 60)
     check_tree(tasks, record, hook_run)
     assert len(record.read_text().split("\n")[:-1]) == 6
     assert_invariants(svc)

@@ -10,9 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.support.dags import admin
+from tests.support.dags import admin, finished_run
 from tests.support.invariants import assert_invariants
-from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import STAKING_ADDRESS
@@ -59,14 +58,8 @@ def test_demo_dag_decodes_exactly(settings: Settings, dsn: str, chain: tuple[str
             config={"from_block": 0, "to_block": SPEC.blocks - 1, "chunk_size": 100},
         )["run_id"]
 
-        def done() -> bool:
-            tasks = svc.control.show_run(me, run_id)["tasks"]
-            return len(tasks) == 1 + 3 * 3 and all(
-                t["status"] in ("succeeded", "failed") for t in tasks
-            )
-
-        wait_for(done, 400, "demo run")
-        tasks = svc.control.show_run(me, run_id)["tasks"]
+        tasks = finished_run(svc, run_id, 400)
+        assert len(tasks) == 1 + 3 * 3
         assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
 
         transfers = read_dataset(stack, settings, "erc20_transfers")
@@ -157,12 +150,7 @@ def test_sql_transform_and_spark_errors(
         svc.control.deploy(me, SQL_DAG.replace("RPC_ENDPOINT", url))
         run_id = svc.control.trigger(me, "supply_check")["run_id"]
 
-        def done() -> bool:
-            tasks = svc.control.show_run(me, run_id)["tasks"]
-            return bool(tasks) and all(t["status"] in ("succeeded", "failed") for t in tasks)
-
-        wait_for(done, 300, "run")
-        tasks = {t["job"]: t for t in svc.control.show_run(me, run_id)["tasks"]}
+        tasks = {t["job"]: t for t in finished_run(svc, run_id)}
         assert len(tasks) == 5, {j: t["last_error"] for j, t in tasks.items()}
         assert tasks["supply"]["status"] == "succeeded", tasks["supply"]["last_error"]
         broken = tasks["broken"]
@@ -210,14 +198,7 @@ def test_tip_following_emits_each_whole_range_once(
         svc.control.deploy(me, TIP_DAG.replace("RPC_ENDPOINT", url))
 
         def run_once() -> list[dict[str, object]]:
-            run_id = svc.control.trigger(me, "tip")["run_id"]
-
-            def done() -> bool:
-                tasks = svc.control.show_run(me, run_id)["tasks"]
-                return bool(tasks) and all(t["status"] in ("succeeded", "failed") for t in tasks)
-
-            wait_for(done, 120, "tip run")
-            tasks = svc.control.show_run(me, run_id)["tasks"]
+            tasks = finished_run(svc, svc.control.trigger(me, "tip")["run_id"], 120)
             assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
             return [t for t in tasks if t["job"] == "ingest"]
 

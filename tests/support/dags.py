@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from tests.support.wait import wait_for
 from trace_platform.identity import Actor, create_key, ensure_user, lite_admin
 from trace_platform.services import Services
 
@@ -46,3 +49,17 @@ def user(services: Services, name: str, roles: list[str] | None = None) -> tuple
     with services.pool.connection() as conn, conn.transaction():
         a = ensure_user(conn, admin(services).org_id, name, roles=roles or [])
         return a, create_key(conn, a.user_id)
+
+
+def finished_run(services: Services, run_id: object, timeout: float = 300) -> list[dict[str, Any]]:
+    """Waits for a run to end and returns its tasks. Downstream tasks are created in the same
+    transaction as their upstream completion, so "every task is terminal" means done."""
+    me = admin(services)
+
+    def done() -> list[dict[str, Any]] | None:
+        tasks = services.control.show_run(me, run_id)["tasks"]  # type: ignore[arg-type]
+        terminal = tasks and all(t["status"] in ("succeeded", "failed", "canceled") for t in tasks)
+        return tasks if terminal else None
+
+    result: list[dict[str, Any]] = wait_for(done, timeout, f"run {run_id}")
+    return result

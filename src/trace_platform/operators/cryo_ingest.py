@@ -15,7 +15,12 @@ from pathlib import Path
 
 from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
 from trace_platform.objectstore import delete_prefix
-from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
+from trace_platform.operators.context import (
+    OperatorContext,
+    OperatorError,
+    OperatorResult,
+    PermanentError,
+)
 
 DEFAULT_DATATYPES = ["blocks", "transactions", "logs", "geth_calls"]
 
@@ -59,11 +64,18 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
             overwrite=True,
             no_verbose=True,
         )
+        produced = sorted(Path(stage).glob("*.parquet"))
+        if len(produced) != 1:
+            # Cryo reports failed chunks but does not raise: a missing file is a failed range.
+            raise OperatorError(
+                f"cryo produced {len(produced)} files for {datatype} blocks {start}-{end} "
+                "(expected 1; the node may have failed some requests, see the worker log)"
+            )
         assert out.location is not None and out.dataset_version is not None
         prefix = range_prefix(out.location, start, end)
         delete_prefix(store, prefix)  # a retry replaces, never duplicates
         rows = size = 0
-        for f in sorted(Path(stage).glob("*.parquet")):
+        for f in produced:
             # Rewrite with pyarrow: Spark's reader rejects some pages polars writes
             # ("Corrupted RLE data"); the stored files must be readable by every engine.
             table = pq.read_table(f)
