@@ -43,10 +43,10 @@ def bare_cryo(url: str, blocks: int, out: Path) -> float:
             rpc=url,
             output_dir=str(out),
             network_name="devnet",
-            # The DAG runs 2 ranges at once, each with RPS/CONCURRENCY: give bare Cryo the same
-            # total request budget so the comparison is about orchestration, not rate limits.
-            requests_per_second=RPS * 2,
-            max_concurrent_requests=CONCURRENCY * 2,
+            # The same per-call budget as each cryo_ingest task. (Doubling it to match the DAG's
+            # two parallel ranges made anvil fail debug_traceBlockByNumber calls here.)
+            requests_per_second=RPS,
+            max_concurrent_requests=CONCURRENCY,
             chunk_size=CHUNK,
             no_verbose=True,
         )
