@@ -21,12 +21,9 @@ from trace_platform.operators.context import (
     OperatorResult,
     PermanentError,
 )
+from trace_platform.operators.output import range_prefix
 
 DEFAULT_DATATYPES = ["blocks", "transactions", "logs", "geth_calls"]
-
-
-def range_prefix(location: str, start: int, end: int) -> str:
-    return f"{location.rstrip('/')}/range={start:010d}-{end:010d}/"
 
 
 def cryo_ingest(ctx: OperatorContext) -> OperatorResult:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from trace_platform.devnet.rpc import topic0
-from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
-from trace_platform.objectstore import delete_prefix, list_all
+from trace_platform.dispatcher.models import RangeSpec
+from trace_platform.objectstore import list_all
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
+from trace_platform.operators.output import publish_frame, range_prefix
 
 TRANSFER = topic0("Transfer(address,address,uint256)")
 STAKING = {
@@ -44,45 +45,9 @@ def _fetch_inputs(ctx: OperatorContext, start: int, end: int) -> Path:
     store = ctx.store
     src = ctx.task.inputs[0]
     assert src.location is not None
-    prefix = f"{src.location.rstrip('/')}/range={start:010d}-{end:010d}/"
-    for obj in list_all(store, prefix):
+    for obj in list_all(store, range_prefix(src.location, start, end)):
         store.get_file(obj.key, local / Path(obj.key).name)
     return local
-
-
-def _publish(ctx: OperatorContext, frame: Any, start: int, end: int) -> OperatorResult:
-    """Stage the frame as Parquet locally, replace this range's files, commit, emit."""
-    out = ctx.task.outputs[0]
-    assert out.location is not None
-    stage = ctx.workdir / "output"
-    shutil.rmtree(stage, ignore_errors=True)
-    frame.coalesce(1).write.mode("overwrite").parquet(str(stage))
-    store = ctx.store
-    prefix = f"{out.location.rstrip('/')}/range={start:010d}-{end:010d}/"
-    delete_prefix(store, prefix)
-    size = 0
-    for i, f in enumerate(sorted(stage.glob("*.parquet"))):
-        size += f.stat().st_size
-        store.put_file(f"{prefix}part-{i:05d}.parquet", f)
-    rows = int(frame.count())
-    rng = RangeSpec(start=start, end=end)
-    return OperatorResult(
-        events=[
-            EventIn(
-                dataset_uuid=out.dataset_uuid, range=rng, payload={"rows": rows, "location": prefix}
-            )
-        ],
-        outputs=[
-            OutputCommit(
-                dataset_uuid=out.dataset_uuid,
-                dataset_version=out.dataset_version,
-                range=rng,
-                location=prefix,
-                row_count=rows,
-                byte_count=size,
-            )
-        ],
-    )
 
 
 def _uint_text() -> Any:
@@ -129,7 +94,9 @@ def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
     start, end = _range(ctx)
     logs = ctx.spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
     frame = transfers_frame(logs, ctx.config.get("token_address"))
-    return _publish(ctx, frame.orderBy("block_number", "log_index"), start, end)
+    return publish_frame(
+        ctx, frame.orderBy("block_number", "log_index"), RangeSpec(start=start, end=end)
+    )
 
 
 def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
@@ -189,4 +156,6 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
         .otherwise(F.lit("0")),
     ).drop("amount_text")
     frame = frame.withColumn("amount_delta", F.expr("try_cast(amount_delta_text AS DECIMAL(38,0))"))
-    return _publish(ctx, frame.orderBy("block_number", "log_index"), start, end)
+    return publish_frame(
+        ctx, frame.orderBy("block_number", "log_index"), RangeSpec(start=start, end=end)
+    )

@@ -7,11 +7,10 @@ rewritten as a whole: scope `all`."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
-from trace_platform.dispatcher.models import EventIn, OutputCommit
-from trace_platform.objectstore import delete_prefix, list_all
+from trace_platform.objectstore import list_all
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
+from trace_platform.operators.output import publish_frame
 
 
 def sql_transform(ctx: OperatorContext) -> OperatorResult:
@@ -43,28 +42,4 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
 
             raise PermanentError(f"Spark SQL: {spark_error_text(e)}") from None
         raise
-    out = ctx.task.outputs[0]
-    assert out.location is not None
-    stage = ctx.workdir / "output"
-    shutil.rmtree(stage, ignore_errors=True)
-    frame.coalesce(1).write.mode("overwrite").parquet(str(stage))
-    delete_prefix(store, out.location)
-    size = 0
-    for i, f in enumerate(sorted(Path(stage).glob("*.parquet"))):
-        size += f.stat().st_size
-        store.put_file(f"{out.location}part-{i:05d}.parquet", f)
-    rows = int(spark.read.parquet(str(stage)).count())
-    return OperatorResult(
-        events=[
-            EventIn(dataset_uuid=out.dataset_uuid, partition_key="all", payload={"rows": rows})
-        ],
-        outputs=[
-            OutputCommit(
-                dataset_uuid=out.dataset_uuid,
-                dataset_version=out.dataset_version,
-                location=out.location,
-                row_count=rows,
-                byte_count=size,
-            )
-        ],
-    )
+    return publish_frame(ctx, frame)
