@@ -111,6 +111,15 @@ class RangeSpec(_Body):
         return self
 
 
+def scope_key(partition_key: str | None, rng: RangeSpec | None) -> str:
+    """One spelling of a data scope, shared by event identity and output commits."""
+    if partition_key is not None:
+        return f"partition:{partition_key}"
+    if rng is not None:
+        return f"range:{rng.start}-{rng.end}"
+    return "all"
+
+
 class EventIn(_Body):
     """An event names exactly one of cursor, partition_key or range: that is its identity."""
 
@@ -134,10 +143,7 @@ class EventIn(_Body):
     def dedupe_key(self) -> str:
         if self.cursor is not None:
             return f"cursor:{self.cursor}"
-        if self.partition_key is not None:
-            return f"partition:{self.partition_key}"
-        assert self.range is not None
-        return f"range:{self.range.start}-{self.range.end}"
+        return scope_key(self.partition_key, self.range)
 
 
 class OutputCommit(_Body):
@@ -159,11 +165,7 @@ class OutputCommit(_Body):
 
     @property
     def scope(self) -> str:
-        if self.partition_key is not None:
-            return f"partition:{self.partition_key}"
-        if self.range is not None:
-            return f"range:{self.range.start}-{self.range.end}"
-        return "all"
+        return scope_key(self.partition_key, self.range)
 
 
 class EventsRequest(LeaseRef):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,9 +58,10 @@ class OperatorContext:
 
         return get_spark()
 
-    @property
+    @functools.cached_property
     def store(self) -> ObjectStore:
-        """The platform object store (configured by the wrapper for this task's run)."""
+        """The platform object store (configured by the wrapper for this task's run); built and
+        bootstrapped once per task, however often an operator reaches for it."""
         from trace_platform.config import Settings
         from trace_platform.objectstore import make_store
 
