@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     worker_visibility_seconds: float = 60.0
     outbox_batch_size: int = 500
 
+    # Query Service interactive limits (heavier work belongs in a sql_transform job on Spark).
+    query_timeout_seconds: float = 30.0
+    query_max_rows: int = 10_000
+    query_memory_limit: str = "2GB"
+    query_export_max_rows: int = 5_000_000
+
     @model_validator(mode="after")
     def _profile_defaults(self) -> Settings:
         if self.queue_driver is None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from psycopg_pool import ConnectionPool
 
@@ -13,6 +14,9 @@ from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.lite.bootstrap import bootstrap
 from trace_platform.queue import QueueDriver, make_driver
+
+if TYPE_CHECKING:
+    from trace_platform.query import QueryService
 
 
 @dataclass
@@ -25,6 +29,29 @@ class Services:
     publisher: OutboxPublisher
     control: ControlPlane
     new_admin_key: str | None = None  # set only on the very first start of a Lite install
+    _query: QueryService | None = field(default=None, repr=False)
+
+    @property
+    def data_dsn(self) -> str:
+        """Postgres data (hot datasets); in Lite the same server and database as state."""
+        dsn = self.settings.data_dsn
+        return dsn.get_secret_value() if dsn else self.dsn
+
+    @property
+    def query(self) -> QueryService:
+        """The Query Service, built on first use (DuckDB is not needed by every process)."""
+        if self._query is None:
+            from trace_platform.objectstore import make_store
+            from trace_platform.query import QueryService
+
+            read = self.settings.read_dsn
+            self._query = QueryService(
+                self.pool,
+                make_store(self.settings),
+                read.get_secret_value() if read else self.data_dsn,
+                self.settings,
+            )
+        return self._query
 
     @classmethod
     def build(cls, settings: Settings, dsn: str | None = None) -> Services:
@@ -46,5 +73,7 @@ class Services:
         return services
 
     def close(self) -> None:
+        if self._query is not None:
+            self._query.close()
         self.driver.close()
         self.pool.close()

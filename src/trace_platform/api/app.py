@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trace_platform.dispatcher import models as m
@@ -27,6 +28,7 @@ from trace_platform.identity import (
     lite_admin,
     require_admin,
 )
+from trace_platform.query import formats, saved
 from trace_platform.services import Services
 from trace_platform.triggers.cron import run_scheduler
 
@@ -285,6 +287,31 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     def dataset_roles(name: str, body: RolesBody, user: Actor = Depends(actor)) -> dict[str, Any]:
         return {"read_roles": cp.set_read_roles(user, name, body.add, body.remove)}
 
+    @app.post("/v1/query", response_model=None)
+    def run_query(body: QueryBody, user: Actor = Depends(actor)) -> Any:
+        sql, params = body.statement()
+        qs = services.query
+        if body.export:
+            return qs.export(user, sql, params, body.format if body.format != "json" else "parquet")
+        result = qs.query(
+            user, sql, params, max_rows=body.max_rows, timeout_seconds=body.timeout_seconds
+        )
+        if body.format == "json":
+            return result.as_json()
+        return Response(
+            formats.encode(result.table, body.format),
+            media_type=formats.MEDIA_TYPES[body.format],
+            headers={"X-Trace-Pinned": json.dumps(result.plan.versions)},
+        )
+
+    @app.get("/v1/queries")
+    def saved_queries(user: Actor = Depends(actor)) -> list[dict[str, Any]]:
+        out = []
+        for name in saved.names():
+            q = saved.load(name)
+            out.append({"name": q.name, "description": q.description, "params": q.defaults})
+        return out
+
     @app.put("/v1/secrets/{name}", status_code=204)
     def put_secret(name: str, body: SecretBody, user: Actor = Depends(actor)) -> None:
         cp.set_secret(user, name, body.value.get_secret_value())
@@ -307,6 +334,32 @@ class RolesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     add: list[str] = Field(default_factory=list)
     remove: list[str] = Field(default_factory=list)
+
+
+class QueryBody(BaseModel):
+    """Exactly one of `sql` or `saved` (a saved query's name, with `params`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sql: str | None = Field(default=None, max_length=100_000)
+    saved: str | None = None
+    params: dict[str, str | int] = Field(default_factory=dict)
+    format: Literal["json", "csv", "parquet"] = "json"
+    export: bool = False
+    max_rows: int | None = Field(default=None, gt=0)
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_statement(self) -> QueryBody:
+        if (self.sql is None) == (self.saved is None):
+            raise ValueError("give exactly one of sql or saved")
+        return self
+
+    def statement(self) -> tuple[str, dict[str, Any]]:
+        if self.saved is not None:
+            q = saved.load(self.saved)
+            return q.sql, q.params(self.params)
+        assert self.sql is not None
+        return self.sql, dict(self.params)
 
 
 class SecretBody(BaseModel):

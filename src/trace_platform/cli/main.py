@@ -158,7 +158,10 @@ def worker(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = get_settings()
-    driver = make_driver(settings, state_dsn(settings))
+    dsn = state_dsn(settings)
+    driver = make_driver(settings, dsn)
+    # Trusted sinks (and only they) get Postgres data access, for the task's run only.
+    data_dsn = settings.data_dsn.get_secret_value() if settings.data_dsn else dsn
     token = settings.internal_token.get_secret_value() if settings.internal_token else None
     client = DispatcherClient(api_url or settings.resolved_api_url, internal_token=token)
     stop = _stop_on_signals()
@@ -170,6 +173,7 @@ def worker(
             home=settings.home,
             visibility_seconds=settings.worker_visibility_seconds,
             task_env=store_env(settings),
+            trusted_env={"TRACE_SINK_DSN": data_dsn},
             wait_seconds=min(2.0, settings.queue_poll_seconds * 5),
         )
         for _ in range(concurrency)

@@ -154,10 +154,18 @@ class Triggers(_Strict):
     webhooks: list[WebhookTrigger] = Field(default_factory=list)
 
 
+class HotWindow(_Strict):
+    """This (Postgres) dataset holds the most recent rows of a published Parquet dataset."""
+
+    of: str = Field(pattern=NAME_RE, description="the cold dataset this window belongs to")
+    key: str = Field(default="block_number", pattern=NAME_RE, description="the ordering column")
+
+
 class PublishSpec(_Strict):
     job: str
     output_index: int = Field(default=0, ge=0)
     dataset: str
+    hot_window: HotWindow | None = None
 
 
 class DagSpec(_Strict):

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, SharedRead
+from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, PublishSpec, SharedRead
 from trace_platform.operators import REGISTRY
 
 _UNION_TAGS = {"job", "shared"}
@@ -205,6 +205,40 @@ def check(spec: DagSpec) -> list[DagProblem]:
                 )
             )
         seen_outputs.setdefault(key, i)
+    by_name = {p.dataset: p for p in spec.publish}
+    windowed: dict[str, int] = {}
+    for i, pub in enumerate(spec.publish):
+        if pub.hot_window is None:
+            continue
+        at = f"publish[{i}].hot_window"
+        if pub.hot_window.of in windowed:
+            add(
+                DagProblem(
+                    f"{at}.of",
+                    f"'{pub.hot_window.of}' already has a hot window (publish[{windowed[pub.hot_window.of]}])",
+                )
+            )
+        windowed.setdefault(pub.hot_window.of, i)
+        cold = by_name.get(pub.hot_window.of)
+        if cold is None:
+            add(
+                DagProblem(f"{at}.of", f"'{pub.hot_window.of}' is not a dataset this DAG publishes")
+            )
+            continue
+        if _backend(spec, pub) != "postgres":
+            add(
+                DagProblem(
+                    at, "a hot window is a Postgres dataset: its output needs backend: postgres"
+                )
+            )
+        if _backend(spec, cold) != "parquet":
+            add(
+                DagProblem(
+                    f"{at}.of", f"'{cold.dataset}' must be a Parquet dataset (the cold history)"
+                )
+            )
+        if cold.hot_window is not None:
+            add(DagProblem(f"{at}.of", f"'{cold.dataset}' is itself a hot window"))
     for pool, slots in spec.worker_pools.items():
         if not NAME.match(pool):
             add(DagProblem(f"worker_pools.{pool}", "pool names must match ^[a-z][a-z0-9_]{0,127}$"))
@@ -224,3 +258,10 @@ def check(spec: DagSpec) -> list[DagProblem]:
 
 def source_jobs(spec: DagSpec) -> list[str]:
     return [name for name, job in spec.jobs.items() if not job.inputs]
+
+
+def _backend(spec: DagSpec, pub: PublishSpec) -> str | None:
+    job = spec.jobs.get(pub.job)
+    if job is None or pub.output_index >= len(job.outputs):
+        return None  # reported above
+    return job.outputs[pub.output_index].backend

@@ -20,6 +20,7 @@ from trace_platform.operators.context import (
 
 __all__ = [
     "REGISTRY",
+    "TRUSTED_OPERATORS",
     "OperatorContext",
     "OperatorError",
     "OperatorResult",
@@ -41,7 +42,11 @@ REGISTRY: dict[str, str] = {
     "decode_erc20_transfers": "trace_platform.operators.decode:decode_erc20_transfers",
     "decode_staking_events": "trace_platform.operators.decode:decode_staking_events",
     "sql_transform": "trace_platform.operators.sql_transform:sql_transform",
+    "hot_window": "trace_platform.operators.hot_window:hot_window",
 }
+
+# Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.
+TRUSTED_OPERATORS = frozenset({"hot_window"})
 
 
 class UnknownOperator(LookupError):

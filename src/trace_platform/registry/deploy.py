@@ -169,6 +169,16 @@ def deploy(
             continue
         conn.execute(_Q.publish, {"dataset_uuid": ds_uuid, "name": pub.dataset})
         published[pub.dataset] = ds_uuid
+    for pub in spec.publish:
+        if pub.hot_window is not None and pub.hot_window.of in published:
+            conn.execute(
+                _Q.set_hot_window,
+                {
+                    "dataset_uuid": published[pub.dataset],
+                    "of": published[pub.hot_window.of],
+                    "key": pub.hot_window.key,
+                },
+            )
 
     # Subscriptions: the index the Dispatcher uses to turn an event into tasks.
     for name, job in spec.jobs.items():

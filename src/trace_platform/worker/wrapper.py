@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trace_platform.dispatcher import models as m
+from trace_platform.operators import TRUSTED_OPERATORS
 from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.worker.client import ApiError, DispatcherClient
@@ -119,14 +120,17 @@ class Wrapper:
         visibility_seconds: float = 60.0,
         wait_seconds: float = 5.0,
         task_env: dict[str, str] | None = None,
+        trusted_env: dict[str, str] | None = None,
     ) -> None:
-        """`task_env`: set for every operator run (the object store it writes to)."""
+        """`task_env`: set for every operator run (the object store it writes to);
+        `trusted_env`: added only for trusted platform operators (a sink's data DSN)."""
         self.driver = driver
         self.client = client
         self.queue_name = queue_name
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.visibility = visibility_seconds
         self.task_env = task_env or {}
+        self.trusted_env = trusted_env or {}
         self.wait_seconds = wait_seconds
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
         self.host = OperatorHost(home / "logs" / f"worker-{safe_id}.log", home / "work" / safe_id)
@@ -198,6 +202,8 @@ class Wrapper:
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
         env = {**self.task_env, **task.slot_env}
+        if task.operator in TRUSTED_OPERATORS and task.runtime == "ecs_platform":
+            env.update(self.trusted_env)
         if task.slot_secret_names:
             env.update(self.client.secrets(claim))
         try:

@@ -62,7 +62,12 @@ UPDATE datasets SET backend = %(backend)s, location = %(location)s,
 WHERE dataset_uuid = %(dataset_uuid)s;
 
 -- name: unpublish_dag
-UPDATE datasets SET dataset_name = NULL WHERE producer_dag_id = %(dag_id)s;
+UPDATE datasets SET dataset_name = NULL, hot_window_of = NULL, hot_window_key = NULL
+WHERE producer_dag_id = %(dag_id)s;
+
+-- name: set_hot_window
+UPDATE datasets SET hot_window_of = %(of)s, hot_window_key = %(key)s
+WHERE dataset_uuid = %(dataset_uuid)s;
 
 -- name: publish
 UPDATE datasets SET dataset_name = %(name)s WHERE dataset_uuid = %(dataset_uuid)s;

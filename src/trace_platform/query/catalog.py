@@ -1,0 +1,113 @@
+"""Dataset names to pinned, readable locations: `dataset_name → dataset_uuid → backend,
+location` at the current version, resolved once, in one snapshot, at query start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg import IsolationLevel
+from psycopg_pool import ConnectionPool
+
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.errors import NotFound
+from trace_platform.identity import Actor, Forbidden, can_read
+from trace_platform.objectstore import ObjectStore, list_all
+
+_Q = Queries("query")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One dataset at the version a query reads for its whole run."""
+
+    name: str
+    dataset_uuid: UUID
+    version: UUID
+    backend: str
+    files: tuple[str, ...] = ()  # Parquet: the committed files' URIs
+    table: str | None = None  # Postgres: "schema.table" of the version, if it exists yet
+    hot: Pin | None = None  # the dataset's hot window, served together with it
+    hot_key: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.files and self.table is None
+
+
+def _producer(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("org_id", "owner_user_id", "deploy_roles")}
+
+
+def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
+    with pool.connection() as conn:
+        rows = conn.execute(_Q.readable_names, {"org_id": actor.org_id}).fetchall()
+    return [r["dataset_name"] for r in rows if can_read(actor, r, _producer(r))]
+
+
+def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str]) -> dict[str, Pin]:
+    """Pins every named dataset (and its hot window), checking read_roles: unknown names are
+    404, unreadable ones 403; nothing is read before every name passes."""
+    wanted = sorted(names)
+    with pool.connection() as conn:
+        conn.isolation_level = IsolationLevel.REPEATABLE_READ  # one snapshot for all pins
+        try:
+            with conn.transaction():
+                rows = conn.execute(
+                    _Q.datasets_by_name, {"org_id": actor.org_id, "names": wanted}
+                ).fetchall()
+                versions = [r["dataset_version"] for r in rows if r["dataset_version"]]
+                commits = conn.execute(_Q.commit_locations, {"versions": versions}).fetchall()
+        finally:
+            conn.isolation_level = None
+    by_name = {r["dataset_name"]: r for r in rows}
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        known = readable_names(pool, actor)
+        raise NotFound(
+            f"unknown dataset{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
+            f"(published datasets you can read: {', '.join(known) or 'none'})",
+            unknown=unknown,
+        )
+    forbidden = [n for n in wanted if not can_read(actor, by_name[n], _producer(by_name[n]))]
+    if forbidden:
+        raise Forbidden(
+            f"'{actor.name}' may not read dataset{'s' if len(forbidden) > 1 else ''} "
+            f"{', '.join(forbidden)} (not in its read_roles)"
+        )
+    prefixes: dict[UUID, list[str]] = {}
+    for c in commits:
+        prefixes.setdefault(c["dataset_version"], []).append(c["location"])
+
+    def one(row: dict[str, Any]) -> Pin:
+        version = row["dataset_version"]
+        if row["backend"] == "postgres":
+            table = row["version_location"] if row["table_exists"] else None
+            return Pin(row["dataset_name"], row["dataset_uuid"], version, "postgres", table=table)
+        files = sorted(
+            store.uri(o.key)
+            for prefix in prefixes.get(version, [])
+            for o in list_all(store, prefix)
+            if o.key.endswith(".parquet")
+        )
+        return Pin(row["dataset_name"], row["dataset_uuid"], version, "parquet", tuple(files))
+
+    pins: dict[str, Pin] = {}
+    for name in wanted:
+        row = by_name[name]
+        p = one(row)
+        hot = next(
+            (
+                r
+                for r in rows
+                if r["hot_window_of"] == row["dataset_uuid"] and can_read(actor, r, _producer(r))
+            ),
+            None,
+        )
+        if hot is not None:
+            hp = one(hot)
+            if not hp.empty:
+                p = Pin(**{**p.__dict__, "hot": hp, "hot_key": hot["hot_window_key"]})
+        pins[name] = p
+    return pins

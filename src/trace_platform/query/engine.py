@@ -1,0 +1,217 @@
+"""DuckDB instances that can read exactly a set of pinned datasets, and nothing else.
+
+Each instance is built for one pin set: Parquet views over the pinned files, Postgres views over
+the pinned tables through a read-only ATTACH (read-only transactions too), external access then
+switched off with only the pinned files allowed, and the configuration locked. Building one costs
+tens of milliseconds (extension load, connection), so instances are cached by pin set; a new
+commit or a cutover makes a new pin set, and so a new instance."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import duckdb
+import duckdb_extensions
+import psycopg
+
+from trace_platform.dispatcher.errors import Invalid
+from trace_platform.query.catalog import Pin
+
+PG_ALIAS = "trace_pg"
+
+
+@dataclass(frozen=True)
+class S3Access:
+    endpoint: str | None  # host:port of an S3-compatible endpoint; None for AWS
+    region: str
+    key_id: str | None
+    secret: str | None
+    use_ssl: bool
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_seconds: float = 30.0
+    max_rows: int = 10_000
+    memory_limit: str = "2GB"
+    threads: int = 2
+
+
+class NoData(Invalid):
+    code = "no_data"
+
+
+def _q(ident: str) -> str:
+    return '"' + ident.replace('"', '""') + '"'
+
+
+def _lit(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def local_path(uri: str) -> str:
+    """DuckDB reads local files by path; the store hands out file:// URIs."""
+    return unquote(urlparse(uri).path) if uri.startswith("file://") else uri
+
+
+def _pg_table(location: str) -> str:
+    schema, _, table = location.partition(".")
+    return f"{PG_ALIAS}.{_q(schema)}.{_q(table)}"
+
+
+def _source(pin: Pin) -> str:
+    """A SELECT over one pinned dataset (without its hot window)."""
+    if pin.backend == "postgres":
+        assert pin.table is not None
+        return f"SELECT * FROM {_pg_table(pin.table)}"
+    files = ", ".join(_lit(local_path(f)) for f in pin.files)
+    return f"SELECT * FROM read_parquet([{files}], union_by_name = true)"
+
+
+def view_sql(pin: Pin) -> str:
+    """The view named like the dataset. With a hot window: every hot row, plus the cold rows
+    below the window's lowest key, so a row present in both is counted once."""
+    hot = pin.hot
+    if hot is None:
+        if pin.empty:
+            raise NoData(
+                f"dataset '{pin.name}' has no data yet (version {pin.version} has no commits)"
+            )
+        return _source(pin)
+    if not pin.files:
+        return _source(hot)
+    key = _q(pin.hot_key or "block_number")
+    return (
+        f"SELECT * FROM ({_source(hot)}) "
+        f"UNION ALL BY NAME SELECT * FROM ({_source(pin)}) "
+        f"WHERE {key} < coalesce((SELECT min({key}) FROM {_pg_table(hot.table or '')}), "
+        f"{key} + 1)"
+    )
+
+
+class Engine:
+    """Builds and caches sandboxed DuckDB instances, one per pin set."""
+
+    def __init__(self, pg_dsn: str, s3: S3Access | None = None, cache_size: int = 16) -> None:
+        self.pg_dsn = pg_dsn
+        self.s3 = s3
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[Pin, ...], duckdb.DuckDBPyConnection] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def connection(self, pins: dict[str, Pin], limits: Limits) -> duckdb.DuckDBPyConnection:
+        """A cursor on the instance for this pin set (built on first use)."""
+        key = (*sorted(pins.values(), key=lambda p: p.name), limits.memory_limit)  # type: ignore[arg-type]
+        with self._lock:
+            con = self._cache.get(key)  # type: ignore[arg-type]
+            if con is not None:
+                self._cache.move_to_end(key)  # type: ignore[arg-type]
+                return con.cursor()
+        con = self._build(pins, limits)
+        with self._lock:
+            self._cache[key] = con  # type: ignore[index]
+            while len(self._cache) > self.cache_size:
+                _, old = self._cache.popitem(last=False)
+                old.close()
+        return con.cursor()
+
+    def _build(self, pins: dict[str, Pin], limits: Limits) -> duckdb.DuckDBPyConnection:
+        con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
+        try:
+            con.execute(f"SET memory_limit = {_lit(limits.memory_limit)}")
+            con.execute(f"SET threads = {int(limits.threads)}")
+            every = [p for pin in pins.values() for p in (pin, pin.hot) if p is not None]
+            if any(p.backend == "postgres" for p in every):
+                duckdb_extensions.import_extension("postgres_scanner", con=con)
+                con.execute("LOAD postgres_scanner")
+                dsn = psycopg.conninfo.make_conninfo(
+                    self.pg_dsn, options="-c default_transaction_read_only=on"
+                )
+                con.execute(f"ATTACH {_lit(dsn)} AS {PG_ALIAS} (TYPE postgres, READ_ONLY)")
+            files = [f for p in every for f in p.files]
+            if any(f.startswith("s3://") for f in files):
+                self._s3(con)
+            for pin in pins.values():
+                con.execute(f"CREATE VIEW {_q(pin.name)} AS {view_sql(pin)}")
+            if files:
+                allowed = ", ".join(_lit(local_path(f)) for f in files)
+                con.execute(f"SET allowed_paths = [{allowed}]")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+        except Exception:
+            con.close()
+            raise
+        return con
+
+    def _s3(self, con: duckdb.DuckDBPyConnection) -> None:
+        duckdb_extensions.import_extension("httpfs", con=con)
+        con.execute("LOAD httpfs")
+        s3 = self.s3
+        if s3 is None:
+            raise Invalid("a dataset lives in s3:// but the Query Service has no S3 settings")
+        parts = ["TYPE s3", f"REGION {_lit(s3.region)}"]
+        if s3.key_id and s3.secret:
+            parts += [f"KEY_ID {_lit(s3.key_id)}", f"SECRET {_lit(s3.secret)}"]
+        if s3.endpoint:
+            parts += [f"ENDPOINT {_lit(s3.endpoint)}", "URL_STYLE 'path'"]
+        parts.append(f"USE_SSL {'true' if s3.use_ssl else 'false'}")
+        con.execute(f"CREATE SECRET trace_s3 ({', '.join(parts)})")
+
+    def close(self) -> None:
+        with self._lock:
+            for con in self._cache.values():
+                con.close()
+            self._cache.clear()
+
+
+def run(
+    cur: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: dict[str, Any] | None,
+    limits: Limits,
+    max_rows: int,
+) -> Any:
+    """Runs the statement under the time limit; returns a pyarrow Table of at most max_rows
+    rows, or raises LimitExceeded."""
+    import pyarrow as pa
+
+    from trace_platform.query.errors import LimitExceeded
+
+    timer = threading.Timer(limits.timeout_seconds, cur.interrupt)
+    timer.start()
+    try:
+        cur.execute(sql, params or None)
+        reader = cur.to_arrow_reader(min(max_rows + 1, 100_000))
+        batches, rows = [], 0
+        for batch in reader:
+            batches.append(batch)
+            rows += batch.num_rows
+            if rows > max_rows:
+                raise LimitExceeded(
+                    f"the result has more than {max_rows:,} rows (the interactive limit): add a "
+                    "LIMIT or an aggregate, use --export to write it to the object store, or run "
+                    "it as a batch job (operator sql_transform, on Spark)",
+                    limit="max_rows",
+                    value=max_rows,
+                )
+        return pa.Table.from_batches(batches, schema=reader.schema)
+    except duckdb.InterruptException:
+        raise LimitExceeded(
+            f"the query ran past the interactive time limit of {limits.timeout_seconds:g} s: "
+            "narrow it, or run it as a batch job (operator sql_transform, on Spark)",
+            limit="timeout_seconds",
+            value=limits.timeout_seconds,
+        ) from None
+    except duckdb.OutOfMemoryException:
+        raise LimitExceeded(
+            f"the query needs more than the interactive memory limit ({limits.memory_limit}): "
+            "narrow it, or run it as a batch job (operator sql_transform, on Spark)",
+            limit="memory_limit",
+            value=limits.memory_limit,
+        ) from None
+    finally:
+        timer.cancel()

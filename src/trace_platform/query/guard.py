@@ -1,0 +1,97 @@
+"""What a user's SQL may touch: one SELECT over dataset names, nothing else.
+
+The statement is parsed by DuckDB itself (`json_serialize_sql`), so what is checked is what would
+run. Table functions (read_parquet, postgres_query, glob, …) and qualified names are refused
+outright; the engine's own sandbox (external access off, config locked) is the second wall."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import duckdb
+
+from trace_platform.dispatcher.errors import Invalid
+
+# Scalar functions that read configuration or the outside world.
+DENIED_FUNCTIONS = {"current_setting", "getenv", "getvariable", "read_text", "read_blob"}
+
+_parser = duckdb.connect(":memory:")  # parsing only; never sees data
+_parser_lock = threading.Lock()
+
+
+class QueryRefused(Invalid):
+    code = "query_refused"
+
+
+def _walk(node: Any, out: dict[str, set[str]]) -> None:
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if kind == "TABLE_FUNCTION":
+            fn = (node.get("function") or {}).get("function_name", "?")
+            out["table_functions"].add(fn)
+        elif kind == "BASE_TABLE":
+            name = node.get("table_name", "")
+            if node.get("catalog_name") or node.get("schema_name"):
+                parts = [node.get("catalog_name"), node.get("schema_name"), name]
+                out["qualified"].add(".".join(p for p in parts if p))
+            else:
+                out["tables"].add(name)
+        if node.get("class") == "FUNCTION" and node.get("function_name") in DENIED_FUNCTIONS:
+            out["denied"].add(node["function_name"])
+        cte_map = node.get("cte_map")
+        if isinstance(cte_map, dict):
+            for entry in cte_map.get("map", []):
+                out["ctes"].add(entry.get("key", ""))
+        for value in node.values():
+            _walk(value, out)
+    elif isinstance(node, list):
+        for item in node:
+            _walk(item, out)
+
+
+def dataset_names(sql: str) -> set[str]:
+    """The dataset names a statement reads (lower-cased), or QueryRefused saying why not."""
+    if not sql.strip():
+        raise QueryRefused("empty query")
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryRefused(f"bad SQL: {_first_line(e)}") from None
+    if len(statements) != 1:
+        raise QueryRefused(f"one statement per query (got {len(statements)})")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise QueryRefused(
+            f"only SELECT is allowed (got {statements[0].type.name}): "
+            "the Query Service never writes"
+        )
+    with _parser_lock:
+        raw = _parser.execute("SELECT json_serialize_sql($1)", [sql]).fetchone()
+    assert raw is not None
+    tree = json.loads(raw[0])
+    if tree.get("error"):
+        raise QueryRefused(f"bad SQL: {tree.get('error_message', 'cannot parse')}")
+    found: dict[str, set[str]] = {
+        k: set() for k in ("tables", "qualified", "table_functions", "ctes", "denied")
+    }
+    _walk(tree["statements"], found)
+    if found["table_functions"]:
+        fns = ", ".join(sorted(found["table_functions"]))
+        raise QueryRefused(
+            f"table functions are not allowed ({fns}): read datasets by name, "
+            "e.g. SELECT … FROM blocks"
+        )
+    if found["qualified"]:
+        raise QueryRefused(
+            f"qualified names are not allowed ({', '.join(sorted(found['qualified']))}): "
+            "refer to published datasets by their plain name"
+        )
+    if found["denied"]:
+        raise QueryRefused(f"function not allowed: {', '.join(sorted(found['denied']))}")
+    ctes = {c.lower() for c in found["ctes"]}
+    return {t.lower() for t in found["tables"]} - ctes
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

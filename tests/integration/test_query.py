@@ -1,0 +1,214 @@
+"""The Query Service over real Postgres, real Parquet files and real HTTP: names resolve through
+the registry, versions are pinned at query start, read_roles hold, escapes are refused."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.dags import admin, user
+from tests.support.datasets import commit_parquet, load_hot, new_version
+from trace_platform.config import Settings
+from trace_platform.db.embedded import free_port
+from trace_platform.lite.stack import ApiServer
+from trace_platform.objectstore import make_store
+from trace_platform.services import Services
+
+CHAIN = """
+name: chain
+jobs:
+  ingest:
+    operator: noop
+    outputs: [{backend: parquet}, {backend: parquet}]
+  hot:
+    operator: hot_window
+    config: {window_blocks: 40}
+    inputs: [{job: ingest, output: 0}]
+    outputs: [{backend: postgres}]
+publish:
+  - {job: ingest, output_index: 0, dataset: blocks}
+  - {job: ingest, output_index: 1, dataset: transactions}
+  - {job: hot, output_index: 0, dataset: blocks_hot, hot_window: {of: blocks}}
+"""
+
+
+def blocks(start: int, end: int, tag: str = "cold") -> pa.Table:
+    n = range(start, end + 1)
+    return pa.table(
+        {
+            "block_number": pa.array(list(n), pa.int64()),
+            "block_hash": pa.array([b"\x01" * 32 for _ in n], pa.binary()),
+            "gas_used": pa.array([b * 10 for b in n], pa.uint64()),
+            "source": pa.array([tag for _ in n]),
+        }
+    )
+
+
+def txs(start: int, end: int) -> pa.Table:
+    n = [b for b in range(start, end + 1) for _ in range(2)]
+    return pa.table(
+        {
+            "block_number": pa.array(n, pa.int64()),
+            "value": pa.array([10**30 + b for b in n], pa.decimal128(38, 0)),
+        }
+    )
+
+
+@pytest.fixture
+def chain(services: Services) -> Services:
+    services.control.deploy(admin(services), CHAIN)
+    for a in (0, 50):
+        commit_parquet(services, "blocks", blocks(a, a + 49), a, a + 49)
+        commit_parquet(services, "transactions", txs(a, a + 49), a, a + 49)
+    return services
+
+
+def q(services: Services, sql: str, **kw: object) -> list[list[object]]:
+    return services.query.query(admin(services), sql, **kw).as_json()["rows"]  # type: ignore[no-any-return]
+
+
+def test_cold_queries_by_dataset_name_are_exact(chain: Services) -> None:
+    assert q(chain, "SELECT count(*), min(block_number), max(block_number) FROM blocks") == [
+        [100, 0, 99]
+    ]
+    # DECIMAL(38,0) stays exact in JSON (a string), never a rounded float.
+    rows = q(chain, "SELECT sum(value) FROM transactions WHERE block_number = 7")
+    assert rows == [[str(2 * (10**30 + 7))]]
+    rows = q(
+        chain,
+        "WITH t AS (SELECT * FROM transactions) SELECT count(*) FROM t JOIN blocks USING (block_number)",
+    )
+    assert rows == [[200]]
+
+
+def test_hot_window_unions_with_cold_history_without_double_counting(chain: Services) -> None:
+    # The sink keeps the newest 40 blocks; it has also seen blocks 100-119 that are not cold yet.
+    assert load_hot(chain, "blocks_hot", blocks(50, 99, "hot"), 50, 99, window=40) == 40
+    assert load_hot(chain, "blocks_hot", blocks(100, 119, "hot"), 100, 119, window=40) == 20
+    # Re-running a range replaces it (idempotent), and the window trims to 80..119.
+    assert load_hot(chain, "blocks_hot", blocks(100, 119, "hot"), 100, 119, window=40) == 20
+    assert q(chain, "SELECT count(*), min(block_number), max(block_number) FROM blocks_hot") == [
+        [40, 80, 119]
+    ]
+    rows = q(
+        chain,
+        "SELECT source, count(*), min(block_number), max(block_number) FROM blocks GROUP BY 1 ORDER BY 1",
+    )
+    assert rows == [["cold", 80, 0, 79], ["hot", 40, 80, 119]]
+    assert q(chain, "SELECT count(DISTINCT block_number), count(*) FROM blocks") == [[120, 120]]
+    # A join across hot Postgres and cold Parquet.
+    rows = q(
+        chain,
+        "SELECT count(*), sum(h.gas_used) FROM blocks_hot h JOIN transactions t USING (block_number)",
+    )
+    assert rows == [[40, str(sum(b * 10 * 2 for b in range(80, 100)))]]
+    with chain.pool.connection() as conn:  # the published Postgres view follows the table
+        assert conn.execute("SELECT count(*) AS n FROM published.blocks_hot").fetchone()["n"] == 40
+
+
+def test_a_query_keeps_the_version_it_pinned_across_a_cutover(chain: Services) -> None:
+    me = admin(chain)
+    before = chain.query.plan(me, "SELECT count(*) FROM blocks")
+    ver = new_version(chain, "blocks")
+    commit_parquet(chain, "blocks", blocks(0, 9, "v2"), 0, 9, version=ver)
+    # Started before the cutover: still the old version, whatever runs after.
+    assert chain.query.execute(before).as_json()["rows"] == [[100]]
+    after = chain.query.query(me, "SELECT count(*), min(source) FROM blocks").as_json()
+    assert after["rows"] == [[10, "v2"]] and after["pinned"]["blocks"] == str(ver)
+    assert before.versions["blocks"] != str(ver)
+
+
+@pytest.mark.parametrize(
+    ("sql", "status", "needle"),
+    [
+        ("SELECT * FROM read_parquet('/etc/passwd')", 422, "table functions are not allowed"),
+        ("SELECT * FROM read_csv('/etc/passwd')", 422, "read_csv"),
+        ("SELECT * FROM '/etc/passwd'", 404, "unknown dataset"),
+        ("SELECT * FROM postgres_query('trace_pg', 'SELECT * FROM tasks')", 422, "postgres_query"),
+        ("SELECT * FROM trace_pg.public.task_status", 422, "qualified names"),
+        ("SELECT * FROM main.blocks", 422, "qualified names"),
+        ("SELECT current_setting('allowed_paths')", 422, "not allowed"),
+        ("DELETE FROM blocks", 422, "only SELECT"),
+        ("ATTACH 'x.db' AS x", 422, "only SELECT"),
+        ("COPY blocks TO '/tmp/x.csv'", 422, "only SELECT"),
+        ("SELECT 1; SELECT 2", 422, "one statement"),
+        ("SELEC 1", 422, "bad SQL"),
+        ("SELECT * FROM no_such_dataset", 404, "published datasets you can read: blocks"),
+        ("SELECT no_such_column FROM blocks", 400, "no_such_column"),
+    ],
+)
+def test_escapes_and_bad_sql_get_clear_errors(
+    http: tuple[Services, str, dict[str, str]], sql: str, status: int, needle: str
+) -> None:
+    _, url, auth = http
+    r = httpx.post(f"{url}/v1/query", json={"sql": sql}, headers=auth)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["message"]
+
+
+@pytest.fixture
+def http(
+    chain: Services, settings: Settings, dsn: str
+) -> Iterator[tuple[Services, str, dict[str, str]]]:
+    svc = Services.build(settings.model_copy(update={"auth": "required"}), dsn)
+    server = ApiServer(svc, "127.0.0.1", free_port(), background=False)
+    server.start()
+    key = svc.new_admin_key or (svc.settings.home / "admin.key").read_text().strip()
+    yield svc, server.url, {"Authorization": f"Bearer {key}"}
+    server.stop()
+    svc.close()
+
+
+def test_read_roles_gate_queries(http: tuple[Services, str, dict[str, str]]) -> None:
+    svc, url, as_admin = http
+    _, key = user(svc, "carol", roles=["analyst"])
+    as_carol = {"Authorization": f"Bearer {key}"}
+    r = httpx.post(f"{url}/v1/query", json={"sql": "SELECT count(*) FROM blocks"}, headers=as_carol)
+    assert r.status_code == 403 and "may not read dataset blocks" in r.json()["message"]
+    assert "rows" not in r.json()
+    r = httpx.post(
+        f"{url}/v1/datasets/blocks/read-roles", json={"add": ["analyst"]}, headers=as_admin
+    )
+    assert r.status_code == 200
+    r = httpx.post(f"{url}/v1/query", json={"sql": "SELECT count(*) FROM blocks"}, headers=as_carol)
+    assert r.status_code == 200 and r.json()["rows"] == [[100]]
+    # One unreadable dataset in a join refuses the whole query.
+    sql = "SELECT count(*) FROM blocks JOIN transactions USING (block_number)"
+    r = httpx.post(f"{url}/v1/query", json={"sql": sql}, headers=as_carol)
+    assert r.status_code == 403 and "transactions" in r.json()["message"]
+
+
+def test_limits_formats_and_export(http: tuple[Services, str, dict[str, str]]) -> None:
+    svc, url, auth = http
+    r = httpx.post(
+        f"{url}/v1/query", json={"sql": "SELECT * FROM transactions", "max_rows": 50}, headers=auth
+    )
+    assert r.status_code == 422 and r.json()["error"] == "limit_exceeded"
+    assert "sql_transform" in r.json()["message"] and "--export" in r.json()["message"]
+    slow = "SELECT count(*) FROM blocks a, blocks b, blocks c, blocks d, blocks e, blocks f"
+    r = httpx.post(
+        f"{url}/v1/query", json={"sql": slow, "timeout_seconds": 0.5}, headers=auth, timeout=30
+    )
+    assert r.status_code == 422 and "time limit of 0.5 s" in r.json()["message"]
+
+    sql = "SELECT block_number, block_hash, gas_used FROM blocks ORDER BY 1 LIMIT 3"
+    r = httpx.post(f"{url}/v1/query", json={"sql": sql, "format": "csv"}, headers=auth)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    lines = r.text.strip().splitlines()
+    assert lines[0] == '"block_number","block_hash","gas_used"' and lines[1].startswith('0,"0x0101')
+    r = httpx.post(f"{url}/v1/query", json={"sql": sql, "format": "parquet"}, headers=auth)
+    assert pq.read_table(io.BytesIO(r.content)).num_rows == 3
+
+    r = httpx.post(
+        f"{url}/v1/query", json={"sql": "SELECT * FROM transactions", "export": True}, headers=auth
+    )
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["row_count"] == 200 and out["location"].endswith(".parquet")
+    data = make_store(svc.settings).get(out["key"])
+    assert pq.read_table(io.BytesIO(data)).num_rows == 200
