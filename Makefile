@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 
 check-prereqs:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17 is missing (Spark needs it): apt-get install openjdk-17-jre-headless"; exit 1; }
+	@command -v node >/dev/null 2>&1 || { echo "Node.js is missing (the devnet's anvil is an npm package): apt-get install nodejs npm"; exit 1; }
 
 demo: $(STAMP) check-prereqs
 	$(BIN)/trace demo
@@ -30,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py
 	$(BIN)/python bench/dispatch_bench.py
 	$(BIN)/python bench/sync_bench.py
+	$(BIN)/python bench/query_bench.py
 
 up: $(STAMP)
 	$(BIN)/trace up

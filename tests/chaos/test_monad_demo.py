@@ -6,23 +6,25 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
 
 from tests.support.dags import admin, finished_run
-from tests.support.invariants import assert_invariants
+from tests.support.invariants import assert_datasets_complete, assert_invariants
 from trace_platform.config import Settings
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import STAKING_ADDRESS
 from trace_platform.devnet.rpc import Rpc, calldata
 from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import list_all, make_store
+from trace_platform.query import saved
+from trace_platform.services import Services
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=3, blocks=300, accounts=40, validators=4, epoch_blocks=50)
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
-ZERO = "0x" + "0" * 40
 
 
 @pytest.fixture(scope="module")
@@ -44,60 +46,120 @@ def read_dataset(stack: LiteStack, settings: Settings, name: str) -> pl.DataFram
     return frame
 
 
-def test_demo_dag_decodes_exactly(settings: Settings, dsn: str, chain: tuple[str, str]) -> None:
+def saved_rows(svc: Services, name: str, **params: object) -> list[dict[str, Any]]:
+    q = saved.load(name)
+    result = svc.query.query(admin(svc), q.sql, q.params(params)).as_json()
+    cols = [c["name"] for c in result["columns"]]
+    return [dict(zip(cols, row, strict=True)) for row in result["rows"]]
+
+
+def test_golden_path_analytics_match_the_node(
+    settings: Settings, dsn: str, chain: tuple[str, str]
+) -> None:
+    """The golden path (phase 7's regression harness): the demo DAG end to end, then the three
+    analytics through the Query Service against the node's own views, then the invariants."""
     url, token = chain
     rpc = Rpc(url)
+    dag = (
+        DEMO.read_text()
+        .replace("http://127.0.0.1:8545", url)
+        .replace("window_blocks: 500", "window_blocks: 120")
+        .replace("window_blocks: 100", "window_blocks: 50")
+    )
     with LiteStack(
         settings, workers=2, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
     ) as stack:
         svc, me = stack.services, admin(stack.services)
-        svc.control.deploy(me, DEMO.read_text().replace("http://127.0.0.1:8545", url), str(DEMO))
+        svc.control.deploy(me, dag, str(DEMO))
         run_id = svc.control.trigger(
             me,
             "monad_demo",
             config={"from_block": 0, "to_block": SPEC.blocks - 1, "chunk_size": 100},
         )["run_id"]
 
-        tasks = finished_run(svc, run_id, 400)
-        assert len(tasks) == 1 + 3 * 3
+        tasks = finished_run(svc, run_id, 600)
         assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
+        per_job = {j: sum(t["job"] == j for t in tasks) for j in {t["job"] for t in tasks}}
+        assert per_job["ingest"] == 3 and per_job["hot"] == 4 * 3 and per_job["token_supply"] == 3
 
-        transfers = read_dataset(stack, settings, "erc20_transfers")
-        assert not transfers["value_overflow"].any()
-        assert transfers.select(
-            (pl.col("value").cast(pl.Utf8) == pl.col("value_text")).all()
-        ).item()
-        for at in (50, 150, SPEC.blocks - 1):
-            upto = transfers.filter(pl.col("block_number") <= at)
-            supply = sum(
-                int(v) for v in upto.filter(pl.col("from_address") == ZERO)["value_text"]
-            ) - sum(int(v) for v in upto.filter(pl.col("to_address") == ZERO)["value_text"])
-            assert rpc.eth_call(token, calldata("totalSupply()"), at) == supply
-            holders = sorted(set(upto["to_address"].to_list()) - {ZERO})[:5]
-            for h in holders:
-                flow = sum(
-                    int(v) for v in upto.filter(pl.col("to_address") == h)["value_text"]
-                ) - sum(int(v) for v in upto.filter(pl.col("from_address") == h)["value_text"])
-                assert rpc.eth_call(token, calldata("balanceOf(address)", h), at) == flow
+        # Raw data: hot window (Postgres) + cold history (Parquet) read as one, exactly once.
+        head = SPEC.blocks - 1
+        rows = svc.query.query(
+            me, "SELECT count(*), count(DISTINCT block_number), max(block_number) FROM blocks"
+        ).as_json()["rows"]
+        assert rows == [[SPEC.blocks, SPEC.blocks, head]]
+        hot = svc.query.query(me, "SELECT min(block_number), count(*) FROM blocks_hot")
+        assert hot.as_json()["rows"] == [[head - 119, 120]]
+        node_txs = sum(
+            len(rpc.call("eth_getBlockByNumber", hex(b), False)["transactions"])
+            for b in range(SPEC.blocks)
+        )
+        rows = svc.query.query(me, "SELECT count(*) FROM transactions").as_json()["rows"]
+        assert rows == [[node_txs]]
+        assert saved_rows(svc, "recent_blocks", n=3)[0]["block_number"] == head
 
-        staking = read_dataset(stack, settings, "staking_events")
-        assert {"ValidatorCreated", "Delegate", "EpochChanged"} <= set(staking["event"].to_list())
-        stake: dict[tuple[int, str], int] = {}
-        for row in staking.filter(pl.col("event").is_in(["Delegate", "Undelegate"])).iter_rows(
-            named=True
-        ):
-            key = (row["validator_id"], row["delegator"])
-            stake[key] = stake.get(key, 0) + int(row["amount_delta_text"])
-        for (validator, delegator), amount in list(stake.items())[:10]:
-            view = rpc.eth_call(
-                STAKING_ADDRESS,
-                calldata("delegation(uint64,address)", validator, delegator),
-                SPEC.blocks - 1,
+        # Decoded amounts are exact: the DECIMAL value equals the uint256 text, no overflow.
+        bad = "SELECT count(*) FROM erc20_transfers WHERE value_overflow OR CAST(value AS VARCHAR) <> value_text"
+        assert svc.query.query(me, bad).as_json()["rows"] == [[0]]
+
+        # (1) Supply by block = totalSupply() at that block.
+        supply = {
+            r["block_number"]: int(r["total_supply"])
+            for r in saved_rows(svc, "token_supply", token=token)
+        }
+        assert len(supply) == SPEC.blocks
+        assert supply[0] == 0  # before the token existed
+        for b in (37, 50, 151, 222, head):
+            assert supply[b] == rpc.eth_call(token, calldata("totalSupply()"), b), b
+
+        # (2) Top holders at the tip, and exactly their historic balances = balanceOf() then.
+        top = saved_rows(svc, "top_holders", token=token, n=5)
+        assert len(top) == 5
+        for r in top:
+            assert int(r["balance"]) == rpc.eth_call(
+                token, calldata("balanceOf(address)", r["account"]), head
             )
-            assert view == amount
-        epochs = staking.filter(pl.col("event") == "EpochChanged")["epoch"].to_list()
-        assert epochs == sorted(epochs) and epochs[0] == 1
+        history = saved_rows(svc, "holder_history", token=token, n=5, every=50)
+        assert {r["account"] for r in history} == {r["account"] for r in top}
+        assert len(history) == 5 * (len(range(0, SPEC.blocks, 50)) + 1)
+        for r in history:
+            at = r["block_number"]
+            if at == 0:  # before the token existed
+                assert int(r["balance"]) == 0
+                continue
+            assert int(r["balance"]) == rpc.eth_call(
+                token, calldata("balanceOf(address)", r["account"]), at
+            )
+
+        # (3) Per-validator stake at each window's end = the staking contract's view there.
+        stakes = svc.query.query(
+            me, f"SELECT * FROM validator_stake WHERE window_end <= {head} ORDER BY window_end"
+        ).as_json()
+        cols = [c["name"] for c in stakes["columns"]]
+        by_window: dict[int, dict[int, int]] = {}
+        for row in stakes["rows"]:
+            r = dict(zip(cols, row, strict=True))
+            by_window.setdefault(r["window_end"], {})[r["validator_id"]] = int(r["stake"])
+        assert len(by_window) >= 4
+        for end, per_validator in by_window.items():
+            for validator, stake in per_validator.items():
+                view = rpc.eth_call(
+                    STAKING_ADDRESS, calldata("validatorStake(uint64)", validator), end
+                )
+                assert stake == view, (end, validator)
+        conc = {r["window_end"]: r for r in saved_rows(svc, "staking_concentration")}
+        for end, per_validator in by_window.items():
+            total = sum(per_validator.values())
+            shares = sorted((s / total for s in per_validator.values() if s > 0), reverse=True)
+            assert conc[end]["hhi"] == pytest.approx(round(sum(x * x for x in shares), 4), abs=1e-4)
+            needed, acc = 0, 0.0
+            while acc <= 1 / 3:
+                acc += shares[needed]
+                needed += 1
+            assert conc[end]["nakamoto_coefficient"] == needed
+
         assert_invariants(svc)
+        assert_datasets_complete(svc)
 
 
 SQL_DAG = """

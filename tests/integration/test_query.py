@@ -63,8 +63,8 @@ def txs(start: int, end: int) -> pa.Table:
 def chain(services: Services) -> Services:
     services.control.deploy(admin(services), CHAIN)
     for a in (0, 50):
-        commit_parquet(services, "blocks", blocks(a, a + 49), a, a + 49)
-        commit_parquet(services, "transactions", txs(a, a + 49), a, a + 49)
+        commit_parquet(services, "blocks", blocks(a, a + 49), a, a + 50)
+        commit_parquet(services, "transactions", txs(a, a + 49), a, a + 50)
     return services
 
 
@@ -88,10 +88,10 @@ def test_cold_queries_by_dataset_name_are_exact(chain: Services) -> None:
 
 def test_hot_window_unions_with_cold_history_without_double_counting(chain: Services) -> None:
     # The sink keeps the newest 40 blocks; it has also seen blocks 100-119 that are not cold yet.
-    assert load_hot(chain, "blocks_hot", blocks(50, 99, "hot"), 50, 99, window=40) == 40
-    assert load_hot(chain, "blocks_hot", blocks(100, 119, "hot"), 100, 119, window=40) == 20
+    assert load_hot(chain, "blocks_hot", blocks(50, 99, "hot"), 50, 100, window=40) == 40
+    assert load_hot(chain, "blocks_hot", blocks(100, 119, "hot"), 100, 120, window=40) == 20
     # Re-running a range replaces it (idempotent), and the window trims to 80..119.
-    assert load_hot(chain, "blocks_hot", blocks(100, 119, "hot"), 100, 119, window=40) == 20
+    assert load_hot(chain, "blocks_hot", blocks(100, 119, "hot"), 100, 120, window=40) == 20
     assert q(chain, "SELECT count(*), min(block_number), max(block_number) FROM blocks_hot") == [
         [40, 80, 119]
     ]
@@ -115,7 +115,7 @@ def test_a_query_keeps_the_version_it_pinned_across_a_cutover(chain: Services) -
     me = admin(chain)
     before = chain.query.plan(me, "SELECT count(*) FROM blocks")
     ver = new_version(chain, "blocks")
-    commit_parquet(chain, "blocks", blocks(0, 9, "v2"), 0, 9, version=ver)
+    commit_parquet(chain, "blocks", blocks(0, 9, "v2"), 0, 10, version=ver)
     # Started before the cutover: still the old version, whatever runs after.
     assert chain.query.execute(before).as_json()["rows"] == [[100]]
     after = chain.query.query(me, "SELECT count(*), min(source) FROM blocks").as_json()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from trace_platform.services import Services
 
 
@@ -39,3 +41,47 @@ def expire_lease(services: Services, task_id: object) -> None:
             "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
             (task_id,),
         )
+
+
+def assert_datasets_complete(services: Services) -> None:
+    """Every published dataset's current version is complete: it has commits, its range commits
+    tile one span with no gap or overlap (ranges are half-open), and each Parquet commit's files hold exactly the rows
+    the commit recorded."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from trace_platform.objectstore import list_all, make_store
+
+    store = make_store(services.settings)
+    with services.pool.connection() as conn:
+        datasets = conn.execute(
+            """SELECT ds.dataset_name, ds.backend, c.dataset_version FROM datasets ds
+               JOIN dataset_current c USING (dataset_uuid) WHERE ds.dataset_name IS NOT NULL"""
+        ).fetchall()
+        for ds in datasets:
+            commits = conn.execute(
+                """SELECT scope, range_start, range_end, location, row_count FROM dataset_commits
+                   WHERE dataset_version = %s ORDER BY range_start NULLS FIRST""",
+                [ds["dataset_version"]],
+            ).fetchall()
+            name = ds["dataset_name"]
+            assert commits, f"published dataset {name} has no commit in its current version"
+            ranges = [
+                (c["range_start"], c["range_end"]) for c in commits if c["range_start"] is not None
+            ]
+            for (_, a_end), (b_start, _) in itertools.pairwise(ranges):
+                assert b_start == a_end, (
+                    f"{name}: range commits leave a gap or overlap at {a_end}"
+                )
+            if ds["backend"] != "parquet":
+                continue
+            for c in commits:
+                rows = sum(
+                    pq.read_metadata(io.BytesIO(store.get(o.key))).num_rows
+                    for o in list_all(store, c["location"])
+                    if o.key.endswith(".parquet")
+                )
+                assert rows == c["row_count"], (
+                    f"{name} {c['scope']}: {rows} rows, commit says {c['row_count']}"
+                )

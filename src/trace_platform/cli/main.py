@@ -16,6 +16,7 @@ from rich.table import Table
 
 from trace_platform.cli.control import dag_app, datasets_app, runs_app, secrets_app, users_app
 from trace_platform.cli.devnet import devnet_app
+from trace_platform.cli.query import query
 from trace_platform.config import Settings, get_settings, shown
 from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
@@ -38,6 +39,7 @@ app.add_typer(datasets_app, name="datasets")
 app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
 app.add_typer(devnet_app, name="devnet")
+app.command("query")(query)
 
 console = Console()
 
@@ -363,11 +365,31 @@ def task_list(limit: Annotated[int, typer.Option()] = 20) -> None:
 
 
 @app.command("demo")
-def demo(workers: Annotated[int, typer.Option(min=1)] = 2) -> None:
-    """Start the Lite stack and run a handful of tasks through it, printing their lifecycle."""
+def demo(
+    rpc_url: Annotated[
+        str | None, typer.Option(help="a real chain's RPC (default: the local devnet)")
+    ] = None,
+    token: Annotated[str | None, typer.Option(help="the ERC20 token to analyse")] = None,
+    from_block: Annotated[int | None, typer.Option(min=0)] = None,
+    to_block: Annotated[int | None, typer.Option(min=0)] = None,
+    chunk_size: Annotated[int, typer.Option(min=1)] = 500,
+    workers: Annotated[int, typer.Option(min=1)] = 2,
+) -> None:
+    """The Monad demo: sync a chain range, analyse it, print the analytics and charts."""
     from trace_platform.lite.demo import run_demo
 
-    raise typer.Exit(run_demo(get_settings(), workers=workers, console=console))
+    raise typer.Exit(
+        run_demo(
+            get_settings(),
+            rpc_url=rpc_url,
+            token=token,
+            from_block=from_block,
+            to_block=to_block,
+            chunk_size=chunk_size,
+            workers=workers,
+            console=console,
+        )
+    )
 
 
 if __name__ == "__main__":

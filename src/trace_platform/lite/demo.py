@@ -1,153 +1,361 @@
-"""`trace demo` (until the Monad demo DAG lands): a handful of tasks through the Lite stack."""
+"""`trace demo` / `make demo`: the Monad demo end to end on the Lite stack.
+
+Starts the embedded Postgres, the local object store, the devnet (or uses `--rpc-url`) and the
+Lite stack; deploys `examples/dags/monad_demo.yaml`; backfills the range with progress bars;
+then prints the three analytics through the Query Service, writes PNG charts, and says where
+everything is. A second run over the same range finds the data complete and only queries."""
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from uuid import UUID
+from typing import Any
 
 from rich.console import Console
-from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trace_platform.config import Settings
-from trace_platform.dispatcher.models import TERMINAL, TaskSpec, TaskView
+from trace_platform.dispatcher.models import TERMINAL
+from trace_platform.identity import Actor, lite_admin
 from trace_platform.lite.stack import LiteStack
+from trace_platform.query import saved
+from trace_platform.services import Services
 
-EXAMPLE_DAG = Path(__file__).resolve().parents[3] / "examples" / "dags" / "hello.yaml"
-
-DEMO_TASKS: list[tuple[str, TaskSpec]] = [
-    ("a no-op", TaskSpec(job="demo_noop", operator="noop")),
-    (
-        "sleeps 2 s, reporting progress",
-        TaskSpec(job="demo_sleep", operator="sleep", config={"seconds": 2}),
-    ),
-    (
-        "fails once, succeeds on retry",
-        TaskSpec(
-            job="demo_flaky",
-            operator="fail",
-            config={"succeed_on_attempt": 2},
-            retry_backoff_seconds=0.5,
-        ),
-    ),
-    (
-        "fails permanently (no retry)",
-        TaskSpec(
-            job="demo_broken", operator="fail", config={"permanent": True, "message": "bad config"}
-        ),
-    ),
-    (
-        "emits 5 events (2 bundled with completion)",
-        TaskSpec(job="demo_events", operator="emit_events", config={"count": 5, "final": 2}),
-    ),
-    (
-        "a long sleep, canceled while running",
-        TaskSpec(job="demo_cancel", operator="sleep", config={"seconds": 60}),
-    ),
+DEMO_DAG = Path(__file__).resolve().parents[3] / "examples" / "dags" / "monad_demo.yaml"
+RAW = ("blocks", "transactions", "logs", "traces")
+ANALYTICS = ("token_supply", "token_balances", "validator_stake", "staking_concentration")
+STAGES = [
+    ("ingest", "Cryo sync (blocks, txs, logs, traces)"),
+    ("hot", "hot window → Postgres"),
+    ("transfers", "decode ERC20 transfers (Spark)"),
+    ("staking", "decode staking events (Spark)"),
+    ("analytics", "analytics (Spark SQL)"),
 ]
 
 
-def _table(rows: list[tuple[str, TaskView]], t0: float) -> Table:
-    table = Table(
-        "task",
-        "what",
-        "status",
-        "attempt",
-        "events",
-        "last error",
-        title=f"Trace Lite demo — {time.monotonic() - t0:.1f}s",
+@dataclass
+class DemoPlan:
+    rpc_url: str
+    token: str
+    from_block: int
+    to_block: int
+    chunk_size: int
+    network: str
+    window_blocks: int  # staking concentration windows
+    hot_blocks: int
+
+    @property
+    def ranges(self) -> int:
+        return -(-(self.to_block - self.from_block + 1) // self.chunk_size)
+
+
+def dag_text(plan: DemoPlan) -> str:
+    return (
+        DEMO_DAG.read_text()
+        .replace("http://127.0.0.1:8545", plan.rpc_url)
+        .replace("network_name: devnet", f"network_name: {plan.network}")
+        .replace("window_blocks: 500", f"window_blocks: {plan.hot_blocks}")
+        .replace("window_blocks: 100", f"window_blocks: {plan.window_blocks}")
     )
-    for what, v in rows:
-        colour = {
-            "succeeded": "green",
-            "failed": "red",
-            "canceled": "yellow",
-            "running": "cyan",
-        }.get(v.status, "white")
-        table.add_row(
-            str(v.task_id)[:8],
-            what,
-            f"[{colour}]{v.status}[/{colour}]",
-            str(v.attempt),
-            str(v.events),
-            (v.last_error or "")[:50],
-        )
+
+
+def _admin(svc: Services) -> Actor:
+    with svc.pool.connection() as conn:
+        return lite_admin(conn)
+
+
+def complete(svc: Services, plan: DemoPlan) -> bool:
+    """The current versions already hold the whole range and the analytics over it."""
+    with svc.pool.connection() as conn:
+        rows = conn.execute(
+            """SELECT ds.dataset_name, min(c.range_start) AS lo, max(c.range_end) AS hi,
+                      count(c.*) AS commits
+               FROM datasets ds JOIN dataset_current cur USING (dataset_uuid)
+               LEFT JOIN dataset_commits c ON c.dataset_version = cur.dataset_version
+               WHERE ds.dataset_name = ANY(%s) GROUP BY ds.dataset_name""",
+            [list(RAW + ANALYTICS)],
+        ).fetchall()
+        busy = conn.execute(
+            """SELECT count(*) AS n FROM task_status s JOIN task_registry r USING (task_id, start_day)
+               WHERE r.job IN ('ingest', 'hot', 'transfers', 'staking', 'token_supply',
+                               'token_balances', 'validator_stake', 'staking_concentration')
+                 AND s.status NOT IN ('succeeded', 'failed', 'canceled')"""
+        ).fetchone()
+    found = {r["dataset_name"]: r for r in rows}
+    if busy and busy["n"]:
+        return False
+    for name in RAW:
+        r = found.get(name)
+        if r is None or r["commits"] != plan.ranges:
+            return False
+        if r["lo"] != plan.from_block or r["hi"] != plan.to_block + 1:
+            return False
+    return all(found.get(n) and found[n]["commits"] for n in ANALYTICS)
+
+
+def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
+    me = _admin(svc)
+    run = svc.control.trigger(
+        me,
+        "monad_demo",
+        config={
+            "from_block": plan.from_block,
+            "to_block": plan.to_block,
+            "chunk_size": plan.chunk_size,
+        },
+    )
+    run_id = run["run_id"]
+    columns = (
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+    )
+    totals = {
+        "ingest": plan.ranges,
+        "hot": 4 * plan.ranges,
+        "transfers": plan.ranges,
+        "staking": plan.ranges,
+    }
+    with Progress(*columns, console=console, refresh_per_second=4) as progress:
+        bars = {
+            job: progress.add_task(what, total=totals.get(job), info="") for job, what in STAGES
+        }
+        while True:
+            tasks = svc.control.show_run(me, run_id)["tasks"]
+            by_job: dict[str, list[dict[str, Any]]] = {}
+            for t in tasks:
+                job = t["job"] if t["job"] in totals else "analytics"
+                by_job.setdefault(job, []).append(t)
+            rows = _raw_rows(svc)
+            for job, bar in bars.items():
+                mine = by_job.get(job, [])
+                done = sum(t["status"] in TERMINAL for t in mine)
+                failed = sum(t["status"] == "failed" for t in mine)
+                info = f"[red]{failed} failed[/red]" if failed else ""
+                if job == "ingest":
+                    info = f"{rows.get('blocks', 0):,} blocks, {rows.get('transactions', 0):,} txs, {rows.get('logs', 0):,} logs {info}"
+                total = totals.get(job) or max(len(mine), 1)
+                progress.update(bar, completed=done, total=total, info=info)
+            if tasks and all(t["status"] in TERMINAL for t in tasks) and len(tasks) > 1:
+                # Downstream tasks are created with their upstream's completion, so when all
+                # are terminal the run is over.
+                break
+            time.sleep(0.5)
+    failed = [t for t in tasks if t["status"] != "succeeded"]
+    for t in failed:
+        console.print(f"[red]{t['job']} failed:[/red] {t['last_error']}")
+    console.print(
+        f"run {run_id}: {len(tasks)} tasks (see it: [cyan]trace runs show {run_id}[/cyan])"
+    )
+    return not failed
+
+
+def _raw_rows(svc: Services) -> dict[str, int]:
+    with svc.pool.connection() as conn:
+        rows = conn.execute(
+            """SELECT ds.dataset_name, coalesce(sum(c.row_count), 0) AS n
+               FROM datasets ds JOIN dataset_current cur USING (dataset_uuid)
+               LEFT JOIN dataset_commits c ON c.dataset_version = cur.dataset_version
+               WHERE ds.dataset_name = ANY(%s) GROUP BY 1""",
+            [list(RAW)],
+        ).fetchall()
+    return {r["dataset_name"]: int(r["n"]) for r in rows}
+
+
+def saved_rows(svc: Services, me: Actor, name: str, **params: Any) -> list[dict[str, Any]]:
+    q = saved.load(name)
+    out = svc.query.query(me, q.sql, q.params(params)).as_json()
+    cols = [c["name"] for c in out["columns"]]
+    return [dict(zip(cols, r, strict=True)) for r in out["rows"]]
+
+
+def _table(title: str, rows: list[dict[str, Any]], limit: int = 12) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold")
+    if not rows:
+        table.add_column("(no rows)")
+        return table
+    for c in rows[0]:
+        table.add_column(c, justify="right" if c not in ("account",) else "left")
+    step = max(1, len(rows) // limit)
+    shown = rows[::step][:limit]
+    if rows[-1] is not shown[-1]:
+        shown.append(rows[-1])
+    for r in shown:
+        table.add_row(*["" if v is None else str(v) for v in r.values()])
+    if len(shown) < len(rows):
+        table.caption = f"{len(shown)} of {len(rows)} rows (evenly sampled)"
     return table
 
 
-def _dag_run(stack: LiteStack, console: Console) -> bool:
-    """Deploy the example DAG (source -> transform -> sink) and follow one run of it."""
-    from trace_platform.cli.control import run_tree
-    from trace_platform.identity import lite_admin
+def analytics(svc: Services, plan: DemoPlan, out_dir: Path, console: Console) -> None:
+    from trace_platform.lite.charts import holders_chart, supply_chart
 
-    svc = stack.services
-    with svc.pool.connection() as conn:
-        admin = lite_admin(conn)
-    res = svc.control.deploy(admin, EXAMPLE_DAG.read_text(), str(EXAMPLE_DAG))
+    me = _admin(svc)
+    every = max(1, (plan.to_block - plan.from_block + 1) // 200)
+    supply = saved_rows(svc, me, "token_supply", token=plan.token, every=every)
+    console.print(_table(f"(1) Total supply by block — token {plan.token}", supply))
+    top = saved_rows(svc, me, "top_holders", token=plan.token, n=10)
+    console.print(_table(f"(2) Top 10 holders at block {plan.to_block}", top, limit=10))
+    history = saved_rows(svc, me, "holder_history", token=plan.token, n=5, every=every)
+    accounts = sorted({r["account"] for r in history})
+    pivot: dict[int, dict[str, Any]] = {}
+    for r in history:
+        pivot.setdefault(r["block_number"], {"block_number": r["block_number"]})[
+            r["account"][:10] + "…"
+        ] = r["balance"]
     console.print(
-        f"\n[bold]Deployed DAG '{res.name}'[/bold] version {res.version}; triggering a run…"
+        _table(f"    …and the historic balances of the top {len(accounts)}", list(pivot.values()))
     )
-    run_id = svc.control.trigger(admin, res.name)["run_id"]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        run = svc.control.show_run(admin, run_id)
-        if run["tasks"] and all(t["status"] in TERMINAL for t in run["tasks"]):
-            break
-        time.sleep(0.1)
-    console.print(run_tree(run))
-    for d in svc.control.list_datasets(admin):
-        console.print(
-            f"  dataset [cyan]{d['dataset_name']}[/cyan] {d['dataset_uuid']} version {d['current_version']}"
-        )
-    console.print(f"See it again: [cyan]trace runs show {run_id}[/cyan]")
-    return all(t["status"] == "succeeded" for t in run["tasks"])
+    stake = saved_rows(svc, me, "validator_stake")
+    console.print(_table("(3) Stake per validator (last window)", stake, limit=20))
+    conc = saved_rows(svc, me, "staking_concentration")
+    console.print(_table("    Staking concentration per window", conc))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    charts = [
+        supply_chart(supply, out_dir / "supply_by_block.png", plan.token),
+        holders_chart(history, out_dir / "top_holder_balances.png", plan.token),
+    ]
+    for c in charts:
+        console.print(f"chart: [cyan]{c}[/cyan]")
 
 
-def run_demo(settings: Settings, *, workers: int = 2, console: Console | None = None) -> int:
+def where(svc: Services, plan: DemoPlan, console: Console) -> None:
+    me = _admin(svc)
+    table = Table("dataset", "backend", "rows", "where", title="Outputs", title_justify="left")
+    for d in svc.control.list_datasets(me):
+        loc = d["location"]
+        if d["backend"] == "parquet":
+            loc = str(Path(svc.settings.object_store_root or "") / loc)
+        else:
+            loc = f"Postgres table {d['location']}.v_{str(d['current_version']).replace('-', '')} (view published.{d['dataset_name']})"
+        table.add_row(d["dataset_name"], d["backend"], f"{int(d['row_count'] or 0):,}", loc)
+    console.print(table)
+    console.print(
+        "Query them (each name pinned to its current version):\n"
+        '  [cyan]trace query "SELECT count(*), max(block_number) FROM blocks"[/cyan]\n'
+        f"  [cyan]trace query --saved top_holders --param token={plan.token}[/cyan]\n"
+        "  [cyan]trace query --list[/cyan]   (saved queries)    "
+        "[cyan]trace datasets list[/cyan]"
+    )
+
+
+def run_demo(
+    settings: Settings,
+    *,
+    rpc_url: str | None = None,
+    token: str | None = None,
+    from_block: int | None = None,
+    to_block: int | None = None,
+    chunk_size: int = 500,
+    workers: int = 2,
+    console: Console | None = None,
+) -> int:
     console = console or Console()
     t0 = time.monotonic()
-    console.print("[bold]Starting Trace Lite[/bold] (embedded Postgres, pgqueue, API, workers)…")
+    state_file = settings.home / "demo" / "last.json"
+    devnet = None
+    if rpc_url is None:
+        plan = _devnet_plan(settings, from_block, to_block, chunk_size, state_file)
+    else:
+        if token is None or from_block is None or to_block is None:
+            console.print("[red]error:[/red] --rpc-url needs --token, --from-block and --to-block")
+            return 2
+        plan = _chain_plan(rpc_url, token, from_block, to_block, chunk_size)
+    console.print(
+        "[bold]Starting Trace Lite[/bold] (embedded Postgres, object store, API, workers)…"
+    )
     with LiteStack(settings, workers=workers) as stack:
-        d = stack.services.dispatcher
-        console.print(f"API at {stack.url}; state in Postgres at {settings.pg_data_dir}")
-        ids: list[tuple[str, UUID]] = [
-            (what, d.create_task(spec).task_id) for what, spec in DEMO_TASKS
-        ]
-        cancel_id = ids[-1][1]
-        canceled = False
-        deadline = time.monotonic() + 120
-        transitions: list[str] = []
-        last: dict[UUID, tuple[str, int]] = {}
-        with Live(console=console, refresh_per_second=8) as live:
-            while True:
-                views = [(what, d.get_task(tid)) for what, tid in ids]
-                for what, v in views:
-                    state = (v.status, v.attempt)
-                    if last.get(v.task_id) != state:
-                        transitions.append(
-                            f"{time.monotonic() - t0:6.2f}s  {what}: {v.status} "
-                            f"(attempt {v.attempt})"
-                        )
-                        last[v.task_id] = state
-                live.update(_table(views, t0))
-                if not canceled and views[-1][1].status == "running":
-                    d.cancel(cancel_id)
-                    canceled = True
-                if all(v.status in TERMINAL for _, v in views) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-        console.print("\n[bold]Lifecycle transitions[/bold]")
-        for line in transitions:
-            console.print("  " + line)
-        ok_dag = _dag_run(stack, console)
-        stack.services.publisher.drain()
-        pending = stack.services.publisher.pending()
-        dead = stack.services.driver.dead_letters(settings.task_queue)
-        console.print(f"\noutbox pending: {pending}; dead letters: {len(dead)}")
-        console.print(
-            "See one task: [cyan]trace task show <id>[/cyan]; all: [cyan]trace task list[/cyan]"
-        )
-        ok = all(v.status in TERMINAL for _, v in views) and ok_dag
-    console.print(f"done in {time.monotonic() - t0:.1f}s")
-    return 0 if ok else 1
+        svc = stack.services
+        console.print(f"API at {stack.url}; objects under {settings.object_store_root}")
+        svc.control.deploy(_admin(svc), dag_text(plan), str(DEMO_DAG))
+        if complete(svc, plan):
+            console.print(
+                f"[green]Blocks {plan.from_block}-{plan.to_block} are already synced and analysed[/green]: reusing them."
+            )
+        else:
+            if rpc_url is None:
+                devnet = _start_devnet(settings, console)
+                plan.token = devnet.chain().token  # type: ignore[union-attr]
+            console.print(
+                f"[bold]Backfilling blocks {plan.from_block}-{plan.to_block}[/bold] from {plan.rpc_url} "
+                f"in {plan.ranges} ranges of {plan.chunk_size}…"
+            )
+            if not backfill(svc, plan, console):
+                return 1
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps(asdict(plan), indent=2))
+        analytics(svc, plan, settings.home / "demo", console)
+        where(svc, plan, console)
+        svc.publisher.drain()
+        dead = svc.driver.dead_letters(settings.task_queue)
+        console.print(f"outbox pending: {svc.publisher.pending()}; dead letters: {len(dead)}")
+    if devnet is not None:
+        devnet.down()
+    console.print(f"[bold green]done[/bold green] in {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def _devnet_plan(
+    settings: Settings, a: int | None, b: int | None, chunk: int, state_file: Path
+) -> DemoPlan:
+    from trace_platform.devnet import ChainSpec
+
+    spec = ChainSpec()
+    token = "0x5fbdb2315678afecb367f032d93f642f64180aa3"  # the devnet's first deployment
+    if state_file.exists():
+        token = json.loads(state_file.read_text()).get("token", token)
+    return DemoPlan(
+        rpc_url="http://127.0.0.1:8545",
+        token=token,
+        from_block=a if a is not None else 0,
+        to_block=b if b is not None else spec.blocks - 1,
+        chunk_size=chunk,
+        network="devnet",
+        window_blocks=spec.epoch_blocks,
+        hot_blocks=500,
+    )
+
+
+def _chain_plan(url: str, token: str, a: int, b: int, chunk: int) -> DemoPlan:
+    from trace_platform.devnet.rpc import Rpc
+
+    rpc = Rpc(url)
+    try:
+        chain_id = int(rpc.call("eth_chainId"), 16)
+    finally:
+        rpc.close()
+    span = b - a + 1
+    return DemoPlan(
+        rpc_url=url,
+        token=token.lower(),
+        from_block=a,
+        to_block=b,
+        chunk_size=chunk,
+        network=f"chain{chain_id}",
+        window_blocks=max(10, span // 20),
+        hot_blocks=min(10_000, max(100, span // 4)),
+    )
+
+
+def _start_devnet(settings: Settings, console: Console) -> Any:
+    from trace_platform.devnet import ChainSpec, Devnet
+
+    devnet = Devnet(settings.home)
+    spec = ChainSpec()
+    with Progress(
+        TextColumn("devnet: generating blocks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("blocks", total=spec.blocks)
+        info, chain = devnet.up(spec, lambda n: bar.update(task, completed=n))
+        bar.update(task, completed=spec.blocks)
+    console.print(f"devnet at {info.url}: token {chain.token}, staking {chain.staking}")
+    return devnet

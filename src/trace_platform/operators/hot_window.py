@@ -134,7 +134,7 @@ def load_range(
     window: int,
     key: str = "block_number",
 ) -> int:
-    """Loads one range into the window table `location` ("schema.table") in one transaction;
+    """Loads one half-open range [start, end) into the window table `location` ("schema.table") in one transaction;
     returns the rows kept. Idempotent: the range's rows are replaced, never added to."""
     schema_name, _, table_name = location.partition(".")
     table = sql.Identifier(schema_name, table_name)
@@ -162,10 +162,10 @@ def load_range(
             )
         )
         top = conn.execute(sql.SQL("SELECT max({}) FROM {}").format(k, table)).fetchone()
-        high = max(end, int(top[0]) if top and top[0] is not None else end)
+        high = max(end - 1, int(top[0]) if top and top[0] is not None else end - 1)
         floor = high - window + 1
         conn.execute(
-            sql.SQL("DELETE FROM {} WHERE {} BETWEEN %s AND %s").format(table, k), [start, end]
+            sql.SQL("DELETE FROM {} WHERE {} >= %s AND {} < %s").format(table, k, k), [start, end]
         )
         kt = data.schema.field(key).type
         lowest = max(floor, 0) if pa.types.is_unsigned_integer(kt) else floor

@@ -1,5 +1,6 @@
 """sql_transform: a Spark SQL statement over the task's input datasets, each registered as a
 view of its pinned version (named like the dataset, else `input_{i}`), into output 0.
+`config.args` binds named parameter markers (`:window_blocks`) so values stay out of the SQL.
 
 The batch path for heavy SQL (the Query Service stays interactive). The output version is
 rewritten as a whole: scope `all`."""
@@ -34,8 +35,11 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
             spark.read.parquet(str(local)).createOrReplaceTempView(view)
         else:
             raise PermanentError(f"input {i} ({view}) has no data in its pinned version yet")
+    args = ctx.config.get("args") or None
+    if args is not None and not isinstance(args, dict):
+        raise PermanentError("sql_transform config.args must be a mapping of parameter -> value")
     try:
-        frame = spark.sql(sql)
+        frame = spark.sql(sql, args=args)
     except Exception as e:  # analysis/parse errors: no retry can fix the statement
         if type(e).__name__ in ("AnalysisException", "ParseException"):
             from trace_platform.spark import spark_error_text
