@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,8 @@ from trace_platform.queue import QueueDriver, make_driver
 
 if TYPE_CHECKING:
     from trace_platform.query import QueryService
+
+_QUERY_LOCK = threading.Lock()
 
 
 @dataclass
@@ -40,18 +43,19 @@ class Services:
     @property
     def query(self) -> QueryService:
         """The Query Service, built on first use (DuckDB is not needed by every process)."""
-        if self._query is None:
-            from trace_platform.objectstore import make_store
-            from trace_platform.query import QueryService
+        with _QUERY_LOCK:  # API request threads may race to the first query
+            if self._query is None:
+                from trace_platform.objectstore import make_store
+                from trace_platform.query import QueryService
 
-            read = self.settings.read_dsn
-            self._query = QueryService(
-                self.pool,
-                make_store(self.settings),
-                read.get_secret_value() if read else self.data_dsn,
-                self.settings,
-            )
-        return self._query
+                read = self.settings.read_dsn
+                self._query = QueryService(
+                    self.pool,
+                    make_store(self.settings),
+                    read.get_secret_value() if read else self.data_dsn,
+                    self.settings,
+                )
+            return self._query
 
     @classmethod
     def build(cls, settings: Settings, dsn: str | None = None) -> Services:

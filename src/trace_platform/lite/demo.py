@@ -174,19 +174,30 @@ def saved_rows(svc: Services, me: Actor, name: str, **params: Any) -> list[dict[
     return [dict(zip(cols, r, strict=True)) for r in out["rows"]]
 
 
+AMOUNTS = {"total_supply", "balance", "stake", "total_stake"}  # base units, 18 decimals
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if column in AMOUNTS or column.startswith("0x"):
+        return f"{int(value) / 10**18:,.2f}"  # display only; the data stays exact
+    return str(value)
+
+
 def _table(title: str, rows: list[dict[str, Any]], limit: int = 12) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold")
     if not rows:
         table.add_column("(no rows)")
         return table
     for c in rows[0]:
-        table.add_column(c, justify="right" if c not in ("account",) else "left")
+        table.add_column(c, justify="left" if c == "account" else "right")
     step = max(1, len(rows) // limit)
     shown = rows[::step][:limit]
     if rows[-1] is not shown[-1]:
         shown.append(rows[-1])
     for r in shown:
-        table.add_row(*["" if v is None else str(v) for v in r.values()])
+        table.add_row(*[_cell(c, v) for c, v in r.items()])
     if len(shown) < len(rows):
         table.caption = f"{len(shown)} of {len(rows)} rows (evenly sampled)"
     return table
@@ -198,6 +209,9 @@ def analytics(svc: Services, plan: DemoPlan, out_dir: Path, console: Console) ->
     me = _admin(svc)
     every = max(1, (plan.to_block - plan.from_block + 1) // 200)
     supply = saved_rows(svc, me, "token_supply", token=plan.token, every=every)
+    console.print(
+        "[dim]Amounts in tokens (base units ÷ 10^18); the datasets hold exact integers.[/dim]"
+    )
     console.print(_table(f"(1) Total supply by block — token {plan.token}", supply))
     top = saved_rows(svc, me, "top_holders", token=plan.token, n=10)
     console.print(_table(f"(2) Top 10 holders at block {plan.to_block}", top, limit=10))
@@ -227,13 +241,21 @@ def analytics(svc: Services, plan: DemoPlan, out_dir: Path, console: Console) ->
 def where(svc: Services, plan: DemoPlan, console: Console) -> None:
     me = _admin(svc)
     table = Table("dataset", "backend", "rows", "where", title="Outputs", title_justify="left")
+    table.columns[3].overflow = "fold"
+    root = Path(svc.settings.object_store_root or "").resolve()
     for d in svc.control.list_datasets(me):
-        loc = d["location"]
+        rows = int(d["row_count"] or 0)
         if d["backend"] == "parquet":
-            loc = str(Path(svc.settings.object_store_root or "") / loc)
+            loc = f"{root}/{d['location']}version/{d['current_version']}/"
         else:
-            loc = f"Postgres table {d['location']}.v_{str(d['current_version']).replace('-', '')} (view published.{d['dataset_name']})"
-        table.add_row(d["dataset_name"], d["backend"], f"{int(d['row_count'] or 0):,}", loc)
+            loc = f"Postgres {d['location']}.v_{d['current_version'].hex} (view published.{d['dataset_name']})"
+            if d["commits"]:  # a window: what it holds now, not what passed through it
+                rows = (
+                    svc.query.query(me, f"SELECT count(*) FROM {d['dataset_name']}")
+                    .table[0][0]
+                    .as_py()
+                )
+        table.add_row(d["dataset_name"], d["backend"], f"{rows:,}", loc)
     console.print(table)
     console.print(
         "Query them (each name pinned to its current version):\n"
@@ -256,6 +278,8 @@ def run_demo(
     console: Console | None = None,
 ) -> int:
     console = console or Console()
+    if not console.is_terminal:  # logs and CI: wide enough for the tables
+        console.width = max(console.width, 160)
     t0 = time.monotonic()
     state_file = settings.home / "demo" / "last.json"
     devnet = None

@@ -71,7 +71,10 @@ def dataset_names(sql: str) -> set[str]:
     assert raw is not None
     tree = json.loads(raw[0])
     if tree.get("error"):
-        raise QueryRefused(f"bad SQL: {tree.get('error_message', 'cannot parse')}")
+        message = tree.get("error_message", "cannot parse")
+        if "Only SELECT" in message:  # e.g. PRAGMA, which parses as a rewritten SELECT
+            raise QueryRefused("only SELECT is allowed: the Query Service never writes")
+        raise QueryRefused(f"bad SQL: {message}")
     found: dict[str, set[str]] = {
         k: set() for k in ("tables", "qualified", "table_functions", "ctes", "denied")
     }

@@ -1,0 +1,48 @@
+"""What the Query Service's guard lets through: dataset names only, read by one SELECT."""
+
+from __future__ import annotations
+
+import pytest
+
+from trace_platform.query import saved
+from trace_platform.query.guard import QueryRefused, dataset_names
+
+
+def test_names_come_from_every_clause_but_not_from_ctes() -> None:
+    sql = """
+      WITH recent AS (SELECT * FROM Blocks WHERE block_number > $from)
+      SELECT r.block_number, (SELECT count(*) FROM logs l WHERE l.block_number = r.block_number)
+      FROM recent r ASOF LEFT JOIN token_supply s ON r.block_number >= s.block_number
+      WHERE r.block_number IN (SELECT block_number FROM transactions)
+    """
+    assert dataset_names(sql) == {"blocks", "logs", "token_supply", "transactions"}
+
+
+@pytest.mark.parametrize(
+    ("sql", "needle"),
+    [
+        ("SELECT * FROM glob('/etc/*')", "table functions"),
+        ("SELECT * FROM blocks, read_json_auto('x.json')", "read_json_auto"),
+        ("SELECT * FROM (SELECT * FROM duckdb_settings())", "duckdb_settings"),
+        ("WITH x AS (SELECT * FROM read_text('/etc/passwd')) SELECT * FROM x", "read_text"),
+        ("SELECT * FROM pg.public.tasks", "qualified names"),
+        ("INSERT INTO blocks VALUES (1)", "only SELECT"),
+        ("PRAGMA database_list", "only SELECT"),
+        ("SET enable_external_access = true", "only SELECT"),
+        ("", "empty"),
+    ],
+)
+def test_refused(sql: str, needle: str) -> None:
+    with pytest.raises(QueryRefused) as e:
+        dataset_names(sql)
+    assert needle in e.value.message
+
+
+def test_every_saved_query_parses_and_declares_its_parameters() -> None:
+    assert set(saved.names()) >= {"token_supply", "top_holders", "holder_history"}
+    for name in saved.names():
+        q = saved.load(name)
+        assert q.description, name
+        assert dataset_names(q.sql), name
+        filled = {k: "0xab" if v == "" else v for k, v in q.defaults.items()}
+        assert set(q.params(filled)) <= set(q.defaults)
