@@ -296,8 +296,8 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
         result = qs.query(
             user, sql, params, max_rows=body.max_rows, timeout_seconds=body.timeout_seconds
         )
-        if body.format == "json":
-            return result.as_json()
+        if body.format == "json":  # already JSON-safe: skip FastAPI's per-value encoder
+            return JSONResponse(result.as_json())
         return Response(
             formats.encode(result.table, body.format),
             media_type=formats.MEDIA_TYPES[body.format],

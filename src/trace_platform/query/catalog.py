@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from psycopg import IsolationLevel
 from psycopg_pool import ConnectionPool
 
 from trace_platform.db.queries import Queries
@@ -48,19 +47,11 @@ def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
 
 def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str]) -> dict[str, Pin]:
     """Pins every named dataset (and its hot window), checking read_roles: unknown names are
-    404, unreadable ones 403; nothing is read before every name passes."""
+    404, unreadable ones 403; nothing is read before every name passes. One statement reads
+    every pin, so all of them come from one snapshot."""
     wanted = sorted(names)
     with pool.connection() as conn:
-        conn.isolation_level = IsolationLevel.REPEATABLE_READ  # one snapshot for all pins
-        try:
-            with conn.transaction():
-                rows = conn.execute(
-                    _Q.datasets_by_name, {"org_id": actor.org_id, "names": wanted}
-                ).fetchall()
-                versions = [r["dataset_version"] for r in rows if r["dataset_version"]]
-                commits = conn.execute(_Q.commit_locations, {"versions": versions}).fetchall()
-        finally:
-            conn.isolation_level = None
+        rows = conn.execute(_Q.pin_datasets, {"org_id": actor.org_id, "names": wanted}).fetchall()
     by_name = {r["dataset_name"]: r for r in rows}
     unknown = [n for n in wanted if n not in by_name]
     if unknown:
@@ -76,9 +67,6 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
             f"'{actor.name}' may not read dataset{'s' if len(forbidden) > 1 else ''} "
             f"{', '.join(forbidden)} (not in its read_roles)"
         )
-    prefixes: dict[UUID, list[str]] = {}
-    for c in commits:
-        prefixes.setdefault(c["dataset_version"], []).append(c["location"])
 
     def one(row: dict[str, Any]) -> Pin:
         version = row["dataset_version"]
@@ -87,7 +75,7 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
             return Pin(row["dataset_name"], row["dataset_uuid"], version, "postgres", table=table)
         files = sorted(
             store.uri(o.key)
-            for prefix in prefixes.get(version, [])
+            for prefix in row["commit_locations"]
             for o in list_all(store, prefix)
             if o.key.endswith(".parquet")
         )

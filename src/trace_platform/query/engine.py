@@ -17,9 +17,11 @@ from urllib.parse import unquote, urlparse
 import duckdb
 import duckdb_extensions
 import psycopg
+import pyarrow as pa
 
 from trace_platform.dispatcher.errors import Invalid
 from trace_platform.query.catalog import Pin
+from trace_platform.query.errors import LimitExceeded
 
 PG_ALIAS = "trace_pg"
 
@@ -177,10 +179,6 @@ def run(
 ) -> Any:
     """Runs the statement under the time limit; returns a pyarrow Table of at most max_rows
     rows, or raises LimitExceeded."""
-    import pyarrow as pa
-
-    from trace_platform.query.errors import LimitExceeded
-
     timer = threading.Timer(limits.timeout_seconds, cur.interrupt)
     timer.start()
     try:

@@ -8,6 +8,7 @@ import io
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 FORMATS = ("json", "csv", "parquet")
 
@@ -28,13 +29,35 @@ def _cell(v: Any) -> Any:
     return v
 
 
+def _json_column(col: pa.ChunkedArray) -> list[Any]:
+    """One column as JSON-safe values, converted by Arrow where it can (fast) and cell by cell
+    only for the types that need it."""
+    t = col.type
+    if pa.types.is_decimal(t) or pa.types.is_temporal(t):
+        return pc.cast(col, pa.string()).to_pylist()  # type: ignore[no-any-return]
+    if pa.types.is_integer(t) and col.length() and t.bit_width == 64:
+        lo, hi = pc.min_max(col).values()
+        if (hi.as_py() or 0) > 2**53 or (lo.as_py() or 0) < -(2**53):
+            return pc.cast(col, pa.string()).to_pylist()  # type: ignore[no-any-return]
+        return col.to_pylist()  # type: ignore[no-any-return]
+    if (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+    ):
+        return col.to_pylist()  # type: ignore[no-any-return]
+    return [_cell(v) for v in col.to_pylist()]
+
+
 def columns(table: pa.Table) -> list[dict[str, str]]:
     return [{"name": f.name, "type": str(f.type)} for f in table.schema]
 
 
 def rows(table: pa.Table) -> list[list[Any]]:
-    cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
-    return [[_cell(c[r]) for c in cols] for r in range(table.num_rows)]
+    cols = [_json_column(table.column(i)) for i in range(table.num_columns)]
+    return [list(r) for r in zip(*cols, strict=True)] if cols else []
 
 
 def _csv_safe(table: pa.Table) -> pa.Table:

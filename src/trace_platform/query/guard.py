@@ -6,6 +6,7 @@ outright; the engine's own sandbox (external access off, config locked) is the s
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from typing import Any
@@ -53,6 +54,11 @@ def _walk(node: Any, out: dict[str, set[str]]) -> None:
 
 def dataset_names(sql: str) -> set[str]:
     """The dataset names a statement reads (lower-cased), or QueryRefused saying why not."""
+    return set(_dataset_names(sql))
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of the text; dashboards repeat queries
+def _dataset_names(sql: str) -> frozenset[str]:
     if not sql.strip():
         raise QueryRefused("empty query")
     try:
@@ -93,7 +99,7 @@ def dataset_names(sql: str) -> set[str]:
     if found["denied"]:
         raise QueryRefused(f"function not allowed: {', '.join(sorted(found['denied']))}")
     ctes = {c.lower() for c in found["ctes"]}
-    return {t.lower() for t in found["tables"]} - ctes
+    return frozenset({t.lower() for t in found["tables"]} - ctes)
 
 
 def _first_line(e: Exception) -> str:
