@@ -88,3 +88,17 @@ def services(settings: Settings, dsn: str) -> Iterator[Services]:
     svc = Services.build(settings, dsn)
     yield svc
     svc.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's real S3 HTTP server on 127.0.0.1 (in memory): the stand-in for MinIO/AWS here."""
+    from moto.server import ThreadedMotoServer
+
+    from trace_platform.db.embedded import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

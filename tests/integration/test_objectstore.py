@@ -4,26 +4,13 @@ server on 127.0.0.1 (in memory), the stand-in for MinIO/AWS here."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.objectstore_conformance import ObjectStoreConformance
-from trace_platform.db.embedded import free_port
 from trace_platform.objectstore.local import LocalStore
 from trace_platform.objectstore.s3 import S3Store
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 class TestLocalStore(ObjectStoreConformance):

@@ -10,10 +10,11 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import SecretStr
 
 from tests.support.dags import admin, user
 from tests.support.datasets import commit_parquet, load_hot, new_version
-from trace_platform.config import Settings
+from trace_platform.config import ObjectStoreBackend, Settings
 from trace_platform.db.embedded import free_port
 from trace_platform.lite.stack import ApiServer
 from trace_platform.objectstore import make_store
@@ -212,3 +213,29 @@ def test_limits_formats_and_export(http: tuple[Services, str, dict[str, str]]) -
     assert out["row_count"] == 200 and out["location"].endswith(".parquet")
     data = make_store(svc.settings).get(out["key"])
     assert pq.read_table(io.BytesIO(data)).num_rows == 200
+
+
+def test_parquet_in_s3_reads_through_httpfs_and_stays_sandboxed(
+    settings: Settings, dsn: str, s3_endpoint: str
+) -> None:
+    s3 = settings.model_copy(
+        update={
+            "object_store": ObjectStoreBackend.s3,
+            "s3_endpoint_url": s3_endpoint,
+            "s3_bucket": "query-test",
+            "s3_access_key_id": "test",
+            "s3_secret_access_key": SecretStr("test"),
+        }
+    )
+    svc = Services.build(s3, dsn)
+    try:
+        make_store(s3).ensure_bucket()
+        svc.control.deploy(admin(svc), CHAIN)
+        commit_parquet(svc, "blocks", blocks(0, 49), 0, 50)
+        out = svc.query.query(admin(svc), "SELECT count(*), max(block_number) FROM blocks")
+        assert out.as_json()["rows"] == [[50, 49]]
+        assert all(f.startswith("s3://query-test/") for f in out.plan.pins["blocks"].files)
+        with pytest.raises(Exception, match="table functions"):
+            svc.query.query(admin(svc), "SELECT * FROM read_parquet('s3://query-test/**')")
+    finally:
+        svc.close()

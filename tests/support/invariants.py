@@ -71,9 +71,7 @@ def assert_datasets_complete(services: Services) -> None:
                 (c["range_start"], c["range_end"]) for c in commits if c["range_start"] is not None
             ]
             for (_, a_end), (b_start, _) in itertools.pairwise(ranges):
-                assert b_start == a_end, (
-                    f"{name}: range commits leave a gap or overlap at {a_end}"
-                )
+                assert b_start == a_end, f"{name}: range commits leave a gap or overlap at {a_end}"
             if ds["backend"] != "parquet":
                 continue
             for c in commits:

@@ -14,7 +14,7 @@ import duckdb
 import pyarrow as pa
 from psycopg_pool import ConnectionPool
 
-from trace_platform.config import Settings
+from trace_platform.config import ObjectStoreBackend, Settings
 from trace_platform.identity import Actor
 from trace_platform.objectstore import ObjectStore
 from trace_platform.query import catalog, formats, guard
@@ -52,7 +52,7 @@ class Result:
 
 
 def s3_access(settings: Settings) -> S3Access | None:
-    if settings.object_store.value != "s3":
+    if settings.object_store is not ObjectStoreBackend.s3:
         return None
     endpoint = settings.s3_endpoint_url
     host = endpoint.split("://", 1)[-1].rstrip("/") if endpoint else None
