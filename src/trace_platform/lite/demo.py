@@ -210,9 +210,10 @@ def analytics(svc: Services, plan: DemoPlan, out_dir: Path, console: Console) ->
     every = max(1, (plan.to_block - plan.from_block + 1) // 200)
     supply = saved_rows(svc, me, "token_supply", token=plan.token, every=every)
     console.print(
-        "[dim]Amounts in tokens (base units ÷ 10^18); the datasets hold exact integers.[/dim]"
+        f"\n[bold]Analytics[/bold] for token {plan.token}, blocks {plan.from_block}-{plan.to_block} "
+        "[dim](amounts in tokens: base units ÷ 10^18; the datasets hold exact integers)[/dim]"
     )
-    console.print(_table(f"(1) Total supply by block — token {plan.token}", supply))
+    console.print(_table("(1) Total supply by block", supply))
     top = saved_rows(svc, me, "top_holders", token=plan.token, n=10)
     console.print(_table(f"(2) Top 10 holders at block {plan.to_block}", top, limit=10))
     history = saved_rows(svc, me, "holder_history", token=plan.token, n=5, every=every)
@@ -303,8 +304,10 @@ def run_demo(
             )
         else:
             if rpc_url is None:
-                devnet = _start_devnet(settings, console)
-                plan.token = devnet.chain().token  # type: ignore[union-attr]
+                devnet, plan.rpc_url, plan.token = _start_devnet(settings, console)
+                # 8545 may have been taken: point the pool at the node's real URL (pool env is
+                # not materialization, so the dataset versions stay).
+                svc.control.deploy(_admin(svc), dag_text(plan), str(DEMO_DAG))
             console.print(
                 f"[bold]Backfilling blocks {plan.from_block}-{plan.to_block}[/bold] from {plan.rpc_url} "
                 f"in {plan.ranges} ranges of {plan.chunk_size}…"
@@ -366,7 +369,7 @@ def _chain_plan(url: str, token: str, a: int, b: int, chunk: int) -> DemoPlan:
     )
 
 
-def _start_devnet(settings: Settings, console: Console) -> Any:
+def _start_devnet(settings: Settings, console: Console) -> tuple[Any, str, str]:
     from trace_platform.devnet import ChainSpec, Devnet
 
     devnet = Devnet(settings.home)
@@ -382,4 +385,4 @@ def _start_devnet(settings: Settings, console: Console) -> Any:
         info, chain = devnet.up(spec, lambda n: bar.update(task, completed=n))
         bar.update(task, completed=spec.blocks)
     console.print(f"devnet at {info.url}: token {chain.token}, staking {chain.staking}")
-    return devnet
+    return devnet, info.url, chain.token
