@@ -50,6 +50,9 @@ class JobOutputRef(_Strict):
 
     job: str
     output: int = Field(default=0, ge=0)
+    triggers: bool = Field(
+        default=True, description="false: read this input, but its events do not start the job"
+    )
 
 
 class DatasetSource(_Strict):
@@ -60,6 +63,9 @@ class SharedRead(_Strict):
     """An input read from a published dataset, possibly produced by another DAG."""
 
     from_: DatasetSource = Field(alias="from")
+    triggers: bool = Field(
+        default=True, description="false: read this input, but its events do not start the job"
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -135,6 +135,13 @@ def check(spec: DagSpec) -> list[DagProblem]:
                 )
             )
         graph[name] = set()
+        if job.inputs and not any(inp.triggers for inp in job.inputs):
+            add(
+                DagProblem(
+                    f"{at}.inputs",
+                    "every input has triggers: false, so nothing would ever start this job",
+                )
+            )
         for i, inp in enumerate(job.inputs):
             if isinstance(inp, JobOutputRef):
                 up = spec.jobs.get(inp.job)

@@ -230,13 +230,13 @@ class Dispatcher:
                 conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone(), ref
             )
             slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
-            state = None
+            state, revision = None, 0
             if view["dag_id"] is not None:
                 row = conn.execute(
                     _Q.operator_state,
                     {"org_id": view["org_id"], "dag_id": view["dag_id"], "job": view["job"]},
                 ).fetchone()
-                state = row["state"] if row else None
+                state, revision = (row["state"], row["revision"]) if row else (None, 0)
         status = "canceled" if view["cancel_requested"] else view["status"]
         return m.TaskPayload(
             task_id=view["task_id"],
@@ -261,6 +261,7 @@ class Dispatcher:
             slot_env=slot["env"] if slot else {},
             slot_secret_names=sorted(slot["secrets"]) if slot else [],
             operator_state=state,
+            operator_state_revision=revision,
             idempotency=m.IdempotencyContext(
                 producer_task_id=view["task_id"], attempt=view["attempt"]
             ),
@@ -387,6 +388,14 @@ class Dispatcher:
             accepted=len(ids), duplicates=dups, event_ids=ids, tasks_created=created
         )
 
+    @staticmethod
+    def _state_moved(conn: Any, st: dict[str, Any], read_revision: int) -> bool:
+        row = conn.execute(
+            _Q.operator_state_for_update,
+            {"org_id": st["org_id"], "dag_id": st["dag_id"], "job": st["job"]},
+        ).fetchone()
+        return (row["revision"] if row else 0) != read_revision
+
     def complete(self, req: m.CompleteRequest) -> m.CompleteResponse:
         """Accepted only for the current attempt of a task not succeeded/canceled; a late
         report of the current attempt (after its lease expired) is accepted too."""
@@ -411,6 +420,23 @@ class Dispatcher:
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 self._reject_finished(st, req)
+            if req.outcome == "succeeded" and req.operator_state is not None:
+                if st["dag_id"] is None:
+                    raise Invalid("operator state is kept per DAG job; this task has no DAG")
+                if self._state_moved(conn, st, req.operator_state_revision):
+                    # Another run of this job saved state since this attempt read it: nothing
+                    # of this attempt lands, and it runs again on the newer state.
+                    req = req.model_copy(
+                        update={
+                            "outcome": "failed",
+                            "retryable": True,
+                            "error": "operator state changed while this attempt ran (another run "
+                            "of the job saved first); retrying on the newer state",
+                            "final_events": [],
+                            "outputs": [],
+                            "operator_state": None,
+                        }
+                    )
             ids, dups, created = self._insert_events(conn, st, req.attempt, req.final_events)
             committed = self._commit_outputs(conn, st, req.attempt, req.outputs)
             self._release_slot(conn, req.task_id)
@@ -418,8 +444,6 @@ class Dispatcher:
             if req.outcome == "succeeded":
                 conn.execute(_Q.set_succeeded, {"task_id": req.task_id})
                 if req.operator_state is not None:
-                    if st["dag_id"] is None:
-                        raise Invalid("operator state is kept per DAG job; this task has no DAG")
                     conn.execute(
                         _Q.save_operator_state,
                         {

@@ -185,8 +185,10 @@ class CompleteRequest(LeaseRef):
     retryable: bool = True
     final_events: list[EventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
     outputs: list[OutputCommit] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
-    # Saved with a successful completion, in the same transaction as its events.
+    # Saved with a successful completion, in the same transaction as its events, only if the
+    # stored state is still at the revision this attempt read (compare-and-set).
     operator_state: dict[str, Any] | None = None
+    operator_state_revision: int = 0
 
 
 class CompleteResponse(BaseModel):
@@ -233,6 +235,7 @@ class TaskPayload(BaseModel):
     slot_env: dict[str, str]
     slot_secret_names: list[str]  # values come only from /internal/task-secrets
     operator_state: dict[str, Any] | None = None  # the job's durable state, if it keeps one
+    operator_state_revision: int = 0  # what a state saved by this attempt must build on
     idempotency: IdempotencyContext
     timeout_seconds: int
     deadline_at: datetime | None

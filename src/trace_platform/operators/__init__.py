@@ -38,6 +38,7 @@ REGISTRY: dict[str, str] = {
     "crash": "trace_platform.operators.builtin:crash",
     "range_splitter": "trace_platform.operators.ranges:range_splitter",
     "chain_tip": "trace_platform.operators.ranges:chain_tip",
+    "range_aggregator": "trace_platform.operators.ranges:range_aggregator",
     "cryo_ingest": "trace_platform.operators.cryo_ingest:cryo_ingest",
     "decode_erc20_transfers": "trace_platform.operators.decode:decode_erc20_transfers",
     "decode_staking_events": "trace_platform.operators.decode:decode_staking_events",

@@ -1,4 +1,5 @@
-"""range_splitter: a backfill request -> fixed-size, deterministic range manifests.
+"""range_splitter: a backfill request -> fixed-size, deterministic range manifests;
+chain_tip: the same from a chain's head; range_aggregator: ranges back into fixed windows.
 
 Ranges are half-open [start, end). The request comes from the config, overridden by the
 trigger's run config (`from_block`, `to_block` inclusive, `chunk_size`)."""
@@ -90,3 +91,71 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
     ]
     ctx.progress(head=head, emitted=len(events))
     return OperatorResult(events=events, state={"next_block": max(start, stop), "head": head})
+
+
+def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Half-open intervals, sorted and merged where they touch or overlap."""
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def covers(intervals: list[tuple[int, int]], start: int, end: int) -> bool:
+    return any(s <= start and end <= e for s, e in intervals)
+
+
+def completed_windows(
+    covered: list[tuple[int, int]], new: tuple[int, int], size: int, origin: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Adds range `new` to the covered set; returns the new set and the windows
+    [origin + k*size, origin + (k+1)*size) that this range completed (each exactly once)."""
+    before = merge(covered)
+    after = merge([*before, new])
+    s, e = new
+    first = (s - origin) // size
+    last = (e - 1 - origin) // size
+    done = []
+    for k in range(first, last + 1):
+        w = (origin + k * size, origin + (k + 1) * size)
+        if w[0] >= origin and covers(after, *w) and not covers(before, *w):
+            done.append(w)
+    return after, done
+
+
+def range_aggregator(ctx: OperatorContext) -> OperatorResult:
+    """The inverse of range_splitter: collects input ranges (in any order, duplicates
+    included) in durable state and emits one manifest per fixed window
+    [origin + k*size, origin + (k+1)*size) once every block of it has arrived. Config: `size`,
+    `origin` (default 0). The state is saved by compare-and-set with the completion, so
+    concurrent runs cannot lose a range."""
+    rng = (ctx.task.input_event or {}).get("range")
+    if not rng:
+        raise PermanentError("range_aggregator needs range events from its input job")
+    try:
+        size, origin = int(ctx.config["size"]), int(ctx.config.get("origin", 0))
+    except (KeyError, TypeError, ValueError):
+        raise PermanentError("range_aggregator needs an integer config.size (and origin)") from None
+    if size <= 0:
+        raise PermanentError("range_aggregator config.size must be positive")
+    if not ctx.task.outputs:
+        raise PermanentError("range_aggregator needs one output to emit its manifests on")
+    state = ctx.task.operator_state or {}
+    covered = [(int(a), int(b)) for a, b in state.get("covered", [])]
+    covered, windows = completed_windows(
+        covered, (int(rng["start"]), int(rng["end"])), size, origin
+    )
+    dataset = ctx.task.outputs[0].dataset_uuid
+    events = [
+        EventIn(
+            dataset_uuid=dataset,
+            range=RangeSpec(start=s, end=e),
+            payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e},
+        )
+        for s, e in windows
+    ]
+    ctx.progress(windows=len(events))
+    return OperatorResult(events=events, state={"covered": [list(c) for c in covered]})

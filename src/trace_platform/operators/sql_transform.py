@@ -21,6 +21,7 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
     if not ctx.task.outputs:
         raise PermanentError("sql_transform needs one output")
     spark, store = ctx.spark, ctx.store
+    empty: list[tuple[int, str]] = []
     for i, ref in enumerate(ctx.task.inputs):
         assert ref.location is not None
         local = ctx.workdir / f"input_{i}"
@@ -33,8 +34,8 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
         view = ref.dataset_name or f"input_{i}"
         if any(local.iterdir()):
             spark.read.parquet(str(local)).createOrReplaceTempView(view)
-        else:
-            raise PermanentError(f"input {i} ({view}) has no data in its pinned version yet")
+        else:  # e.g. a range aggregator's manifests: they wake the job, they hold no rows
+            empty.append((i, view))
     args = ctx.config.get("args") or None
     if args is not None and not isinstance(args, dict):
         raise PermanentError("sql_transform config.args must be a mapping of parameter -> value")
@@ -44,6 +45,12 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
         if type(e).__name__ in ("AnalysisException", "ParseException"):
             from trace_platform.spark import spark_error_text
 
-            raise PermanentError(f"Spark SQL: {spark_error_text(e)}") from None
+            text = spark_error_text(e)
+            for i, view in empty:
+                if view in text:
+                    raise PermanentError(
+                        f"input {i} ({view}) has no data in its pinned version yet"
+                    ) from None
+            raise PermanentError(f"Spark SQL: {text}") from None
         raise
     return publish_frame(ctx, frame)

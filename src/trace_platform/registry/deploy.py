@@ -213,6 +213,7 @@ def deploy(
                     "job": name,
                     "input_index": i,
                     "dataset_uuid": ds_uuid,
+                    "triggers": inp.triggers,
                 },
             )
 

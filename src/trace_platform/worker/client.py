@@ -106,6 +106,7 @@ class DispatcherClient:
         final_events: list[m.EventIn] | None = None,
         outputs: list[m.OutputCommit] | None = None,
         operator_state: dict[str, Any] | None = None,
+        operator_state_revision: int = 0,
     ) -> m.CompleteResponse:
         body = m.CompleteRequest(
             **_ref(claim),
@@ -115,6 +116,7 @@ class DispatcherClient:
             final_events=final_events or [],
             outputs=outputs or [],
             operator_state=operator_state,
+            operator_state_revision=operator_state_revision,
         )
         return self._call(
             "POST", "/internal/task-complete", m.CompleteResponse, content=body.model_dump_json()

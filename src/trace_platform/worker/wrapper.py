@@ -259,6 +259,7 @@ class Wrapper:
                     final_events=finals,
                     outputs=outputs,
                     operator_state=out.get("state"),
+                    operator_state_revision=task.operator_state_revision,
                 )
                 return
             elif kind == "failed":

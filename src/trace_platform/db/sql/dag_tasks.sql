@@ -26,7 +26,7 @@ ORDER BY s.input_index;
 SELECT DISTINCT s.dag_id, s.dag_version, s.job
 FROM dag_subscriptions s
 JOIN dags d ON d.dag_id = s.dag_id AND d.active_version = s.dag_version AND NOT d.paused
-WHERE s.dataset_uuid = %(dataset_uuid)s AND d.org_id = %(org_id)s
+WHERE s.dataset_uuid = %(dataset_uuid)s AND d.org_id = %(org_id)s AND s.triggers
 ORDER BY s.dag_id, s.job;
 
 -- name: insert_fire

@@ -250,11 +250,17 @@ WITH st AS (
 SELECT task_id FROM upd;
 
 -- name: operator_state
-SELECT state FROM operator_state
+SELECT state, revision FROM operator_state
 WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s;
+
+-- name: operator_state_for_update
+SELECT revision FROM operator_state
+WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s
+FOR UPDATE;
 
 -- name: save_operator_state
 INSERT INTO operator_state (org_id, dag_id, job, state, updated_by_task)
 VALUES (%(org_id)s, %(dag_id)s, %(job)s, %(state)s, %(task_id)s)
 ON CONFLICT (org_id, dag_id, job)
-DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task, updated_at = now();
+DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task, updated_at = now(),
+              revision = operator_state.revision + 1;

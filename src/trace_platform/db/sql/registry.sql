@@ -87,8 +87,8 @@ FROM dataset_current c JOIN dataset_versions v USING (dataset_version)
 WHERE c.dataset_uuid = %(dataset_uuid)s;
 
 -- name: insert_subscription
-INSERT INTO dag_subscriptions (dag_id, dag_version, job, input_index, dataset_uuid)
-VALUES (%(dag_id)s, %(dag_version)s, %(job)s, %(input_index)s, %(dataset_uuid)s);
+INSERT INTO dag_subscriptions (dag_id, dag_version, job, input_index, dataset_uuid, triggers)
+VALUES (%(dag_id)s, %(dag_version)s, %(job)s, %(input_index)s, %(dataset_uuid)s, %(triggers)s);
 
 -- name: upsert_slot
 INSERT INTO pool_slots (dag_id, pool, slot_index, env, secrets)

@@ -1,0 +1,35 @@
+"""range_aggregator's window arithmetic: every window emitted once, whatever the order."""
+
+from __future__ import annotations
+
+import random
+
+from trace_platform.operators.ranges import completed_windows, merge, split
+
+
+def test_merge_joins_touching_and_overlapping_ranges() -> None:
+    assert merge([(10, 20), (0, 10), (30, 40), (15, 25)]) == [(0, 25), (30, 40)]
+
+
+def test_each_window_is_emitted_exactly_once_in_any_order_with_duplicates() -> None:
+    ranges = split(0, 2999, 250)  # 12 ranges, three windows of 1000
+    for seed in range(20):
+        shuffled = ranges + random.Random(seed).sample(ranges, 5)  # plus redeliveries
+        random.Random(seed).shuffle(shuffled)
+        covered: list[tuple[int, int]] = []
+        emitted: list[tuple[int, int]] = []
+        for r in shuffled:
+            covered, done = completed_windows(covered, r, 1000, 0)
+            emitted += done
+        assert sorted(emitted) == [(0, 1000), (1000, 2000), (2000, 3000)]
+        assert covered == [(0, 3000)]
+
+
+def test_windows_follow_the_origin_and_ignore_blocks_before_it() -> None:
+    covered, done = completed_windows([], (500, 1500), 1000, 500)
+    assert done == [(500, 1500)]
+    _, done = completed_windows(covered, (0, 500), 1000, 500)
+    assert done == []
+    # A range spanning several windows completes all of them at once.
+    _, done = completed_windows([], (0, 3000), 1000, 0)
+    assert done == [(0, 1000), (1000, 2000), (2000, 3000)]
