@@ -134,8 +134,8 @@ def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
             tasks = svc.control.show_run(me, run_id)["tasks"]
             by_job: dict[str, list[dict[str, Any]]] = {}
             for t in tasks:
-                if t["job"].endswith("_complete"):  # the aggregators: bookkeeping, not a stage
-                    continue
+                if t["job"] == "backfill" or t["job"].endswith("_complete"):
+                    continue  # the splitter and the aggregators: bookkeeping, not stages
                 job = t["job"] if t["job"] in totals else "analytics"
                 by_job.setdefault(job, []).append(t)
             rows = _raw_rows(svc)
