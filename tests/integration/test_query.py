@@ -13,7 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from tests.support.dags import admin, user
-from tests.support.datasets import commit_parquet, load_hot, new_version
+from tests.support.datasets import commit_parquet, current, load_hot
 from trace_platform.config import ObjectStoreBackend, Settings
 from trace_platform.db.embedded import free_port
 from trace_platform.lite.stack import ApiServer
@@ -115,7 +115,11 @@ def test_hot_window_unions_with_cold_history_without_double_counting(chain: Serv
 def test_a_query_keeps_the_version_it_pinned_across_a_cutover(chain: Services) -> None:
     me = admin(chain)
     before = chain.query.plan(me, "SELECT count(*) FROM blocks")
-    ver = new_version(chain, "blocks")
+    # A materialization change to the producing job: deploy cuts a new version and swaps it in.
+    chain.control.deploy(
+        me, CHAIN.replace("operator: noop\n", "operator: noop\n    config: {v: 2}\n")
+    )
+    ver = current(chain, "blocks")["current_version"]
     commit_parquet(chain, "blocks", blocks(0, 9, "v2"), 0, 10, version=ver)
     # Started before the cutover: still the old version, whatever runs after.
     assert chain.query.execute(before).as_json()["rows"] == [[100]]

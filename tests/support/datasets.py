@@ -71,26 +71,3 @@ def load_hot(
     ds = current(services, name)
     location = version_location(services, ds["current_version"])
     return load_range(services.dsn, location, name, table, start, end, window)
-
-
-def new_version(services: Services, name: str) -> uuid.UUID:
-    """A cutover: a new version of the dataset becomes current (the pointer swap)."""
-    ds = current(services, name)
-    ver = uuid.uuid4()
-    loc = version_location(services, ds["current_version"]).rsplit("/version/", 1)[0]
-    with services.pool.connection() as conn, conn.transaction():
-        row = conn.execute(
-            "SELECT dag_id, dag_version FROM dataset_versions WHERE dataset_version = %s",
-            [ds["current_version"]],
-        ).fetchone()
-        assert row is not None
-        conn.execute(
-            "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version,"
-            " location) VALUES (%s, %s, %s, %s, %s)",
-            [ver, ds["dataset_uuid"], row["dag_id"], row["dag_version"], f"{loc}/version/{ver}/"],
-        )
-        conn.execute(
-            "UPDATE dataset_current SET dataset_version = %s WHERE dataset_uuid = %s",
-            [ver, ds["dataset_uuid"]],
-        )
-    return ver
