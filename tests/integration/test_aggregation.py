@@ -125,3 +125,42 @@ def test_all_inputs_read_only_is_a_dag_error(services: Services) -> None:
     bad = DAG.replace("- {job: windows}", "- {job: windows, triggers: false}")
     with pytest.raises(DagInvalid, match="nothing would ever start this job"):
         services.control.deploy(admin(services), bad)
+
+
+def test_concurrent_first_saves_let_exactly_one_land(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No state row yet: a row lock cannot serialize these, the job's advisory lock does. The
+    check is slowed down so every completion is inside the race window at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trace_platform.dispatcher.core import Dispatcher
+
+    check = Dispatcher._state_moved
+
+    def slow_check(conn: Any, st: dict[str, Any], read_revision: int) -> bool:
+        moved = check(conn, st, read_revision)
+        time.sleep(0.3)
+        return moved
+
+    monkeypatch.setattr(Dispatcher, "_state_moved", staticmethod(slow_check))
+    d = services.dispatcher
+    tasks, _ = _src_tasks(services, 8)
+    leases = [_lease(d, t) for t in tasks]
+
+    def finish(i: int) -> str:
+        lease, payload = leases[i]
+        req = m.CompleteRequest(
+            **lease,
+            outcome="succeeded",
+            operator_state={"covered": [[i * 50, (i + 1) * 50]]},
+            operator_state_revision=payload.operator_state_revision,
+        )
+        return d.complete(req).status
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(finish, range(8)))
+    assert sorted(statuses) == ["queued"] * 7 + ["succeeded"]
+    with services.pool.connection() as conn:
+        row = conn.execute("SELECT revision FROM operator_state WHERE job = 'windows'").fetchone()
+    assert row["revision"] == 1

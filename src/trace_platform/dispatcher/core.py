@@ -390,10 +390,9 @@ class Dispatcher:
 
     @staticmethod
     def _state_moved(conn: Any, st: dict[str, Any], read_revision: int) -> bool:
-        row = conn.execute(
-            _Q.operator_state_for_update,
-            {"org_id": st["org_id"], "dag_id": st["dag_id"], "job": st["job"]},
-        ).fetchone()
+        key = {"org_id": st["org_id"], "dag_id": st["dag_id"], "job": st["job"]}
+        conn.execute(_Q.lock_operator_state, key)
+        row = conn.execute(_Q.operator_state, key).fetchone()
         return (row["revision"] if row else 0) != read_revision
 
     def complete(self, req: m.CompleteRequest) -> m.CompleteResponse:

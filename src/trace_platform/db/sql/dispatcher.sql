@@ -253,10 +253,10 @@ SELECT task_id FROM upd;
 SELECT state, revision FROM operator_state
 WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s;
 
--- name: operator_state_for_update
-SELECT revision FROM operator_state
-WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s
-FOR UPDATE;
+-- name: lock_operator_state
+-- Serializes state saves of one job: a row lock cannot cover the first save, when there is no
+-- row yet. Read the revision in a later statement (READ COMMITTED: a fresh snapshot).
+SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s::text || %(dag_id)s::text || %(job)s, 0));
 
 -- name: save_operator_state
 INSERT INTO operator_state (org_id, dag_id, job, state, updated_by_task)
