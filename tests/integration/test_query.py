@@ -7,6 +7,7 @@ import io
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -110,6 +111,32 @@ def test_hot_window_unions_with_cold_history_without_double_counting(chain: Serv
     assert rows == [[40, str(sum(b * 10 * 2 for b in range(80, 100)))]]
     with chain.pool.connection() as conn:  # the published Postgres view follows the table
         assert conn.execute("SELECT count(*) AS n FROM published.blocks_hot").fetchone()["n"] == 40
+
+
+def test_a_lagging_hot_window_loses_no_cold_rows(chain: Services) -> None:
+    # Cold has 0-99; the window only got 40-59 so far (later ranges late or failed).
+    load_hot(chain, "blocks_hot", blocks(40, 59, "hot"), 40, 60, window=1000)
+    rows = q(chain, "SELECT source, count(*) FROM blocks GROUP BY 1 ORDER BY 1")
+    assert rows == [["cold", 80], ["hot", 20]]
+    # The `range=…` folders are layout, not a column.
+    assert "range" not in [
+        c["name"]
+        for c in chain.query.query(admin(chain), "SELECT * FROM blocks LIMIT 1").as_json()[
+            "columns"
+        ]
+    ]
+
+
+def test_no_password_in_what_a_query_can_see(chain: Services) -> None:
+    load_hot(chain, "blocks_hot", blocks(90, 99, "hot"), 90, 100, window=1000)
+    password = str(psycopg.conninfo.conninfo_to_dict(chain.dsn).get("password"))
+    out = q(chain, "WITH x AS (SELECT 1) SELECT * FROM blocks_hot LIMIT 1")
+    assert password not in str(out)
+    engine_con = chain.query.engine.connection(
+        chain.query.plan(admin(chain), "SELECT 1 FROM blocks").pins, chain.query.limits
+    )
+    shown = engine_con.execute("SELECT path FROM duckdb_databases()").fetchall()
+    assert all(password not in str(p) for p in shown)
 
 
 def test_a_query_keeps_the_version_it_pinned_across_a_cutover(chain: Services) -> None:

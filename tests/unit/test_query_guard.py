@@ -19,6 +19,28 @@ def test_names_come_from_every_clause_but_not_from_ctes() -> None:
 
 
 @pytest.mark.parametrize(
+    "sql",
+    [
+        # A CTE declared in a subquery must not hide the outer (system) table.
+        "SELECT path FROM blocks, duckdb_databases WHERE EXISTS "
+        "(WITH duckdb_databases AS (SELECT 1) SELECT 1)",
+        # A CTE's own body does not see itself (unless recursive).
+        "WITH duckdb_databases AS (SELECT * FROM duckdb_databases) SELECT * FROM duckdb_databases",
+        # A CTE sees only the CTEs before it.
+        "WITH b AS (SELECT * FROM duckdb_settings), duckdb_settings AS (SELECT 1) SELECT * FROM b",
+    ],
+)
+def test_cte_names_do_not_leak_out_of_their_scope(sql: str) -> None:
+    names = dataset_names(sql)
+    assert names & {"duckdb_databases", "duckdb_settings"}  # so: an unknown dataset, refused
+
+
+def test_recursive_ctes_see_themselves() -> None:
+    sql = "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT * FROM r, blocks"
+    assert dataset_names(sql) == {"blocks"}
+
+
+@pytest.mark.parametrize(
     ("sql", "needle"),
     [
         ("SELECT * FROM glob('/etc/*')", "table functions"),
@@ -26,6 +48,8 @@ def test_names_come_from_every_clause_but_not_from_ctes() -> None:
         ("SELECT * FROM (SELECT * FROM duckdb_settings())", "duckdb_settings"),
         ("WITH x AS (SELECT * FROM read_text('/etc/passwd')) SELECT * FROM x", "read_text"),
         ("SELECT * FROM pg.public.tasks", "qualified names"),
+        ("SELECT * FROM blocks, (SHOW ALL TABLES)", "SHOW/DESCRIBE"),
+        ("SELECT * FROM (DESCRIBE blocks)", "SHOW/DESCRIBE"),
         ("INSERT INTO blocks VALUES (1)", "only SELECT"),
         ("PRAGMA database_list", "only SELECT"),
         ("SET enable_external_access = true", "only SELECT"),

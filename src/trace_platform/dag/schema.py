@@ -123,11 +123,14 @@ class JobSpec(_Strict):
 
     def materialization(self) -> dict[str, Any]:
         """The fields whose change means different outputs (versus execution-only fields)."""
-        return self.model_dump(
+        out = self.model_dump(
             mode="json",
             include={"operator", "runtime", "config", "inputs", "outputs"},
             by_alias=True,
         )
+        for inp in out["inputs"]:  # what wakes a job does not change what it writes
+            inp.pop("triggers", None)
+        return out
 
 
 class PoolSlot(_Strict):

@@ -37,6 +37,12 @@ def backoff_seconds(
     return (rng or random).uniform(delay / 2, delay)
 
 
+STATE_CONFLICT = (
+    "operator state changed while this attempt ran (another run of the job saved first); "
+    "retrying on the newer state"
+)
+
+
 class Dispatcher:
     def __init__(self, pool: ConnectionPool, settings: Settings) -> None:
         self.pool = pool
@@ -389,6 +395,13 @@ class Dispatcher:
         )
 
     @staticmethod
+    def _state_conflicts(conn: Any, task_id: Any) -> int:
+        row = conn.execute(
+            _Q.state_conflicts, {"task_id": task_id, "error": STATE_CONFLICT}
+        ).fetchone()
+        return int(row["n"]) if row else 0
+
+    @staticmethod
     def _state_moved(conn: Any, st: dict[str, Any], read_revision: int) -> bool:
         key = {"org_id": st["org_id"], "dag_id": st["dag_id"], "job": st["job"]}
         conn.execute(_Q.lock_operator_state, key)
@@ -419,18 +432,18 @@ class Dispatcher:
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 self._reject_finished(st, req)
+            conflict = False
             if req.outcome == "succeeded" and req.operator_state is not None:
                 if st["dag_id"] is None:
                     raise Invalid("operator state is kept per DAG job; this task has no DAG")
-                if self._state_moved(conn, st, req.operator_state_revision):
+                if conflict := self._state_moved(conn, st, req.operator_state_revision):
                     # Another run of this job saved state since this attempt read it: nothing
                     # of this attempt lands, and it runs again on the newer state.
                     req = req.model_copy(
                         update={
                             "outcome": "failed",
                             "retryable": True,
-                            "error": "operator state changed while this attempt ran (another run "
-                            "of the job saved first); retrying on the newer state",
+                            "error": STATE_CONFLICT,
                             "final_events": [],
                             "outputs": [],
                             "operator_state": None,
@@ -467,10 +480,15 @@ class Dispatcher:
                 if st["status"] != "running":
                     # A late failure report: the reaper already decided this attempt's fate.
                     status = st["status"]
+                elif conflict and not st["cancel_requested"]:
+                    # Someone else made progress: not this task's failure, so it costs no
+                    # retry budget and waits only a moment (jittered, so racers spread out).
+                    next_at = self._schedule_retry(conn, st, error, random.uniform(0.05, 0.5))
+                    status = "queued"
                 elif (
                     req.retryable
                     and not st["cancel_requested"]
-                    and req.attempt < st["max_attempts"]
+                    and req.attempt - self._state_conflicts(conn, req.task_id) < st["max_attempts"]
                 ):
                     next_at = self._schedule_retry(conn, st, error)
                     status = "queued"
@@ -491,10 +509,13 @@ class Dispatcher:
             outputs_committed=committed,
         )
 
-    def _schedule_retry(self, conn: Connection[Any], st: dict[str, Any], error: str) -> datetime:
-        delay = backoff_seconds(
-            st["attempt"], st["retry_backoff_seconds"], st["retry_backoff_max_seconds"]
-        )
+    def _schedule_retry(
+        self, conn: Connection[Any], st: dict[str, Any], error: str, delay: float | None = None
+    ) -> datetime:
+        if delay is None:
+            delay = backoff_seconds(
+                st["attempt"], st["retry_backoff_seconds"], st["retry_backoff_max_seconds"]
+            )
         row = conn.execute(
             _Q.set_retry, {"task_id": st["task_id"], "error": error, "backoff": delay}
         ).fetchone()

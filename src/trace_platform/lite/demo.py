@@ -53,18 +53,23 @@ class DemoPlan:
 
 
 def dag_text(plan: DemoPlan) -> str:
-    return (
-        DEMO_DAG.read_text()
-        .replace("http://127.0.0.1:8545", plan.rpc_url)
-        .replace("network_name: devnet", f"network_name: {plan.network}")
-        .replace("window_blocks: 500", f"window_blocks: {plan.hot_blocks}")
-        .replace("window_blocks: 100", f"window_blocks: {plan.window_blocks}")
+    """The demo DAG with this plan's chain, range and window sizes set by key."""
+    import yaml
+
+    dag = yaml.safe_load(DEMO_DAG.read_text())
+    for slot in dag["worker_pools"]["rpc"]:
+        slot["env"]["RPC_URL"] = plan.rpc_url
+    jobs = dag["jobs"]
+    jobs["ingest"]["config"]["network_name"] = plan.network
+    jobs["hot"]["config"]["window_blocks"] = plan.hot_blocks
+    jobs["validator_stake"]["config"]["args"]["window_blocks"] = plan.window_blocks
+    for name in ("transfers_complete", "staking_complete"):
         # The analytics run once the whole backfill is in: one aggregation window = the range.
-        .replace(
-            "size: 2000, origin: 0",
-            f"size: {plan.to_block - plan.from_block + 1}, origin: {plan.from_block}",
-        )
-    )
+        jobs[name]["config"] = {
+            "size": plan.to_block - plan.from_block + 1,
+            "origin": plan.from_block,
+        }
+    return str(yaml.safe_dump(dag, sort_keys=False))
 
 
 def _admin(svc: Services) -> Actor:
@@ -85,8 +90,7 @@ def complete(svc: Services, plan: DemoPlan) -> bool:
         ).fetchall()
         busy = conn.execute(
             """SELECT count(*) AS n FROM task_status s JOIN task_registry r USING (task_id, start_day)
-               WHERE r.job IN ('ingest', 'hot', 'transfers', 'staking', 'token_supply',
-                               'token_balances', 'validator_stake', 'staking_concentration')
+               WHERE r.dag_id = (SELECT dag_id FROM dags WHERE name = 'monad_demo')
                  AND s.status NOT IN ('succeeded', 'failed', 'canceled')"""
         ).fetchone()
     found = {r["dataset_name"]: r for r in rows}

@@ -108,20 +108,34 @@ def covers(intervals: list[tuple[int, int]], start: int, end: int) -> bool:
     return any(s <= start and end <= e for s, e in intervals)
 
 
+MAX_WINDOWS_PER_RANGE = 1000  # one completion carries at most this many events
+
+
 def completed_windows(
     covered: list[tuple[int, int]], new: tuple[int, int], size: int, origin: int
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Adds range `new` to the covered set; returns the new set and the windows
     [origin + k*size, origin + (k+1)*size) that this range completed (each exactly once)."""
     before = merge(covered)
-    after = merge([*before, new])
     s, e = new
-    first = (s - origin) // size
-    last = (e - 1 - origin) // size
+    if e <= s:
+        return before, []
+    after = merge([*before, new])
+    # Only windows that overlap `new` and lie inside the merged interval now holding it can
+    # have completed: the first starting at or after lo (and not before the origin), up to the
+    # last ending at or before hi.
+    lo, hi = next((a, b) for a, b in after if a <= s and e <= b)
+    first = max(0, -(-(lo - origin) // size), (s - origin) // size)
+    last = min((hi - origin) // size, -(-(e - origin) // size))
+    if last - first > MAX_WINDOWS_PER_RANGE:
+        raise PermanentError(
+            f"range [{s}, {e}) completes {last - first} windows of {size}: more than "
+            f"{MAX_WINDOWS_PER_RANGE} manifests at once; use a larger config.size"
+        )
     done = []
-    for k in range(first, last + 1):
+    for k in range(first, last):
         w = (origin + k * size, origin + (k + 1) * size)
-        if w[0] >= origin and covers(after, *w) and not covers(before, *w):
+        if not covers(before, *w):
             done.append(w)
     return after, done
 

@@ -71,12 +71,14 @@ def _source(pin: Pin) -> str:
         assert pin.table is not None
         return f"SELECT * FROM {_pg_table(pin.table)}"
     files = ", ".join(_lit(local_path(f)) for f in pin.files)
-    return f"SELECT * FROM read_parquet([{files}], union_by_name = true)"
+    # No hive partitioning: the `range=…` folders are layout, not a column.
+    return f"SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false)"
 
 
 def view_sql(pin: Pin) -> str:
-    """The view named like the dataset. With a hot window: every hot row, plus the cold rows
-    below the window's lowest key, so a row present in both is counted once."""
+    """The view named like the dataset. With a hot window: every hot row, plus the cold rows of
+    every key the window does not hold (an anti join on the key), so a row present in both is
+    counted once, and a window that lags or has a gap loses nothing."""
     hot = pin.hot
     if hot is None:
         if pin.empty:
@@ -89,9 +91,8 @@ def view_sql(pin: Pin) -> str:
     key = _q(pin.hot_key or "block_number")
     return (
         f"SELECT * FROM ({_source(hot)}) "
-        f"UNION ALL BY NAME SELECT * FROM ({_source(pin)}) "
-        f"WHERE {key} < coalesce((SELECT min({key}) FROM {_pg_table(hot.table or '')}), "
-        f"{key} + 1)"
+        f"UNION ALL BY NAME SELECT cold.* FROM ({_source(pin)}) cold "
+        f"ANTI JOIN (SELECT DISTINCT {key} FROM {_pg_table(hot.table or '')}) held USING ({key})"
     )
 
 
@@ -117,8 +118,9 @@ class Engine:
         with self._lock:
             self._cache[key] = con  # type: ignore[index]
             while len(self._cache) > self.cache_size:
-                _, old = self._cache.popitem(last=False)
-                old.close()
+                # Not closed here: cursors of other threads may still be running on it; it
+                # closes when the last of them is done with it.
+                self._cache.popitem(last=False)
         return con.cursor()
 
     def _build(self, pins: dict[str, Pin], limits: Limits) -> duckdb.DuckDBPyConnection:
@@ -130,10 +132,7 @@ class Engine:
             if any(p.backend == "postgres" for p in every):
                 duckdb_extensions.import_extension("postgres_scanner", con=con)
                 con.execute("LOAD postgres_scanner")
-                dsn = psycopg.conninfo.make_conninfo(
-                    self.pg_dsn, options="-c default_transaction_read_only=on"
-                )
-                con.execute(f"ATTACH {_lit(dsn)} AS {PG_ALIAS} (TYPE postgres, READ_ONLY)")
+                self._attach_postgres(con)
             files = [f for p in every for f in p.files]
             if any(f.startswith("s3://") for f in files):
                 self._s3(con)
@@ -148,6 +147,27 @@ class Engine:
             con.close()
             raise
         return con
+
+    def _attach_postgres(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Credentials go in a DuckDB secret (shown redacted), never in the ATTACH string that
+        duckdb_databases() would show; every transaction is read-only on the server too."""
+        params = psycopg.conninfo.conninfo_to_dict(self.pg_dsn)
+        fields = {
+            "host": "HOST",
+            "port": "PORT",
+            "dbname": "DATABASE",
+            "user": "USER",
+            "password": "PASSWORD",
+        }
+        secret = [f"{fields[k]} {_lit(str(v))}" for k, v in params.items() if k in fields]
+        con.execute(f"CREATE SECRET trace_pg_login (TYPE postgres, {', '.join(secret)})")
+        rest = {k: v for k, v in params.items() if k not in fields}
+        rest["options"] = "-c default_transaction_read_only=on"
+        conninfo = psycopg.conninfo.make_conninfo("", **rest)
+        con.execute(
+            f"ATTACH {_lit(conninfo)} AS {PG_ALIAS} "
+            "(TYPE postgres, SECRET trace_pg_login, READ_ONLY)"
+        )
 
     def _s3(self, con: duckdb.DuckDBPyConnection) -> None:
         duckdb_extensions.import_extension("httpfs", con=con)

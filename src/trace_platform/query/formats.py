@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import io
+import json
+import math
 from typing import Any
 
 import pyarrow as pa
@@ -14,26 +16,32 @@ FORMATS = ("json", "csv", "parquet")
 
 
 def _cell(v: Any) -> Any:
+    """One value as JSON-safe, exact data: big numbers as strings, bytes as 0x-hex, and a
+    string for anything JSON has no type for (NaN, intervals, …)."""
+    if v is None or isinstance(v, bool | str):
+        return v
+    if isinstance(v, int):
+        return str(v) if abs(v) > 2**53 else v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)  # "nan", "inf": JSON has neither
     if isinstance(v, decimal.Decimal):
         return str(v)  # exact; a JSON float would round a uint256
     if isinstance(v, bytes | bytearray | memoryview):
         return "0x" + bytes(v).hex()
     if isinstance(v, dt.datetime | dt.date | dt.time):
         return v.isoformat()
-    if isinstance(v, int) and abs(v) > 2**53:
-        return str(v)
-    if isinstance(v, list):
+    if isinstance(v, list | tuple):
         return [_cell(x) for x in v]
     if isinstance(v, dict):
-        return {k: _cell(x) for k, x in v.items()}
-    return v
+        return {str(k): _cell(x) for k, x in v.items()}
+    return str(v)
 
 
 def _json_column(col: pa.ChunkedArray) -> list[Any]:
-    """One column as JSON-safe values, converted by Arrow where it can (fast) and cell by cell
-    only for the types that need it."""
+    """One column as JSON-safe values: Arrow converts the common flat types in bulk; anything
+    else (nested, intervals, floats that may be NaN) goes cell by cell."""
     t = col.type
-    if pa.types.is_decimal(t) or pa.types.is_temporal(t):
+    if pa.types.is_decimal(t):
         return pc.cast(col, pa.string()).to_pylist()  # type: ignore[no-any-return]
     if pa.types.is_integer(t) and col.length() and t.bit_width == 64:
         lo, hi = pc.min_max(col).values()
@@ -42,7 +50,6 @@ def _json_column(col: pa.ChunkedArray) -> list[Any]:
         return col.to_pylist()  # type: ignore[no-any-return]
     if (
         pa.types.is_integer(t)
-        or pa.types.is_floating(t)
         or pa.types.is_boolean(t)
         or pa.types.is_string(t)
         or pa.types.is_large_string(t)
@@ -61,12 +68,25 @@ def rows(table: pa.Table) -> list[list[Any]]:
 
 
 def _csv_safe(table: pa.Table) -> pa.Table:
-    """CSV has no binary type: bytes columns become 0x-hex text."""
+    """CSV has only flat text: bytes become 0x-hex, nested and other types JSON text."""
     out = table
     for i, f in enumerate(table.schema):
-        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
-            values = [None if v is None else "0x" + v.hex() for v in table.column(i).to_pylist()]
-            out = out.set_column(i, f.name, pa.array(values, pa.string()))
+        t = f.type
+        flat = (
+            pa.types.is_integer(t)
+            or pa.types.is_floating(t)
+            or pa.types.is_boolean(t)
+            or pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_decimal(t)
+            or pa.types.is_timestamp(t)
+            or pa.types.is_date(t)
+        )
+        if flat:
+            continue
+        values = [_cell(v) for v in table.column(i).to_pylist()]
+        text = [None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values]
+        out = out.set_column(i, f.name, pa.array(text, pa.string()))
     return out
 
 

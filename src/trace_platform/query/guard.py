@@ -26,30 +26,42 @@ class QueryRefused(Invalid):
     code = "query_refused"
 
 
-def _walk(node: Any, out: dict[str, set[str]]) -> None:
-    if isinstance(node, dict):
-        kind = node.get("type")
-        if kind == "TABLE_FUNCTION":
-            fn = (node.get("function") or {}).get("function_name", "?")
-            out["table_functions"].add(fn)
-        elif kind == "BASE_TABLE":
-            name = node.get("table_name", "")
-            if node.get("catalog_name") or node.get("schema_name"):
-                parts = [node.get("catalog_name"), node.get("schema_name"), name]
-                out["qualified"].add(".".join(p for p in parts if p))
-            else:
-                out["tables"].add(name)
-        if node.get("class") == "FUNCTION" and node.get("function_name") in DENIED_FUNCTIONS:
-            out["denied"].add(node["function_name"])
-        cte_map = node.get("cte_map")
-        if isinstance(cte_map, dict):
-            for entry in cte_map.get("map", []):
-                out["ctes"].add(entry.get("key", ""))
-        for value in node.values():
-            _walk(value, out)
-    elif isinstance(node, list):
+def _walk(node: Any, out: dict[str, set[str]], ctes: frozenset[str]) -> None:
+    """Collects what a parse tree reads, with CTE names in scope exactly where SQL puts them:
+    a CTE's body sees only the CTEs before it (and itself, if recursive); the rest of its
+    statement sees them all; nothing outside that statement does. So a CTE cannot hide a
+    table read anywhere else (`WITH duckdb_databases AS (SELECT * FROM duckdb_databases)`)."""
+    if isinstance(node, list):
         for item in node:
-            _walk(item, out)
+            _walk(item, out, ctes)
+        return
+    if not isinstance(node, dict):
+        return
+    kind = node.get("type")
+    if kind == "RECURSIVE_CTE_NODE" and node.get("cte_name"):
+        ctes = ctes | {str(node["cte_name"]).lower()}
+    cte_map = node.get("cte_map")
+    if isinstance(cte_map, dict) and cte_map.get("map"):
+        for entry in cte_map["map"]:
+            _walk(entry.get("value"), out, ctes)  # the body: earlier CTEs only
+            ctes = ctes | {str(entry.get("key", "")).lower()}
+    if kind == "TABLE_FUNCTION":
+        fn = (node.get("function") or {}).get("function_name", "?")
+        out["table_functions"].add(fn)
+    elif kind == "SHOW_REF":  # (SHOW …) / (DESCRIBE …) as a table: catalog contents
+        out["table_functions"].add("SHOW/DESCRIBE")
+    elif kind == "BASE_TABLE":
+        name = node.get("table_name", "")
+        if node.get("catalog_name") or node.get("schema_name"):
+            parts = [node.get("catalog_name"), node.get("schema_name"), name]
+            out["qualified"].add(".".join(p for p in parts if p))
+        elif name.lower() not in ctes:
+            out["tables"].add(name)
+    if node.get("class") == "FUNCTION" and node.get("function_name") in DENIED_FUNCTIONS:
+        out["denied"].add(node["function_name"])
+    for key, value in node.items():
+        if key != "cte_map":
+            _walk(value, out, ctes)
 
 
 def dataset_names(sql: str) -> set[str]:
@@ -82,9 +94,9 @@ def _dataset_names(sql: str) -> frozenset[str]:
             raise QueryRefused("only SELECT is allowed: the Query Service never writes")
         raise QueryRefused(f"bad SQL: {message}")
     found: dict[str, set[str]] = {
-        k: set() for k in ("tables", "qualified", "table_functions", "ctes", "denied")
+        k: set() for k in ("tables", "qualified", "table_functions", "denied")
     }
-    _walk(tree["statements"], found)
+    _walk(tree["statements"], found, frozenset())
     if found["table_functions"]:
         fns = ", ".join(sorted(found["table_functions"]))
         raise QueryRefused(
@@ -98,8 +110,7 @@ def _dataset_names(sql: str) -> frozenset[str]:
         )
     if found["denied"]:
         raise QueryRefused(f"function not allowed: {', '.join(sorted(found['denied']))}")
-    ctes = {c.lower() for c in found["ctes"]}
-    return frozenset({t.lower() for t in found["tables"]} - ctes)
+    return frozenset(t.lower() for t in found["tables"])
 
 
 def _first_line(e: Exception) -> str:

@@ -86,8 +86,14 @@ class QueryService:
         return Plan(actor, sql, params or {}, pins)
 
     def execute(
-        self, plan: Plan, *, max_rows: int | None = None, timeout_seconds: float | None = None
+        self,
+        plan: Plan,
+        *,
+        max_rows: int | None = None,
+        timeout_seconds: float | None = None,
+        for_export: bool = False,
     ) -> Result:
+        """Caller limits may only lower the service's; an export has its own, larger row cap."""
         limits = self.limits
         if timeout_seconds is not None:
             limits = Limits(
@@ -99,7 +105,9 @@ class QueryService:
         t0 = time.perf_counter()
         cur = self.engine.connection(plan.pins, limits)
         try:
-            table = run(cur, plan.sql, plan.params, limits, max_rows or limits.max_rows)
+            ceiling = self.settings.query_export_max_rows if for_export else limits.max_rows
+            cap = min(max_rows or ceiling, ceiling)
+            table = run(cur, plan.sql, plan.params, limits, cap)
         except LimitExceeded:
             raise
         except duckdb.Error as e:
@@ -117,7 +125,7 @@ class QueryService:
         self, actor: Actor, sql: str, params: dict[str, Any] | None = None, fmt: str = "parquet"
     ) -> dict[str, Any]:
         """Runs the query under the export row limit and writes the result to the object store."""
-        result = self.query(actor, sql, params, max_rows=self.settings.query_export_max_rows)
+        result = self.query(actor, sql, params, for_export=True)
         key = f"org/{actor.org_id}/exports/{time.strftime('%Y%m%d')}/{uuid.uuid4()}.{fmt}"
         self.store.put(key, formats.encode(result.table, fmt))
         return {

@@ -110,6 +110,10 @@ def deploy(
         if name not in previous or _materialization(previous[name]) != job.materialization()
     }
     rebuild = _downstream(spec, changed)
+    if previous and rebuild:
+        # Rebuilt jobs start over on their new, empty versions: state such as an aggregator's
+        # coverage or a tip follower's cursor described the old ones.
+        conn.execute(_Q.reset_operator_state, {"dag_id": dag_id, "jobs": sorted(rebuild)})
 
     # Every output is a dataset with a stable identity; rebuilt ones get a new version.
     outputs: dict[tuple[str, int], UUID] = {}
@@ -170,7 +174,7 @@ def deploy(
         conn.execute(_Q.publish, {"dataset_uuid": ds_uuid, "name": pub.dataset})
         published[pub.dataset] = ds_uuid
     for pub in spec.publish:
-        if pub.hot_window is not None and pub.hot_window.of in published:
+        if pub.hot_window is not None and {pub.dataset, pub.hot_window.of} <= published.keys():
             conn.execute(
                 _Q.set_hot_window,
                 {

@@ -264,3 +264,8 @@ VALUES (%(org_id)s, %(dag_id)s, %(job)s, %(state)s, %(task_id)s)
 ON CONFLICT (org_id, dag_id, job)
 DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task, updated_at = now(),
               revision = operator_state.revision + 1;
+
+-- name: state_conflicts
+-- Attempts lost to a concurrent state save: they do not count against max_attempts.
+SELECT count(*) AS n FROM task_attempts
+WHERE task_id = %(task_id)s AND outcome = 'failed' AND error = %(error)s;

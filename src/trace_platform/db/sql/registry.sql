@@ -133,3 +133,6 @@ ON CONFLICT (org_id, name) DO UPDATE SET value = EXCLUDED.value, updated_at = no
 
 -- name: list_secrets
 SELECT name, updated_at FROM secrets WHERE org_id = %(org_id)s ORDER BY name;
+
+-- name: reset_operator_state
+DELETE FROM operator_state WHERE dag_id = %(dag_id)s AND job = ANY(%(jobs)s);
