@@ -372,7 +372,9 @@ def demo(
     token: Annotated[str | None, typer.Option(help="the ERC20 token to analyse")] = None,
     from_block: Annotated[int | None, typer.Option(min=0)] = None,
     to_block: Annotated[int | None, typer.Option(min=0)] = None,
-    chunk_size: Annotated[int, typer.Option(min=1)] = 500,
+    chunk_size: Annotated[
+        int | None, typer.Option(min=1, help="blocks per range (default 500, or as last synced)")
+    ] = None,
     workers: Annotated[int, typer.Option(min=1)] = 2,
 ) -> None:
     """The Monad demo: sync a chain range, analyse it, print the analytics and charts."""

@@ -49,7 +49,9 @@ class DemoPlan:
 
     @property
     def ranges(self) -> int:
-        return -(-(self.to_block - self.from_block + 1) // self.chunk_size)
+        from trace_platform.operators.ranges import split
+
+        return len(split(self.from_block, self.to_block, self.chunk_size))
 
 
 def dag_text(plan: DemoPlan) -> str:
@@ -285,7 +287,7 @@ def run_demo(
     token: str | None = None,
     from_block: int | None = None,
     to_block: int | None = None,
-    chunk_size: int = 500,
+    chunk_size: int | None = None,
     workers: int = 2,
     console: Console | None = None,
 ) -> int:
@@ -295,13 +297,26 @@ def run_demo(
     t0 = time.monotonic()
     state_file = settings.home / "demo" / "last.json"
     devnet = None
+    previous = json.loads(state_file.read_text()) if state_file.exists() else None
     if rpc_url is None:
-        plan = _devnet_plan(settings, from_block, to_block, chunk_size, state_file)
+        plan = _devnet_plan(settings, from_block, to_block, chunk_size or 500, state_file)
     else:
         if token is None or from_block is None or to_block is None:
             console.print("[red]error:[/red] --rpc-url needs --token, --from-block and --to-block")
             return 2
-        plan = _chain_plan(rpc_url, token, from_block, to_block, chunk_size)
+        plan = _chain_plan(rpc_url, token, from_block, to_block, chunk_size or 500)
+    if previous and previous.get("network") == plan.network:
+        # Same chain, same dataset versions: other range boundaries would add overlapping
+        # range commits (rows twice), so keep the boundaries the data was synced with.
+        if chunk_size is None:
+            plan.chunk_size = int(previous["chunk_size"])
+        elif chunk_size != previous["chunk_size"]:
+            console.print(
+                f"[red]error:[/red] this chain was synced in ranges of {previous['chunk_size']}; "
+                f"ranges of {chunk_size} would overlap them in the same dataset versions. Use "
+                f"--chunk-size {previous['chunk_size']}, or another TRACE_HOME."
+            )
+            return 2
     console.print(
         "[bold]Starting Trace Lite[/bold] (embedded Postgres, object store, API, workers)…"
     )
