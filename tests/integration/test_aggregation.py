@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from tests.support.dags import admin
+from tests.support.wait import wait_for
 from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher.errors import Conflict
 from trace_platform.services import Services
 
 DAG = """
@@ -34,6 +36,13 @@ def _lease(d: Any, task_id: Any) -> tuple[dict[str, Any], m.TaskPayload]:
     c = d.claim(m.ClaimRequest(task_id=task_id, worker_id="w"))
     lease = {"task_id": task_id, "attempt": c.attempt, "lease_token": c.lease_token}
     return lease, d.fetch(m.LeaseRef(**lease))
+
+
+def _try_lease(d: Any, task_id: Any) -> tuple[dict[str, Any], m.TaskPayload] | None:
+    try:
+        return _lease(d, task_id)
+    except Conflict:  # still backing off (a jittered moment after a state conflict)
+        return None
 
 
 def _src_tasks(services: Services, n: int) -> tuple[list[Any], m.TaskPayload]:
@@ -113,8 +122,7 @@ def test_operator_state_is_saved_by_compare_and_set(services: Services) -> None:
             "SELECT error FROM task_attempts WHERE task_id = %s AND attempt = 1", [tasks[1]]
         ).fetchone()["error"]
     assert "operator state changed" in err
-    time.sleep(0.3)  # the retry's backoff
-    _, retry = _lease(d, tasks[1])
+    _, retry = wait_for(lambda: _try_lease(d, tasks[1]), 5, "the retry to be claimable")
     assert retry.attempt == 2 and retry.operator_state == {"covered": [[0, 50]]}
     assert retry.operator_state_revision == 1
 
