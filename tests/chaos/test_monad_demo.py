@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
@@ -17,10 +16,9 @@ from trace_platform.config import Settings
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import STAKING_ADDRESS
 from trace_platform.devnet.rpc import Rpc, calldata
+from trace_platform.lite.demo import saved_rows
 from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import list_all, make_store
-from trace_platform.query import saved
-from trace_platform.services import Services
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=3, blocks=300, accounts=40, validators=4, epoch_blocks=50)
@@ -44,13 +42,6 @@ def read_dataset(stack: LiteStack, settings: Settings, name: str) -> pl.DataFram
     frame = pl.concat(frames)
     assert frame.height == ds["row_count"]
     return frame
-
-
-def saved_rows(svc: Services, name: str, **params: object) -> list[dict[str, Any]]:
-    q = saved.load(name)
-    result = svc.query.query(admin(svc), q.sql, q.params(params)).as_json()
-    cols = [c["name"] for c in result["columns"]]
-    return [dict(zip(cols, row, strict=True)) for row in result["rows"]]
 
 
 def test_golden_path_analytics_match_the_node(
@@ -100,7 +91,7 @@ def test_golden_path_analytics_match_the_node(
         )
         rows = svc.query.query(me, "SELECT count(*) FROM transactions").as_json()["rows"]
         assert rows == [[node_txs]]
-        assert saved_rows(svc, "recent_blocks", n=3)[0]["block_number"] == head
+        assert saved_rows(svc, me, "recent_blocks", n=3)[0]["block_number"] == head
 
         # Decoded amounts are exact: the DECIMAL value equals the uint256 text, no overflow.
         bad = "SELECT count(*) FROM erc20_transfers WHERE value_overflow OR CAST(value AS VARCHAR) <> value_text"
@@ -109,7 +100,7 @@ def test_golden_path_analytics_match_the_node(
         # (1) Supply by block = totalSupply() at that block.
         supply = {
             r["block_number"]: int(r["total_supply"])
-            for r in saved_rows(svc, "token_supply", token=token)
+            for r in saved_rows(svc, me, "token_supply", token=token)
         }
         assert len(supply) == SPEC.blocks
         assert supply[0] == 0  # before the token existed
@@ -117,13 +108,13 @@ def test_golden_path_analytics_match_the_node(
             assert supply[b] == rpc.eth_call(token, calldata("totalSupply()"), b), b
 
         # (2) Top holders at the tip, and exactly their historic balances = balanceOf() then.
-        top = saved_rows(svc, "top_holders", token=token, n=5)
+        top = saved_rows(svc, me, "top_holders", token=token, n=5)
         assert len(top) == 5
         for r in top:
             assert int(r["balance"]) == rpc.eth_call(
                 token, calldata("balanceOf(address)", r["account"]), head
             )
-        history = saved_rows(svc, "holder_history", token=token, n=5, every=50)
+        history = saved_rows(svc, me, "holder_history", token=token, n=5, every=50)
         assert {r["account"] for r in history} == {r["account"] for r in top}
         assert len(history) == 5 * (len(range(0, SPEC.blocks, 50)) + 1)
         for r in history:
@@ -151,7 +142,7 @@ def test_golden_path_analytics_match_the_node(
                     STAKING_ADDRESS, calldata("validatorStake(uint64)", validator), end
                 )
                 assert stake == view, (end, validator)
-        conc = {r["window_end"]: r for r in saved_rows(svc, "staking_concentration")}
+        conc = {r["window_end"]: r for r in saved_rows(svc, me, "staking_concentration")}
         for end, per_validator in by_window.items():
             total = sum(per_validator.values())
             shares = sorted((s / total for s in per_validator.values() if s > 0), reverse=True)

@@ -14,7 +14,7 @@ from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
 from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
-from trace_platform.identity import Actor, Forbidden, can_deploy, can_read, require_admin
+from trace_platform.identity import Actor, Forbidden, can_deploy, can_read_row, require_admin
 from trace_platform.registry.deploy import DeployResult, deploy
 
 _R = Queries("registry")
@@ -110,15 +110,7 @@ class ControlPlane:
         """Only the datasets this user may read (the rest are invisible, not just locked)."""
         with self.pool.connection() as conn:
             rows = conn.execute(_R.list_datasets, {"org_id": actor.org_id}).fetchall()
-        return [r for r in rows if can_read(actor, r, self._producer(r))]
-
-    @staticmethod
-    def _producer(row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "org_id": row["org_id"],
-            "owner_user_id": row["owner_user_id"],
-            "deploy_roles": row["deploy_roles"],
-        }
+        return [r for r in rows if can_read_row(actor, r)]
 
     def show_dataset(self, actor: Actor, name: str) -> dict[str, Any]:
         for row in self.list_datasets(actor):

@@ -141,3 +141,8 @@ def can_read(actor: Actor, dataset: dict[str, Any], producer: dict[str, Any]) ->
     return actor.org_id == dataset["org_id"] and (
         can_deploy(actor, producer) or actor.has_any(dataset["read_roles"])
     )
+
+
+def can_read_row(actor: Actor, row: dict[str, Any]) -> bool:
+    """can_read for a registry row that carries its producing DAG's owner and deploy_roles."""
+    return can_read(actor, row, row)

@@ -18,12 +18,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from trace_platform.config import Settings
+from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.models import TERMINAL
 from trace_platform.identity import Actor, lite_admin
 from trace_platform.lite.stack import LiteStack
 from trace_platform.query import saved
 from trace_platform.services import Services
 
+_Q = Queries("demo")
 DEMO_DAG = Path(__file__).resolve().parents[3] / "examples" / "dags" / "monad_demo.yaml"
 RAW = ("blocks", "transactions", "logs", "traces")
 ANALYTICS = ("token_supply", "token_balances", "validator_stake", "staking_concentration")
@@ -81,21 +83,9 @@ def _admin(svc: Services) -> Actor:
 
 def complete(svc: Services, plan: DemoPlan) -> bool:
     """The current versions already hold the whole range and the analytics over it."""
+    found = coverage(svc, RAW + ANALYTICS)
     with svc.pool.connection() as conn:
-        rows = conn.execute(
-            """SELECT ds.dataset_name, min(c.range_start) AS lo, max(c.range_end) AS hi,
-                      count(c.*) AS commits
-               FROM datasets ds JOIN dataset_current cur USING (dataset_uuid)
-               LEFT JOIN dataset_commits c ON c.dataset_version = cur.dataset_version
-               WHERE ds.dataset_name = ANY(%s) GROUP BY ds.dataset_name""",
-            [list(RAW + ANALYTICS)],
-        ).fetchall()
-        busy = conn.execute(
-            """SELECT count(*) AS n FROM task_status s JOIN task_registry r USING (task_id, start_day)
-               WHERE r.dag_id = (SELECT dag_id FROM dags WHERE name = 'monad_demo')
-                 AND s.status NOT IN ('succeeded', 'failed', 'canceled')"""
-        ).fetchone()
-    found = {r["dataset_name"]: r for r in rows}
+        busy = conn.execute(_Q.unfinished_tasks, {"dag": "monad_demo"}).fetchone()
     if busy and busy["n"]:
         return False
     for name in RAW:
@@ -144,7 +134,7 @@ def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
                     continue  # the splitter and the aggregators: bookkeeping, not stages
                 job = t["job"] if t["job"] in totals else "analytics"
                 by_job.setdefault(job, []).append(t)
-            rows = _raw_rows(svc)
+            rows = {n: int(r["row_count"]) for n, r in coverage(svc, RAW).items()}
             for job, bar in bars.items():
                 mine = by_job.get(job, [])
                 done = sum(t["status"] in TERMINAL for t in mine)
@@ -168,16 +158,10 @@ def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
     return not failed
 
 
-def _raw_rows(svc: Services) -> dict[str, int]:
+def coverage(svc: Services, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     with svc.pool.connection() as conn:
-        rows = conn.execute(
-            """SELECT ds.dataset_name, coalesce(sum(c.row_count), 0) AS n
-               FROM datasets ds JOIN dataset_current cur USING (dataset_uuid)
-               LEFT JOIN dataset_commits c ON c.dataset_version = cur.dataset_version
-               WHERE ds.dataset_name = ANY(%s) GROUP BY 1""",
-            [list(RAW)],
-        ).fetchall()
-    return {r["dataset_name"]: int(r["n"]) for r in rows}
+        rows = conn.execute(_Q.current_coverage, {"names": list(names)}).fetchall()
+    return {r["dataset_name"]: r for r in rows}
 
 
 def saved_rows(svc: Services, me: Actor, name: str, **params: Any) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ trigger's run config (`from_block`, `to_block` inclusive, `chunk_size`)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from trace_platform.dispatcher.models import EventIn, RangeSpec
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
@@ -21,6 +22,21 @@ def split(first: int, last: int, size: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def manifests(ctx: OperatorContext, spans: list[tuple[int, int]], **extra: Any) -> list[EventIn]:
+    """Range manifest events on output 0, with the explicit range fields downstream reads."""
+    if not ctx.task.outputs:
+        raise PermanentError(f"{ctx.task.operator} needs one output to emit its manifests on")
+    dataset = ctx.task.outputs[0].dataset_uuid
+    return [
+        EventIn(
+            dataset_uuid=dataset,
+            range=RangeSpec(start=s, end=e),
+            payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e, **extra},
+        )
+        for s, e in spans
+    ]
 
 
 def range_splitter(ctx: OperatorContext) -> list[EventIn]:
@@ -39,17 +55,7 @@ def range_splitter(ctx: OperatorContext) -> list[EventIn]:
         raise PermanentError(
             f"empty or invalid range: from_block {first}, to_block {last}, chunk {size}"
         )
-    if not ctx.task.outputs:
-        raise PermanentError("range_splitter needs one output to emit its manifests on")
-    dataset = ctx.task.outputs[0].dataset_uuid
-    events = [
-        EventIn(
-            dataset_uuid=dataset,
-            range=RangeSpec(start=s, end=e),
-            payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e},
-        )
-        for s, e in split(first, last, size)
-    ]
+    events = manifests(ctx, split(first, last, size))
     ctx.progress(ranges=len(events))
     return events
 
@@ -66,8 +72,6 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
     rpc_url = ctx.config.get("rpc_url") or os.environ.get("RPC_URL")
     if not rpc_url:
         raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
-    if not ctx.task.outputs:
-        raise PermanentError("chain_tip needs one output to emit its manifests on")
     state = ctx.task.operator_state or {}
     start = int(state.get("next_block", ctx.config.get("start_block", 0)))
     rpc = Rpc(rpc_url)
@@ -80,15 +84,7 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
         rpc.close()
     safe = head - safety
     stop = ((safe + 1) // size) * size  # only whole chunks: the same ranges a backfill makes
-    dataset = ctx.task.outputs[0].dataset_uuid
-    events = [
-        EventIn(
-            dataset_uuid=dataset,
-            range=RangeSpec(start=s, end=e),
-            payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e, "head": head},
-        )
-        for s, e in (split(start, stop - 1, size) if stop > start else [])
-    ]
+    events = manifests(ctx, split(start, stop - 1, size) if stop > start else [], head=head)
     ctx.progress(head=head, emitted=len(events))
     return OperatorResult(events=events, state={"next_block": max(start, stop), "head": head})
 
@@ -155,21 +151,11 @@ def range_aggregator(ctx: OperatorContext) -> OperatorResult:
         raise PermanentError("range_aggregator needs an integer config.size (and origin)") from None
     if size <= 0:
         raise PermanentError("range_aggregator config.size must be positive")
-    if not ctx.task.outputs:
-        raise PermanentError("range_aggregator needs one output to emit its manifests on")
     state = ctx.task.operator_state or {}
     covered = [(int(a), int(b)) for a, b in state.get("covered", [])]
     covered, windows = completed_windows(
         covered, (int(rng["start"]), int(rng["end"])), size, origin
     )
-    dataset = ctx.task.outputs[0].dataset_uuid
-    events = [
-        EventIn(
-            dataset_uuid=dataset,
-            range=RangeSpec(start=s, end=e),
-            payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e},
-        )
-        for s, e in windows
-    ]
+    events = manifests(ctx, windows)
     ctx.progress(windows=len(events))
     return OperatorResult(events=events, state={"covered": [list(c) for c in covered]})

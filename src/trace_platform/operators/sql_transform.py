@@ -21,10 +21,6 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
     if not ctx.task.outputs:
         raise PermanentError("sql_transform needs one output")
     spark, store = ctx.spark, ctx.store
-    # The session outlives tasks: views an earlier task registered must not be readable here.
-    for table in spark.catalog.listTables():
-        if table.isTemporary:
-            spark.catalog.dropTempView(table.name)
     empty: list[tuple[int, str]] = []
     for i, ref in enumerate(ctx.task.inputs):
         assert ref.location is not None

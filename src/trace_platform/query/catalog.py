@@ -11,7 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.errors import NotFound
-from trace_platform.identity import Actor, Forbidden, can_read
+from trace_platform.identity import Actor, Forbidden, can_read_row
 from trace_platform.objectstore import ObjectStore, list_all
 
 _Q = Queries("query")
@@ -35,14 +35,10 @@ class Pin:
         return not self.files and self.table is None
 
 
-def _producer(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ("org_id", "owner_user_id", "deploy_roles")}
-
-
 def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
     with pool.connection() as conn:
         rows = conn.execute(_Q.readable_names, {"org_id": actor.org_id}).fetchall()
-    return [r["dataset_name"] for r in rows if can_read(actor, r, _producer(r))]
+    return [r["dataset_name"] for r in rows if can_read_row(actor, r)]
 
 
 def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str]) -> dict[str, Pin]:
@@ -61,7 +57,7 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
             f"(published datasets you can read: {', '.join(known) or 'none'})",
             unknown=unknown,
         )
-    forbidden = [n for n in wanted if not can_read(actor, by_name[n], _producer(by_name[n]))]
+    forbidden = [n for n in wanted if not can_read_row(actor, by_name[n])]
     if forbidden:
         raise Forbidden(
             f"'{actor.name}' may not read dataset{'s' if len(forbidden) > 1 else ''} "
@@ -89,7 +85,7 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
             (
                 r
                 for r in rows
-                if r["hot_window_of"] == row["dataset_uuid"] and can_read(actor, r, _producer(r))
+                if r["hot_window_of"] == row["dataset_uuid"] and can_read_row(actor, r)
             ),
             None,
         )

@@ -38,6 +38,18 @@ def get_spark() -> Any:
         return _session
 
 
+def drop_temp_views() -> None:
+    """Temp views live as long as the session, which outlives tasks: the host drops them after
+    each task so no task reads another's. A no-op in a host that never started Spark."""
+    with _lock:
+        session = _session
+    if session is None:
+        return
+    for table in session.catalog.listTables():
+        if table.isTemporary:
+            session.catalog.dropTempView(table.name)
+
+
 def spark_error_text(exc: BaseException, lines: int = 3) -> str:
     """The first useful lines of a Spark/JVM error (not the whole Java stack)."""
     text = str(exc).strip().splitlines()

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from trace_platform.dispatcher.models import TaskPayload
 from trace_platform.operators import OperatorContext, OperatorResult, resolve
+from trace_platform.spark import drop_temp_views
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,7 +66,10 @@ def run_one(
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = OperatorContext(task=task, workdir=workdir, _send=send)
     with _task_env(env or {}):
-        _run(ctx, task, send)
+        try:
+            _run(ctx, task, send)
+        finally:
+            drop_temp_views()
 
 
 def _run(ctx: OperatorContext, task: TaskPayload, send: Any) -> None:

@@ -1,0 +1,17 @@
+-- Named queries of the demo (`trace demo`).
+
+-- name: current_coverage
+-- Per named dataset, what its current version holds: range commits, their span, rows.
+SELECT ds.dataset_name, min(c.range_start) AS lo, max(c.range_end) AS hi,
+       count(c.*) AS commits, coalesce(sum(c.row_count), 0) AS row_count
+FROM datasets ds
+JOIN dataset_current cur USING (dataset_uuid)
+LEFT JOIN dataset_commits c ON c.dataset_version = cur.dataset_version
+WHERE ds.dataset_name = ANY(%(names)s)
+GROUP BY ds.dataset_name;
+
+-- name: unfinished_tasks
+SELECT count(*) AS n
+FROM task_status s JOIN task_registry r USING (task_id, start_day)
+WHERE r.dag_id = (SELECT dag_id FROM dags WHERE name = %(dag)s)
+  AND s.status NOT IN ('succeeded', 'failed', 'canceled');
