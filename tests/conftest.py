@@ -19,6 +19,9 @@ from trace_platform.db.migrate import migrate
 from trace_platform.services import Services
 
 TEMPLATE = "trace_template"
+# The test operators (noop, emit_events, probe, …): for this process (DAG validation) and every
+# worker it spawns. A production install never sets this; the aws profile refuses it.
+os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"
 
 
 def _with_db(dsn: str, dbname: str) -> str:

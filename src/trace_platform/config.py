@@ -48,6 +48,17 @@ class Settings(BaseSettings):
     queue_poll_seconds: float = 1.0
 
     spark_master: str = "local[*]"
+
+    # Operator isolation. auto: sandboxed when run as root on Linux (own uid, network, PID and
+    # mount namespaces), else a warning and reduced isolation; required: refuse to start without
+    # the sandbox; off: no sandbox (tests of the wrapper only).
+    sandbox: Literal["auto", "required", "off"] = "auto"
+    sandbox_user: str = "trace-op"
+    # Extra host directories bound read-write into the sandbox at the same path (testing only).
+    sandbox_extra_binds: list[Path] = Field(default_factory=list)
+    # production: the platform's operators only; testing adds the test operators (noop,
+    # emit_events, fail, crash, probe). The aws profile refuses `testing`.
+    operator_registry: Literal["production", "testing"] = "production"
     object_store: ObjectStoreBackend = ObjectStoreBackend.local
     object_store_root: Path | None = None
     s3_bucket: str = "trace"
@@ -64,6 +75,8 @@ class Settings(BaseSettings):
     # a key act as the Lite admin. Endpoint shapes are the same either way.
     auth: Literal["required", "permissive"] = "required"
     api_key: SecretStr | None = None  # the CLI's identity (else the key file under `home`)
+    # Encrypts secret values at rest (a Fernet key); Lite keeps one in `home/secrets.key`.
+    secrets_key: SecretStr | None = None
     scheduler_interval_seconds: float = 1.0
 
     # Lifecycle defaults a task may override.
@@ -96,6 +109,8 @@ class Settings(BaseSettings):
             self.pg_data_dir = self.home / "pg"
         if self.object_store_root is None:
             self.object_store_root = self.home / "objects"
+        if self.profile is Profile.aws and self.operator_registry == "testing":
+            raise ValueError("the aws profile cannot load the test operators")
         if self.profile is Profile.aws and self.state_dsn is None:
             raise ValueError(
                 "TRACE_STATE_DSN is required in the aws profile (no embedded Postgres)"

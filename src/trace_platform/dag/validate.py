@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, PublishSpec, SharedRead
-from trace_platform.operators import REGISTRY
+from trace_platform.operators import registry
 
 _UNION_TAGS = {"job", "shared"}
 
@@ -120,11 +120,11 @@ def check(spec: DagSpec) -> list[DagProblem]:
         at = f"jobs.{name}"
         if not NAME.match(name):
             add(DagProblem(at, f"job name '{name}' must match ^[a-z][a-z0-9_]{{0,127}}$"))
-        if job.operator not in REGISTRY:
+        if job.operator not in (known := registry()):
             add(
                 DagProblem(
                     f"{at}.operator",
-                    f"unknown operator '{job.operator}' (known: {', '.join(sorted(REGISTRY))})",
+                    f"unknown operator '{job.operator}' (known: {', '.join(sorted(known))})",
                 )
             )
         if job.worker_pool is not None and job.worker_pool not in spec.worker_pools:

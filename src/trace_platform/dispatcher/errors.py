@@ -36,3 +36,8 @@ class Invalid(DispatcherError):
 class Unauthorized(DispatcherError):
     status_code = 401
     code = "unauthorized"
+
+
+class Forbidden(DispatcherError):
+    status_code = 403
+    code = "forbidden"

@@ -8,6 +8,7 @@ returns are its final events, reported atomically with the completion.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,17 +26,14 @@ __all__ = [
     "OperatorError",
     "OperatorResult",
     "PermanentError",
+    "registry",
     "resolve",
 ]
 
 Operator = Callable[[OperatorContext], Any]
 
 REGISTRY: dict[str, str] = {
-    "noop": "trace_platform.operators.builtin:noop",
     "sleep": "trace_platform.operators.builtin:sleep",
-    "fail": "trace_platform.operators.builtin:fail",
-    "emit_events": "trace_platform.operators.builtin:emit_events",
-    "crash": "trace_platform.operators.builtin:crash",
     "range_splitter": "trace_platform.operators.ranges:range_splitter",
     "chain_tip": "trace_platform.operators.ranges:chain_tip",
     "range_aggregator": "trace_platform.operators.ranges:range_aggregator",
@@ -46,6 +44,12 @@ REGISTRY: dict[str, str] = {
     "hot_window": "trace_platform.operators.hot_window:hot_window",
 }
 
+# Only with TRACE_OPERATOR_REGISTRY=testing (refused by the aws profile).
+TESTING: dict[str, str] = {
+    name: f"trace_platform.operators.testing:{name}"
+    for name in ("noop", "fail", "crash", "emit_events", "probe")
+}
+
 # Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.
 TRUSTED_OPERATORS = frozenset({"hot_window"})
 
@@ -54,10 +58,21 @@ class UnknownOperator(LookupError):
     pass
 
 
+def registry() -> dict[str, str]:
+    """The operators this process may run: the platform's, plus the test operators only when
+    TRACE_OPERATOR_REGISTRY=testing outside the aws profile."""
+    if os.environ.get("TRACE_OPERATOR_REGISTRY", "production") != "testing":
+        return REGISTRY
+    if os.environ.get("TRACE_PROFILE") == "aws":
+        raise RuntimeError("the aws profile cannot load the test operators")
+    return {**REGISTRY, **TESTING}
+
+
 def resolve(name: str) -> Operator:
-    target = REGISTRY.get(name)
+    known_ops = registry()
+    target = known_ops.get(name)
     if target is None:
-        known = ", ".join(sorted(REGISTRY))
+        known = ", ".join(sorted(known_ops))
         raise UnknownOperator(f"unknown operator '{name}' (known: {known})")
     module, _, attr = target.partition(":")
     fn: Operator = getattr(importlib.import_module(module), attr)

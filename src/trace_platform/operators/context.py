@@ -1,8 +1,8 @@
-"""What an operator sees: its task (never the lease token), config, and a way to emit events."""
+"""What an operator sees: its task (never the lease token), config, its slot's env, a store
+scoped to its inputs and outputs, and a way to emit events."""
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +40,12 @@ class OperatorContext:
     task: TaskPayload
     workdir: Path
     _send: Callable[[dict[str, Any]], None]
+    # The slot's env vars and secrets for this task only (never the host's os.environ, so
+    # nothing of one task reaches the next, nor the Spark JVM's environment).
+    env: dict[str, str] = field(default_factory=dict)
+    _store: ObjectStore | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("trace.operator"))
+    _spark: Any = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -52,22 +57,28 @@ class OperatorContext:
         self._send({"type": "event", "event": ev.model_dump(mode="json")})
 
     @property
-    def spark(self) -> Any:
-        """The host's long-lived SparkSession (created on first use)."""
-        from trace_platform.spark import get_spark
-
-        return get_spark()
-
-    @functools.cached_property
     def store(self) -> ObjectStore:
-        """The platform object store (configured by the wrapper for this task's run); built and
-        bootstrapped once per task, however often an operator reaches for it."""
-        from trace_platform.config import Settings
-        from trace_platform.objectstore import make_store
+        """The object store, scoped to this task's inputs (read) and outputs (read, write)."""
+        if self._store is None:
+            raise RuntimeError("this context has no object store")
+        return self._store
 
-        store = make_store(Settings())
-        store.ensure_bucket()
-        return store
+    @property
+    def spark(self) -> Any:
+        """This task's own Spark session (conf, temp views, functions) on the host's
+        long-lived JVM; ended with the task."""
+        if self._spark is None:
+            from trace_platform.spark import task_session
+
+            self._spark = task_session()
+        return self._spark
+
+    def close(self) -> None:
+        if self._spark is not None:
+            from trace_platform.spark import end_task
+
+            end_task(self._spark)
+            self._spark = None
 
     def progress(self, **values: Any) -> None:
         """Progress shown with the task; sent with the next heartbeat."""

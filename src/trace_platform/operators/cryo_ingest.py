@@ -9,7 +9,6 @@ range first removes its own earlier files, so rows are never duplicated.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
         raise PermanentError(
             f"{len(datatypes)} datatypes but {len(ctx.task.outputs)} outputs: one output per datatype"
         )
-    rpc = ctx.config.get("rpc_url") or os.environ.get("RPC_URL")
+    rpc = ctx.config.get("rpc_url") or ctx.env.get("RPC_URL")
     if not rpc:
         raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
     store = ctx.store

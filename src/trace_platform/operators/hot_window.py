@@ -9,7 +9,6 @@ operator a data DSN (`TRACE_SINK_DSN`), and only as runtime ecs_platform."""
 from __future__ import annotations
 
 import io
-import os
 from typing import Any
 
 import psycopg
@@ -68,7 +67,7 @@ def _cell(v: Any) -> Any:
 
 
 def hot_window(ctx: OperatorContext) -> OperatorResult:
-    dsn = os.environ.get("TRACE_SINK_DSN")
+    dsn = ctx.env.get("TRACE_SINK_DSN")
     if not dsn:
         raise PermanentError(
             "hot_window is a trusted sink: it runs only as runtime ecs_platform on a platform "

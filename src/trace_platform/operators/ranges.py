@@ -6,7 +6,6 @@ trigger's run config (`from_block`, `to_block` inclusive, `chunk_size`)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from trace_platform.dispatcher.models import EventIn, RangeSpec
@@ -69,7 +68,7 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
 
     size = int(ctx.config.get("chunk_size", 100))
     safety = int(ctx.config.get("safety_blocks", 3))
-    rpc_url = ctx.config.get("rpc_url") or os.environ.get("RPC_URL")
+    rpc_url = ctx.config.get("rpc_url") or ctx.env.get("RPC_URL")
     if not rpc_url:
         raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
     state = ctx.task.operator_state or {}

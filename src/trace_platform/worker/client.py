@@ -33,7 +33,7 @@ class DispatcherClient:
     ) -> None:
         headers = {"Content-Type": "application/json"}
         if internal_token:
-            headers["Authorization"] = f"Bearer {internal_token}"
+            headers["X-Internal-Token"] = internal_token
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
         self.retries = retries
 

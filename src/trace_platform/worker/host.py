@@ -1,9 +1,11 @@
 """The operator host: a child process that runs operators, one task at a time.
 
-It holds no lease token and no internal credential (its environment is scrubbed), so operator
-code cannot reach /internal/*. It speaks JSON lines: tasks in on stdin, messages out on the
-original stdout; operator prints and logs go to the log file that stdout/stderr now point at.
-Long-lived, so expensive state (a SparkSession) survives between tasks.
+It holds no lease token, no internal credential and no store or database credentials: its
+environment is built from an allowlist, and in the sandbox it runs as its own user in its own
+namespaces (`trace_platform.sandbox`). It speaks JSON lines with the wrapper: tasks and store
+replies in on stdin, messages and store requests out on the original stdout; operator prints and
+logs go to stderr, a log file the wrapper opened. Long-lived within one tenant (org, DAG), so an
+expensive SparkSession survives between that tenant's tasks; each task gets its own Spark session.
 """
 
 from __future__ import annotations
@@ -15,15 +17,14 @@ import logging
 import os
 import signal
 import sys
-import tempfile
+import threading
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from trace_platform.dispatcher.models import TaskPayload
 from trace_platform.operators import OperatorContext, OperatorResult, resolve
-from trace_platform.spark import drop_temp_views
+from trace_platform.worker.store_proxy import RemoteStore
 
 _PR_SET_PDEATHSIG = 1
 
@@ -44,41 +45,57 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-@contextlib.contextmanager
-def _task_env(env: dict[str, str]) -> Iterator[None]:
-    """The slot's env vars exist only while its task runs."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+class Channel:
+    """The wrapper link. Store calls are request/reply on the same pipes, one at a time."""
+
+    def __init__(self, out: IO[str], inp: IO[str]) -> None:
+        self.out = out
+        self.inp = inp
+        self._write = threading.Lock()
+        self._call = threading.Lock()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        line = json.dumps(msg, default=str) + "\n"
+        with self._write:
+            self.out.write(line)
+            self.out.flush()
+
+    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+        with self._call:
+            self.send({"type": "store", **req})
+            line = self.inp.readline()
+            if not line:
+                raise EOFError("the wrapper closed the host's input")
+            reply: dict[str, Any] = json.loads(line)
+            if reply.get("type") != "store_reply":
+                raise RuntimeError(f"expected a store reply, got {reply.get('type')!r}")
+            return reply
+
+
+def run_one(task: TaskPayload, chan: Channel, workdir: Path, env: dict[str, str]) -> None:
+    home = Path.cwd()
+    os.chdir(workdir)
+    ctx = OperatorContext(
+        task=task,
+        workdir=workdir,
+        _send=chan.send,
+        env=env,
+        _store=RemoteStore(chan.call, workdir),
+    )
     try:
-        yield
+        _run(ctx, task, chan)
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        ctx.close()
+        os.chdir(home)
 
 
-def run_one(
-    task: TaskPayload, send: Any, workroot: Path, env: dict[str, str] | None = None
-) -> None:
-    workdir = workroot / str(task.task_id) / str(task.attempt)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ctx = OperatorContext(task=task, workdir=workdir, _send=send)
-    with _task_env(env or {}):
-        try:
-            _run(ctx, task, send)
-        finally:
-            drop_temp_views()
-
-
-def _run(ctx: OperatorContext, task: TaskPayload, send: Any) -> None:
+def _run(ctx: OperatorContext, task: TaskPayload, chan: Channel) -> None:
     try:
         fn = resolve(task.operator)
         result = fn(ctx)
         if not isinstance(result, OperatorResult):
             result = OperatorResult(events=list(result or []))
-        send(
+        chan.send(
             {
                 "type": "done",
                 "final_events": [e.model_dump(mode="json") for e in result.events],
@@ -88,7 +105,7 @@ def _run(ctx: OperatorContext, task: TaskPayload, send: Any) -> None:
         )
     except Exception as exc:
         logging.getLogger("trace.operator").exception("operator %s failed", task.operator)
-        send(
+        chan.send(
             {
                 "type": "failed",
                 "error": _error_text(exc),
@@ -100,25 +117,24 @@ def _run(ctx: OperatorContext, task: TaskPayload, send: Any) -> None:
 def main() -> None:
     _die_with_parent()
     proto: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
-    log_path = os.environ.get("TRACE_HOST_LOG")
-    if log_path:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+    os.dup2(2, 1)  # everything printed (Python, the JVM, Cryo) goes to the log
     sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    workroot = Path(os.environ.get("TRACE_HOST_WORKDIR") or tempfile.mkdtemp(prefix="trace-op-"))
-
-    def send(msg: dict[str, Any]) -> None:
-        proto.write(json.dumps(msg, default=str) + "\n")
-
-    send({"type": "ready", "pid": os.getpid()})
-    for line in sys.stdin:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    chan = Channel(proto, sys.stdin)
+    chan.send({"type": "ready", "pid": os.getpid(), "uid": os.getuid()})
+    while line := sys.stdin.readline():
         msg = json.loads(line)
         if msg.get("type") == "run":
-            run_one(TaskPayload.model_validate(msg["task"]), send, workroot, msg.get("env"))
+            run_one(
+                TaskPayload.model_validate(msg["task"]),
+                chan,
+                Path(msg["workdir"]),
+                dict(msg.get("env") or {}),
+            )
 
 
 if __name__ == "__main__":

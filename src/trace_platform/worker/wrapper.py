@@ -8,6 +8,7 @@ is acknowledged and dropped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,59 +16,97 @@ import queue as stdqueue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
+from psycopg.conninfo import conninfo_to_dict
+
+from trace_platform.config import Settings
 from trace_platform.dispatcher import models as m
+from trace_platform.objectstore import ObjectStore
 from trace_platform.operators import TRUSTED_OPERATORS
 from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
+from trace_platform.sandbox import Policy
+from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, is_url
+from trace_platform.sandbox.hostdir import HostDir, TaskDirs, host_argv, host_env
+from trace_platform.sandbox.netns import listen_in
 from trace_platform.worker.client import ApiError, DispatcherClient
+from trace_platform.worker.store_proxy import ScopedStore
 
 log = logging.getLogger(__name__)
 
-# Environment the operator host never inherits: internal credentials and database access.
-_SCRUB_PREFIXES = ("TRACE_", "PG", "AWS_", "DATABASE_URL")
+
+def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int]:
+    """Loopback ports of the platform's own services: no operator egress may reach them."""
+    ports = {settings.api_port}
+    for url in [api_url, settings.s3_endpoint_url or ""]:
+        if url and (port := urlsplit(url).port):
+            ports.add(port)
+    for dsn in dsns:
+        with contextlib.suppress(Exception):
+            ports.add(int(conninfo_to_dict(dsn).get("port") or 5432))
+    return ports
 
 
 class OperatorHost:
-    """One long-lived child process running operators; restarted if it dies or is killed."""
+    """One child process running operators for one tenant (org, DAG) at a time: restarted
+    when it dies, is killed, or the next task belongs to another tenant, so nothing of one
+    user's task (process state, Spark JVM, files) is there for another's."""
 
-    def __init__(self, log_path: Path, workdir: Path) -> None:
-        self.log_path = log_path
-        self.workdir = workdir
+    def __init__(
+        self,
+        home: Path,
+        name: str,
+        policy: Policy,
+        *,
+        extra_env: dict[str, str] | None = None,
+        extra_binds: list[Path] | None = None,
+    ) -> None:
+        self.home = home
+        self.name = name
+        self.policy = policy
+        self.log_path = home / "logs" / f"worker-{name}.log"
+        self.extra_env = extra_env or {}
+        self.extra_binds = extra_binds or []
         self.proc: subprocess.Popen[str] | None = None
+        self.dir: HostDir | None = None
+        self.tenant: tuple[Any, ...] | None = None
         self.messages: stdqueue.Queue[dict[str, Any]] = stdqueue.Queue()
+        self.starts = 0
 
-    def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)}
-        env["TRACE_HOST_LOG"] = str(self.log_path)
-        env["TRACE_HOST_WORKDIR"] = str(self.workdir)
-        return env
-
-    def ensure(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+    def ensure(self, tenant: tuple[Any, ...]) -> None:
+        if self.proc is not None and self.proc.poll() is None and self.tenant == tenant:
             return
+        self.kill()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.dir = HostDir.create(self.home / "sandbox", self.name, self.policy)
         self.messages = stdqueue.Queue()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trace_platform.worker.host"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,
-            text=True,
-            env=self._env(),
-            start_new_session=True,
-        )
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self.proc = subprocess.Popen(
+                host_argv(self.dir, self.home, self.extra_binds),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+                text=True,
+                env=host_env(self.dir, self.extra_env),
+                cwd=self.dir.home,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            os.close(fd)
+        self.tenant = tenant
+        self.starts += 1
         threading.Thread(target=self._read, args=(self.proc, self.messages), daemon=True).start()
         ready = self.messages.get(timeout=60)
         if ready.get("type") != "ready":
-            raise RuntimeError(f"operator host did not start: {ready}")
+            raise RuntimeError(f"operator host did not start: {ready}\n{self.log_tail()}")
 
     @staticmethod
     def _read(proc: subprocess.Popen[str], out: stdqueue.Queue[dict[str, Any]]) -> None:
@@ -79,27 +118,41 @@ class OperatorHost:
                 continue
         out.put({"type": "exit", "returncode": proc.wait()})
 
-    def run(self, task: m.TaskPayload, env: dict[str, str] | None = None) -> None:
-        """`env` (the slot's env and secrets) is set in the host only while this task runs."""
-        self.ensure()
+    def send(self, msg: dict[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None
         stdin: IO[str] = self.proc.stdin
-        msg = {"type": "run", "task": task.model_dump(mode="json"), "env": env or {}}
         stdin.write(json.dumps(msg) + "\n")
         stdin.flush()
 
+    def new_task(self, task: m.TaskPayload) -> TaskDirs:
+        assert self.dir is not None
+        return self.dir.new_task(f"{task.task_id}-{task.attempt}")
+
+    def listen(self) -> socket.socket:
+        """A loopback listener inside the host's network namespace (sandboxed hosts only)."""
+        assert self.proc is not None and self.policy.isolated
+        return listen_in(self.proc.pid)
+
     def kill(self, grace: float = 3.0) -> None:
         """Stop whatever runs now: SIGTERM to the process group, SIGKILL after `grace`."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        self.proc = None
+        self.tenant = None
+        if self.dir is not None:
+            self.dir.remove()
+            self.dir = None
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -113,27 +166,42 @@ class Wrapper:
         self,
         driver: QueueDriver,
         client: DispatcherClient,
+        store: ObjectStore,
         *,
+        policy: Policy | None = None,
         queue_name: str = "tasks",
         worker_id: str | None = None,
         home: Path = Path(".trace"),
         visibility_seconds: float = 60.0,
         wait_seconds: float = 5.0,
-        task_env: dict[str, str] | None = None,
+        host_env: dict[str, str] | None = None,
         trusted_env: dict[str, str] | None = None,
+        platform_ports: set[int] | None = None,
+        extra_binds: list[Path] | None = None,
     ) -> None:
-        """`task_env`: set for every operator run (the object store it writes to);
-        `trusted_env`: added only for trusted platform operators (a sink's data DSN)."""
+        """`host_env`: added to every host's allowlisted environment (Spark settings, the
+        operator registry); `trusted_env`: in the task env of trusted platform operators only
+        (a sink's data DSN); `platform_ports`: loopback ports no operator may reach (API,
+        Postgres, object store endpoint)."""
         self.driver = driver
         self.client = client
+        self.store = store
+        self.policy = policy or Policy("off")
         self.queue_name = queue_name
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.visibility = visibility_seconds
-        self.task_env = task_env or {}
         self.trusted_env = trusted_env or {}
+        self.platform_ports = platform_ports or set()
         self.wait_seconds = wait_seconds
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
-        self.host = OperatorHost(home / "logs" / f"worker-{safe_id}.log", home / "work" / safe_id)
+        self.host = OperatorHost(
+            home, safe_id, self.policy, extra_env=host_env, extra_binds=extra_binds
+        )
+        # Trusted sinks (platform code that writes Postgres data) run in their own host,
+        # outside the sandbox, and only they get the data DSN.
+        self.trusted_host = OperatorHost(
+            home, safe_id + "-trusted", Policy("off"), extra_env=host_env
+        )
         self.tasks_run = 0
 
     # -- main loop -----------------------------------------------------------------------
@@ -156,6 +224,7 @@ class Wrapper:
                     return
         finally:
             self.host.kill()
+            self.trusted_host.kill()
 
     def handle(self, msg: Message, stop: threading.Event | None = None) -> None:
         try:
@@ -182,6 +251,7 @@ class Wrapper:
             # The lease is ours until it expires; the reaper retries the attempt after that.
             log.exception("task %s attempt %s: wrapper error", claim.task_id, claim.attempt)
             self.host.kill()
+            self.trusted_host.kill()
             self.driver.nack(self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1)
             return
         self.driver.ack(self.queue_name, msg.receipt)
@@ -201,23 +271,98 @@ class Wrapper:
             return
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
-        env = {**self.task_env, **task.slot_env}
-        if task.operator in TRUSTED_OPERATORS and task.runtime == "ecs_platform":
-            env.update(self.trusted_env)
+        trusted = task.operator in TRUSTED_OPERATORS and task.runtime == "ecs_platform"
+        host = self.trusted_host if trusted else self.host
+        env = dict(task.slot_env)
         if task.slot_secret_names:
-            env.update(self.client.secrets(claim))
+            try:
+                env.update(self.client.secrets(claim))
+            except ApiError as e:
+                if e.status in (403, 404):  # the deployer may no longer use a secret
+                    self._report(claim, "failed", error=e.message, retryable=False)
+                    return
+                raise
+        if trusted:
+            env.update(self.trusted_env)
+        gateways: list[Gateway] = []
+        dirs: TaskDirs | None = None
         try:
-            self.host.run(task, env)
+            host.ensure((task.org_id, task.dag_id))
+            task, env = self._egress(host, task, env, gateways)
+            dirs = host.new_task(task)
+            scoped = ScopedStore(self.store, task, dirs.work, dirs.inbox, host.policy.uid)
+            host.send(
+                {
+                    "type": "run",
+                    "task": task.model_dump(mode="json"),
+                    "env": env,
+                    "workdir": str(dirs.work),
+                }
+            )
+        except EgressRefused as e:
+            self._close(gateways, dirs, host)
+            self._report(claim, "failed", error=f"network egress refused: {e}", retryable=False)
+            return
         except Exception as e:  # the host could not even start
+            self._close(gateways, dirs, host)
+            host.kill()
             self._report(claim, "failed", error=f"operator host failed to start: {e}")
             return
+        try:
+            self._supervise(claim, msg, stop, task, host, scoped)
+        finally:
+            self._close(gateways, dirs, host)
+
+    def _egress(
+        self,
+        host: OperatorHost,
+        task: m.TaskPayload,
+        env: dict[str, str],
+        gateways: list[Gateway],
+    ) -> tuple[m.TaskPayload, dict[str, str]]:
+        """Every RPC URL the task may use (slot env and secrets, config.rpc_url) is checked;
+        in the sandbox each becomes a gateway on the host's own loopback."""
+        urls = {v for v in env.values() if is_url(v)}
+        rpc = task.config.get("rpc_url")
+        if isinstance(rpc, str) and is_url(rpc):
+            urls.add(rpc)
+        for url in sorted(urls):
+            check_upstream(url, self.platform_ports)
+        if not host.policy.isolated or not urls:
+            return task, env
+        local: dict[str, str] = {}
+        for url in sorted(urls):
+            gw = Gateway(host.listen(), url)
+            gateways.append(gw)
+            local[url] = gw.url
+        env = {k: local.get(v, v) for k, v in env.items()}
+        if isinstance(rpc, str) and rpc in local:
+            task = task.model_copy(update={"config": {**task.config, "rpc_url": local[rpc]}})
+        return task, env
+
+    @staticmethod
+    def _close(gateways: list[Gateway], dirs: TaskDirs | None, host: OperatorHost) -> None:
+        for gw in gateways:
+            gw.close()
+        if dirs is not None:
+            HostDir.end_task(dirs)
+
+    def _supervise(
+        self,
+        claim: m.Claim,
+        msg: Message,
+        stop: threading.Event,
+        task: m.TaskPayload,
+        host: OperatorHost,
+        scoped: ScopedStore,
+    ) -> None:
         beat_every = max(0.2, min(claim.heartbeat_seconds, self.visibility / 3))
         next_beat = time.monotonic() + beat_every
         progress: dict[str, Any] | None = None
         while True:
             timeout = max(0.0, next_beat - time.monotonic())
             try:
-                out = self.host.messages.get(timeout=timeout)
+                out = host.messages.get(timeout=timeout)
             except stdqueue.Empty:
                 out = None
             if out is None or time.monotonic() >= next_beat:
@@ -229,10 +374,10 @@ class Wrapper:
                     log.warning(
                         "task %s attempt %s: %s; stopping operator", claim.task_id, claim.attempt, e
                     )
-                    self.host.kill()
+                    host.kill()
                     return
                 if hb.cancel_requested or stop.is_set():
-                    self.host.kill()
+                    host.kill()
                     if hb.cancel_requested:
                         self._report(claim, "canceled")
                     else:
@@ -241,14 +386,20 @@ class Wrapper:
             if out is None:
                 continue
             kind = out.get("type")
-            if kind == "progress":
+            if kind == "store":
+                host.send({"type": "store_reply", **scoped.handle(out)})
+            elif kind == "progress":
                 progress = out["progress"]
             elif kind == "event":
                 try:
                     self.client.events(claim, [m.EventIn.model_validate(out["event"])])
                 except ApiError as e:
                     log.warning("event refused for %s: %s; stopping operator", claim.task_id, e)
-                    self.host.kill()
+                    host.kill()
+                    retryable = e.status not in (403, 422)
+                    self._report(
+                        claim, "failed", error=f"event refused: {e.message}", retryable=retryable
+                    )
                     return
             elif kind == "done":
                 finals = [m.EventIn.model_validate(e) for e in out["final_events"]]
@@ -268,7 +419,7 @@ class Wrapper:
             elif kind == "exit":
                 code = out["returncode"]
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
-                tail = self.host.log_tail()
+                tail = host.log_tail()
                 self._report(
                     claim, "failed", error=f"operator process died ({why})\n{tail}".strip()
                 )

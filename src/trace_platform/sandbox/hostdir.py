@@ -1,0 +1,153 @@
+"""The operator host's directories and launch command (trusted side).
+
+    {home}/sandbox/                  root 0711: not listable
+      {worker}-{random}/             root 0755: one per host process, removed with it
+        home/  tmp/                  sandbox user 0700: HOME and TMPDIR (Spark's local dirs)
+        task/{task}-{attempt}-{r}/   root 0755: one per task run, removed after it
+          work/                      sandbox user 0700: the operator's empty scratch (its cwd)
+          in/                        root 0755: inputs the wrapper staged (read-only to it)
+
+Everything the sandbox user owns sits in directories it cannot rename, so the wrapper (root)
+never follows a path the operator planted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import trace_platform
+from trace_platform.sandbox import Policy
+
+
+def _chown(path: Path, policy: Policy) -> None:
+    if policy.isolated:
+        assert policy.uid is not None and policy.gid is not None
+        os.chown(path, policy.uid, policy.gid)
+
+
+@dataclass(frozen=True)
+class TaskDirs:
+    root: Path
+    work: Path
+    inbox: Path
+
+
+@dataclass(frozen=True)
+class HostDir:
+    root: Path
+    policy: Policy
+
+    @classmethod
+    def create(cls, base: Path, name: str, policy: Policy) -> HostDir:
+        base.mkdir(parents=True, exist_ok=True)
+        base.chmod(0o711)
+        root = base / f"{name}-{uuid.uuid4().hex[:12]}"
+        root.mkdir(mode=0o755)
+        for sub in ("home", "tmp"):
+            (root / sub).mkdir(mode=0o700)
+            _chown(root / sub, policy)
+        (root / "task").mkdir(mode=0o755)
+        return cls(root, policy)
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    def new_task(self, label: str) -> TaskDirs:
+        root = self.root / "task" / f"{label}-{uuid.uuid4().hex[:8]}"
+        root.mkdir(mode=0o755)
+        work, inbox = root / "work", root / "in"
+        work.mkdir(mode=0o700)
+        _chown(work, self.policy)
+        inbox.mkdir(mode=0o755)
+        return TaskDirs(root, work, inbox)
+
+    @staticmethod
+    def end_task(dirs: TaskDirs) -> None:
+        shutil.rmtree(dirs.root, ignore_errors=True)  # fd-based: never follows a symlink
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def host_env(hd: HostDir, extra: dict[str, str]) -> dict[str, str]:
+    """The host's whole environment: an allowlist, never the worker's own variables."""
+    venv_bin = Path(sys.executable).parent
+    env = {
+        "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(hd.home),
+        "TMPDIR": str(hd.tmp),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_DIRS": str(hd.tmp),
+    }
+    for key in ("JAVA_HOME", "TZ", "TRACE_SPARK_SHUFFLE_PARTITIONS", "TRACE_SPARK_DRIVER_MEMORY"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return {**env, **extra}
+
+
+def _java_home() -> Path | None:
+    if os.environ.get("JAVA_HOME"):
+        return Path(os.environ["JAVA_HOME"]).resolve()
+    java = shutil.which("java")
+    return Path(java).resolve().parents[1] if java else None
+
+
+def exposures(hd: HostDir, extra_binds: list[Path]) -> list[tuple[str, bool]]:
+    """What the sandbox sees of the machine besides its system dirs: (path, writable)."""
+    ro = {
+        Path(sys.base_prefix).resolve(),
+        Path(sys.prefix).resolve(),
+        Path(trace_platform.__file__).resolve().parents[1],
+    }
+    if (java := _java_home()) is not None:
+        ro.add(java)
+    out = [(str(p), False) for p in sorted(ro)]
+    out.append((str(hd.root), True))
+    out.extend((str(Path(p).resolve()), True) for p in extra_binds)
+    return out
+
+
+def host_argv(hd: HostDir, trace_home: Path, extra_binds: list[Path]) -> list[str]:
+    host = [sys.executable, "-m", "trace_platform.worker.host"]
+    if not hd.policy.isolated:
+        return host
+    cfg = {
+        "uid": hd.policy.uid,
+        "gid": hd.policy.gid,
+        "cwd": str(hd.home),
+        "expose": exposures(hd, extra_binds),
+        "hide": [str(trace_home.resolve())],
+        "argv": host,
+    }
+    enter = Path(__file__).with_name("enter.py")
+    return [
+        "setpriv",
+        "--pdeathsig",
+        "KILL",
+        "unshare",
+        "--net",
+        "--pid",
+        "--mount-proc",
+        "--fork",
+        "--kill-child",
+        "--propagation",
+        "private",
+        sys.executable,
+        "-I",
+        str(enter),
+        json.dumps(cfg),
+    ]

@@ -1,0 +1,169 @@
+"""The operator sandbox, attacked from inside by the `probe` test operator (as root only: the
+sandbox needs root to switch users and create namespaces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from tests.support.dags import admin
+from tests.support.wait import wait_for
+from trace_platform.config import Settings
+from trace_platform.dispatcher.models import TaskSpec
+from trace_platform.lite.stack import LiteStack
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="the sandbox needs root (own user, namespaces); non-root workers run without it",
+    ),
+]
+
+
+class _Rpc(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = b'{"jsonrpc":"2.0","id":1,"result":"0x539"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+@pytest.fixture
+def rpc() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Rpc)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def stack(settings: Settings, dsn: str) -> Iterator[LiteStack]:
+    s = LiteStack(settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"})
+    s.start()
+    yield s
+    s.stop()
+
+
+def probe(stack: LiteStack, config: dict[str, Any]) -> dict[str, Any]:
+    d = stack.services.dispatcher
+    ref = d.create_task(TaskSpec(job="probe", operator="probe", config=config, max_attempts=1))
+    view = wait_for(
+        lambda: (v := d.get_task(ref.task_id)).status in ("failed", "succeeded") and v,
+        120,
+        "probe task",
+    )
+    error = view.last_error or ""
+    assert "PROBE " in error, error
+    return dict(json.loads(error.split("PROBE ", 1)[1].rsplit(" (at ", 1)[0]))
+
+
+def refused(outcomes: dict[str, str]) -> None:
+    allowed = {k: v for k, v in outcomes.items() if not v.startswith("refused")}
+    assert not allowed, allowed
+
+
+def test_operator_cannot_read_keys_environ_or_reach_the_platform(stack: LiteStack) -> None:
+    home = stack.settings.home.resolve()
+    pg_port = int(conninfo_to_dict(stack.services.dsn)["port"])
+    worker_pid = stack.workers[0].pid
+    report = probe(
+        stack,
+        {
+            "read": [
+                str(home / "admin.key"),
+                str(home / "internal.token"),
+                str(home / "logs" / "worker-0.out"),
+                "/etc/shadow",
+            ],
+            "environ_pids": [worker_pid, os.getpid(), 1],
+            "connect": [["127.0.0.1", stack.port], ["127.0.0.1", pg_port]],
+            "list": [str(home), str(home / "sandbox"), "/root"],
+            "write": [str(home / "pwned"), "/etc/pwned"],
+        },
+    )
+    assert report["uid"] == pwd.getpwnam(stack.settings.sandbox_user).pw_uid
+    for kind in ("read", "environ", "connect", "write"):
+        refused(report[kind])
+    # The Trace home is an empty stand-in inside the sandbox; the host's dir holds nothing of it.
+    listed = report["list"]
+    assert all(v.startswith("refused") or "admin.key" not in v for v in listed.values()), listed
+    assert report["cwd_entries"] == []  # a fresh, empty scratch directory
+    leaked = [
+        k for k in report["env_keys"] if k.startswith(("TRACE_STATE", "TRACE_INTERNAL", "PG"))
+    ]
+    assert leaked == [] and "TRACE_HOME" not in report["env_keys"]
+    assert len(report["pids"]) <= 3, report["pids"]  # its own PID namespace
+    assert not (home / "pwned").exists()
+
+
+def test_rpc_reachable_only_through_its_gateway(stack: LiteStack, rpc: str) -> None:
+    svc = stack.services
+    port = int(rpc.rsplit(":", 1)[1])
+    svc.control.deploy(
+        admin(svc),
+        f"""
+name: egress
+worker_pools:
+  rpc:
+    - env: {{RPC_URL: "{rpc}"}}
+jobs:
+  look:
+    operator: probe
+    config: {{rpc_env: [RPC_URL], env: [RPC_URL], connect: [["127.0.0.1", {port}]]}}
+    worker_pool: rpc
+    max_attempts: 1
+""",
+    )
+    (task_id,) = svc.control.trigger(admin(svc), "egress")["tasks"]
+    view = wait_for(
+        lambda: (v := svc.dispatcher.get_task(UUID(str(task_id)))).status == "failed" and v,
+        120,
+        "probe",
+    )
+    report = json.loads((view.last_error or "").split("PROBE ", 1)[1].rsplit(" (at ", 1)[0])
+    assert report["rpc"]["RPC_URL"].startswith("ALLOWED") and "0x539" in report["rpc"]["RPC_URL"]
+    assert report["task_env"]["RPC_URL"] != rpc  # the operator sees the gateway, not the node
+    refused(report["connect"])  # the node itself is not reachable directly
+
+
+def test_rpc_pointing_at_the_platform_is_refused(stack: LiteStack) -> None:
+    svc = stack.services
+    svc.control.deploy(
+        admin(svc),
+        f"""
+name: sneaky
+worker_pools:
+  rpc:
+    - env: {{RPC_URL: "http://127.0.0.1:{stack.port}/internal"}}
+jobs:
+  look:
+    operator: probe
+    worker_pool: rpc
+    max_attempts: 1
+""",
+    )
+    (task_id,) = svc.control.trigger(admin(svc), "sneaky")["tasks"]
+    view = wait_for(
+        lambda: (v := svc.dispatcher.get_task(UUID(str(task_id)))).status == "failed" and v,
+        120,
+        "refusal",
+    )
+    assert "network egress refused" in (view.last_error or "")
+    assert "PROBE" not in (view.last_error or "")  # the operator never ran
