@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.dags import admin, finished_run, three_jobs
 from tests.support.invariants import assert_invariants
+from tests.support.sandbox import bind_env, record_dir
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.lite.stack import LiteStack
@@ -24,8 +25,15 @@ WORKER_ENV = {"TRACE_QUEUE_POLL_SECONDS": "0.2"}
 
 
 @pytest.fixture
-def stack(settings: Settings, dsn: str, request: pytest.FixtureRequest) -> Iterator[LiteStack]:
-    s = LiteStack(settings, workers=getattr(request, "param", 2), dsn=dsn, worker_env=WORKER_ENV)
+def stack(
+    settings: Settings, dsn: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[LiteStack]:
+    s = LiteStack(
+        settings,
+        workers=getattr(request, "param", 2),
+        dsn=dsn,
+        worker_env={**WORKER_ENV, **bind_env(tmp_path)},
+    )
     s.start()
     yield s
     s.stop()
@@ -50,7 +58,7 @@ def check_tree(tasks: list[dict[str, object]], record: Path, run_id: uuid.UUID) 
 
 
 def test_three_job_dag_from_cron_and_from_webhook(stack: LiteStack, tmp_path: Path) -> None:
-    record = tmp_path / "sinks.txt"
+    record = record_dir(tmp_path) / "sinks.txt"
     svc = stack.services
     svc.control.deploy(admin(svc), three_jobs(record=str(record)))
     assert tick(svc.dispatcher, datetime.now(UTC) + timedelta(seconds=61)) == 1
@@ -134,7 +142,7 @@ def test_pool_of_two_never_runs_more_than_two_even_after_a_killed_worker(
 
 
 def test_slot_env_and_secrets_reach_the_operator(stack: LiteStack, tmp_path: Path) -> None:
-    record = tmp_path / "env.txt"
+    record = record_dir(tmp_path) / "env.txt"
     svc, me = stack.services, admin(stack.services)
     svc.control.set_secret(me, "key_a", "secret-a")
     svc.control.set_secret(me, "key_b", "secret-b")
@@ -145,10 +153,10 @@ def test_slot_env_and_secrets_reach_the_operator(stack: LiteStack, tmp_path: Pat
         lambda: all(svc.dispatcher.get_task(t).status == "succeeded" for t in ids), 60, "tasks"
     )
     seen = {tuple(ln.split()[2:]) for ln in record.read_text().splitlines()}
-    assert seen <= {
-        ("RPC_URL=http://rpc-a", "RPC_KEY=secret-a"),
-        ("RPC_URL=http://rpc-b", "RPC_KEY=secret-b"),
-    }
+    # In the sandbox the slot's RPC is reached through the wrapper's gateway on loopback.
+    urls = {s[0] for s in seen}
+    assert all(u.startswith("RPC_URL=http://127.0.0.1:") for u in urls), urls
+    assert {s[1] for s in seen} <= {"RPC_KEY=secret-a", "RPC_KEY=secret-b"}
     assert seen
     logs = "".join(p.read_text() for p in (svc.settings.home / "logs").glob("*"))
     assert "secret-a" not in logs and "secret-b" not in logs  # never logged

@@ -9,7 +9,6 @@ import pwd
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 

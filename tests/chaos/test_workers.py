@@ -15,9 +15,10 @@ import psycopg
 import pytest
 
 from tests.support.invariants import assert_invariants
+from tests.support.sandbox import bind_env, record_dir
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
-from trace_platform.dispatcher.models import TERMINAL, TaskSpec
+from trace_platform.dispatcher.models import TERMINAL, DatasetRef, TaskSpec
 from trace_platform.lite.stack import LiteStack
 
 pytestmark = pytest.mark.slow
@@ -26,9 +27,13 @@ WORKER_ENV = {"TRACE_QUEUE_POLL_SECONDS": "0.2", "TRACE_LEASE_SECONDS": "2"}
 
 
 @pytest.fixture
-def stack(settings: Settings, dsn: str, request: pytest.FixtureRequest) -> Iterator[LiteStack]:
+def stack(
+    settings: Settings, dsn: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[LiteStack]:
     workers = getattr(request, "param", 2)
-    s = LiteStack(settings, workers=workers, dsn=dsn, worker_env=WORKER_ENV)
+    s = LiteStack(
+        settings, workers=workers, dsn=dsn, worker_env={**WORKER_ENV, **bind_env(tmp_path)}
+    )
     s.start()
     yield s
     s.stop()
@@ -40,15 +45,20 @@ def status(stack: LiteStack, task_id: uuid.UUID) -> tuple[str, int]:
 
 
 def children(pid: int) -> list[int]:
-    out = []
+    """Every descendant (the sandbox chain is setpriv/unshare -> PID 1 -> host -> JVM...)."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == pid:
-                out.append(int(entry.name))
+            parents[int(entry.name)] = ppid
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier]
+        out.extend(kids)
+        frontier = kids
     return out
 
 
@@ -72,7 +82,13 @@ def test_mixed_tasks_run_to_their_outcomes(stack: LiteStack) -> None:
         ),
         "broken": TaskSpec(job="broken", operator="fail", config={"permanent": True}),
         "unknown": TaskSpec(job="unknown", operator="no_such_operator", max_attempts=1),
-        "events": TaskSpec(job="events", operator="emit_events", config={"count": 4, "final": 2}),
+        # An ad-hoc task speaks only for the outputs it was created with.
+        "events": TaskSpec(
+            job="events",
+            operator="emit_events",
+            config={"count": 4, "final": 2},
+            outputs=[DatasetRef(dataset_uuid=uuid.uuid4())],
+        ),
     }
     ids = {k: d.create_task(s).task_id for k, s in specs.items()}
     wait_for(lambda: all(status(stack, i)[0] in TERMINAL for i in ids.values()), 60, "all terminal")
@@ -92,7 +108,7 @@ def test_mixed_tasks_run_to_their_outcomes(stack: LiteStack) -> None:
 
 
 def test_duplicate_wakeups_run_operator_once(stack: LiteStack, tmp_path: Path) -> None:
-    record = tmp_path / "runs.txt"
+    record = record_dir(tmp_path) / "runs.txt"
     d = stack.services.dispatcher
     refs = [
         d.create_task(TaskSpec(job="dup", operator="noop", config={"record_to": str(record)}))
@@ -150,6 +166,7 @@ def test_killed_worker_is_reaped_retried_and_fenced(stack: LiteStack) -> None:
             "lease_token": str(token[0]),
             "outcome": "succeeded",
         },
+        headers={"X-Internal-Token": stack.services.internal_token or ""},
     )
     assert late.status_code == 409 and late.json()["error"] == "stale_attempt"
     assert status(stack, ref.task_id) == ("running", 2)

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 
 from trace_platform.config import Settings
 from trace_platform.db.embedded import free_port
+from trace_platform.dispatcher.models import DatasetRef, TaskSpec
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 
@@ -21,7 +22,9 @@ from trace_platform.services import Services
 def api(services: Services) -> Iterator[httpx.Client]:
     server = ApiServer(services, "127.0.0.1", free_port(), background=False)
     server.start()
-    with httpx.Client(base_url=server.url, timeout=10) as client:
+    headers = {"X-Internal-Token": services.internal_token or ""}
+    with httpx.Client(base_url=server.url, timeout=10, headers=headers) as client:
+        client.services = services  # type: ignore[attr-defined]
         yield client
     server.stop()
 
@@ -34,10 +37,19 @@ def snapshot(services: Services) -> dict[str, Any]:
         }
 
 
-def running_task(api: httpx.Client) -> dict[str, Any]:
-    created = api.post("/v1/tasks", json={"job": "j", "operator": "noop"})
-    assert created.status_code == 201, created.text
-    task_id = created.json()["task_id"]
+OUT = str(uuid.uuid4())  # the one dataset the ad-hoc test task produces
+
+
+def running_task(api: httpx.Client, outputs: list[str] | None = None) -> dict[str, Any]:
+    """A claimed task producing `outputs` (made the way a DAG's event makes it: ad-hoc tasks
+    from /v1/tasks have no outputs)."""
+    services: Services = api.services  # type: ignore[attr-defined]
+    spec = TaskSpec(
+        job="j",
+        operator="noop",
+        outputs=[DatasetRef(dataset_uuid=o) for o in ([OUT] if outputs is None else outputs)],
+    )
+    task_id = str(services.dispatcher.create_task(spec).task_id)
     claim = api.post("/internal/claim", json={"task_id": task_id, "worker_id": "w"})
     assert claim.status_code == 200, claim.text
     return claim.json()
@@ -58,7 +70,7 @@ def test_happy_path_over_http(api: httpx.Client) -> None:
     assert fetched.status_code == 200 and fetched.json()["operator"] == "noop"
     hb = api.post("/internal/heartbeat", json={**lease(c), "progress": {"done": 0.5}})
     assert hb.status_code == 200 and hb.json()["cancel_requested"] is False
-    ds = str(uuid.uuid4())
+    ds = OUT
     ev = api.post(
         "/internal/events", json={**lease(c), "events": [{"dataset_uuid": ds, "cursor": "1"}]}
     )
@@ -170,13 +182,59 @@ def test_internal_token_guards_internal_endpoints(settings: Settings, dsn: str) 
     server = ApiServer(secured, "127.0.0.1", free_port(), background=False)
     server.start()
     try:
-        body = {"task_id": str(uuid.uuid4()), "worker_id": "w"}
-        r = httpx.post(f"{server.url}/internal/claim", json=body)
-        assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+        task = secured.dispatcher.create_task(TaskSpec(job="victim", operator="noop"))
+        body = {"task_id": str(task.task_id), "worker_id": "attacker"}
+        for headers in (
+            {},
+            {"X-Internal-Token": "guess"},
+            {"Authorization": "Bearer s3cret"},  # an API-key header is not the credential
+        ):
+            r = httpx.post(f"{server.url}/internal/claim", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+        for path in ("/internal/task-fetch", "/internal/task-secrets"):
+            r = httpx.get(
+                f"{server.url}{path}",
+                params={"task_id": str(task.task_id), "attempt": 1},
+                headers={"X-Lease-Token": str(uuid.uuid4())},
+            )
+            assert r.status_code == 401
+        assert secured.dispatcher.get_task(task.task_id).status == "queued"  # untouched
         ok = httpx.post(
-            f"{server.url}/internal/claim", json=body, headers={"Authorization": "Bearer s3cret"}
+            f"{server.url}/internal/claim", json=body, headers={"X-Internal-Token": "s3cret"}
         )
-        assert ok.status_code == 404  # past the guard
+        assert ok.status_code == 200  # past the guard
     finally:
         server.stop()
         secured.close()
+
+
+def test_lite_generates_a_private_internal_token(services: Services) -> None:
+    token_file = services.settings.home / "internal.token"
+    assert services.internal_token and token_file.read_text().strip() == services.internal_token
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert services.settings.home.stat().st_mode & 0o777 == 0o711
+
+
+@pytest.mark.parametrize("outputs", [[], [str(uuid.uuid4())]])
+def test_events_only_for_the_tasks_own_outputs(
+    api: httpx.Client, services: Services, outputs: list[str]
+) -> None:
+    c = running_task(api, outputs)
+    other_dag_dataset = str(uuid.uuid4())
+    before = snapshot(services)
+    r = api.post(
+        "/internal/events",
+        json={**lease(c), "events": [{"dataset_uuid": other_dag_dataset, "cursor": "1"}]},
+    )
+    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    assert other_dag_dataset in r.json()["message"]
+    done = api.post(
+        "/internal/task-complete",
+        json={
+            **lease(c),
+            "outcome": "succeeded",
+            "final_events": [{"dataset_uuid": other_dag_dataset, "cursor": "2"}],
+        },
+    )
+    assert done.status_code == 403
+    assert snapshot(services) == before  # no event, no task, no state change

@@ -1,4 +1,4 @@
-"""The operator host never inherits internal credentials or database access."""
+"""The operator host never inherits internal credentials, database or store access."""
 
 from __future__ import annotations
 
@@ -7,21 +7,45 @@ from pathlib import Path
 import pytest
 
 from trace_platform.dispatcher.models import TaskPayload
-from trace_platform.worker.wrapper import OperatorHost
+from trace_platform.sandbox import Policy
+from trace_platform.sandbox.gateway import EgressRefused, check_upstream
+from trace_platform.sandbox.hostdir import HostDir, host_env
 
 
-def test_host_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_host_environment_is_an_allowlist(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TRACE_INTERNAL_TOKEN", "secret")
     monkeypatch.setenv("TRACE_STATE_DSN", "postgresql://u:p@h/db")
+    monkeypatch.setenv("TRACE_HOME", "/somewhere")
     monkeypatch.setenv("PGPASSWORD", "p")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "k")
-    monkeypatch.setenv("HARMLESS", "1")
-    env = OperatorHost(tmp_path / "log", tmp_path / "work")._env()
-    assert "HARMLESS" in env
-    leaked = [k for k in env if k.startswith(("TRACE_INTERNAL", "TRACE_STATE", "PG", "AWS_"))]
-    assert leaked == []
+    monkeypatch.setenv("SOMETHING_ELSE", "1")
+    hd = HostDir.create(tmp_path / "sandbox", "w", Policy("off"))
+    env = host_env(hd, {"TRACE_SPARK_MASTER": "local[2]"})
+    assert env["HOME"] == str(hd.home) and env["TMPDIR"] == str(hd.tmp)
+    assert env["TRACE_SPARK_MASTER"] == "local[2]"
+    assert "SOMETHING_ELSE" not in env and "TRACE_HOME" not in env
+    assert not any(k.startswith(("TRACE_INTERNAL", "TRACE_STATE", "PG", "AWS_")) for k in env)
     assert "secret" not in "".join(env.values())
 
 
 def test_task_payload_carries_no_lease_token() -> None:
     assert not any("lease_token" in f or "token" in f for f in TaskPayload.model_fields)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8765/",
+        "http://localhost:8765/internal/claim",
+        "http://[::1]:5432",
+        "http://0.0.0.0:8765",
+    ],
+)
+def test_egress_to_the_platform_is_refused(url: str) -> None:
+    with pytest.raises(EgressRefused, match="platform's own services"):
+        check_upstream(url, {8765, 5432})
+
+
+def test_egress_to_an_rpc_is_allowed() -> None:
+    check_upstream("http://127.0.0.1:8545", {8765, 5432})
+    check_upstream("https://rpc.example.org/v1/key", {8765, 5432, 443})  # not loopback
