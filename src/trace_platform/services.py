@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Profile, Settings
 from trace_platform.control.service import ControlPlane
-from trace_platform.db.pool import make_pool, state_dsn
+from trace_platform.db.pool import make_pool, query_dsn, state_dsn
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.lite.bootstrap import bootstrap
@@ -48,11 +48,10 @@ class Services:
                 from trace_platform.objectstore import make_store
                 from trace_platform.query import QueryService
 
-                read = self.settings.read_dsn
                 self._query = QueryService(
                     self.pool,
                     make_store(self.settings),
-                    read.get_secret_value() if read else self.data_dsn,
+                    query_dsn(self.settings, self.data_dsn),  # the least-privilege reader
                     self.settings,
                 )
             return self._query

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,3 +63,144 @@ def test_unreachable_data_dir_is_a_clear_error() -> None:
             EmbeddedPostgres(private / "pg", durable=False).init()
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _socket_login(pg: EmbeddedPostgres, **kw: str) -> psycopg.Connection[tuple[object, ...]]:
+    """A login over the unix socket (never a password from the environment or ~/.pgpass)."""
+    info = pg.info()
+    assert info is not None
+    return psycopg.connect(
+        host=str(pg.socket_dir),
+        port=info.port,
+        dbname="trace",
+        user="trace",
+        passfile="/dev/null",
+        connect_timeout=10,
+        **kw,
+    )
+
+
+def test_the_socket_asks_for_a_password_too(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    pg = EmbeddedPostgres(root, durable=False)
+    info = pg.start()
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        _socket_login(pg)
+    with _socket_login(pg, password=info.password) as conn:  # the socket itself works
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    hba = (pg.pgdata / "pg_hba.conf").read_text()
+    rules = [ln.split() for ln in hba.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert rules and all(r[-1] == "scram-sha-256" for r in rules)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the server to another user")
+def test_other_os_users_cannot_get_in(root: Path) -> None:
+    pg = EmbeddedPostgres(root, durable=False)
+    info = pg.start()
+    server = pwd.getpwnam(pg.os_user or "")
+    st = root.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, server.pw_gid, 0o710)
+    st = pg.socket_dir.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (server.pw_uid, 0o700)
+    st = pg.info_file.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    assert pg.log_file.stat().st_mode & 0o777 == 0o600
+
+    def as_nobody(*cmd: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": os.environ["PATH"], "PGCONNECT_TIMEOUT": "5"}
+        return subprocess.run(
+            ["runuser", "-u", "nobody", "--", *cmd], capture_output=True, text=True, env=env
+        )
+
+    for cmd in (
+        ("ls", str(root)),
+        ("ls", str(pg.socket_dir)),
+        ("cat", str(pg.info_file)),
+        ("cat", str(pg.log_file)),
+    ):
+        out = as_nobody(*cmd)
+        assert out.returncode != 0 and "Permission denied" in out.stderr, (cmd, out)
+    psql = as_nobody(
+        "psql", "-w", "-h", str(pg.socket_dir), "-p", str(info.port), "-U", "trace", "-d", "trace"
+    )
+    assert psql.returncode != 0 and "Permission denied" in psql.stderr, psql
+    # Even with the cluster root open, the socket directory itself stays shut.
+    root.chmod(0o711)
+    try:
+        out = as_nobody("ls", str(pg.socket_dir))
+        assert out.returncode != 0 and "Permission denied" in out.stderr, out
+    finally:
+        root.chmod(0o710)
+
+
+def test_a_cluster_initialised_with_trust_is_hardened_on_start(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an older Trace left behind: `trust` on the socket, open directories, a cluster.json
+    without the reader login. Both a stopped and a still running cluster get hardened."""
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    pg = EmbeddedPostgres(root, durable=False)
+    info = pg.start()
+    trusting = "local all all trust\nlocal replication all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+
+    def make_old() -> None:
+        (pg.pgdata / "pg_hba.conf").write_text(trusting)
+        root.chmod(0o755)
+        pg.socket_dir.chmod(0o777)
+        raw = json.loads(pg.info_file.read_text())
+        pg.info_file.write_text(json.dumps({"port": raw["port"], "password": raw["password"]}))
+        pg.info_file.chmod(0o644)
+
+    # Still running from before the upgrade: start() rewrites pg_hba.conf and reloads.
+    make_old()
+    pg._run(["pg_ctl", "reload", "-D", str(pg.pgdata)])
+    with _socket_login(pg) as conn:  # the hole, as it was
+        assert conn.execute("SELECT current_user").fetchone() == ("trace",)
+    again = EmbeddedPostgres(root, durable=False)
+    assert again.start().port == info.port
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        _socket_login(again)
+    assert pg.socket_dir.stat().st_mode & 0o777 == 0o700
+    assert pg.info_file.stat().st_mode & 0o777 == 0o600
+    assert root.stat().st_mode & 0o777 == (0o710 if pg.os_user else 0o700)
+    with psycopg.connect(again.reader_dsn()) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("trace_query",)
+
+    # Stopped before the upgrade: hardened before it starts.
+    again.stop()
+    make_old()
+    third = EmbeddedPostgres(root, durable=False)
+    third.start()
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        _socket_login(third)
+    assert "trust" not in (pg.pgdata / "pg_hba.conf").read_text()
+    with psycopg.connect(third.reader_dsn()) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("trace_query",)
+
+
+def test_the_reader_login_is_not_privileged(root: Path) -> None:
+    pg = EmbeddedPostgres(root, durable=False)
+    pg.start()
+    assert EmbeddedPostgres.serving(pg.dsn("other")) is pg  # how a DSN finds its reader
+    with psycopg.connect(pg.reader_dsn(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls,"
+            " pg_has_role('trace_published_read', 'USAGE'),"
+            " pg_has_role('pg_read_server_files', 'USAGE'),"
+            " pg_has_role('pg_execute_server_program', 'USAGE'),"
+            " pg_has_role('pg_read_all_data', 'USAGE')"
+            " FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        assert row == (False, False, False, False, False, True, False, False, False)
+        conn.execute("SET default_transaction_read_only = off")
+        for stmt in (
+            "CREATE TEMP TABLE t (x int)",
+            "CREATE TABLE public.t (x int)",
+            "SELECT pg_read_file('postgresql.auto.conf')",
+            "COPY (SELECT 1) TO PROGRAM 'id'",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+    # The password never went to the server in clear: not in its log either.
+    info = pg.info()
+    assert info is not None and info.reader_password not in pg.log_file.read_text()

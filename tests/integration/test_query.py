@@ -4,6 +4,8 @@ the registry, versions are pinned at query start, read_roles hold, escapes are r
 from __future__ import annotations
 
 import io
+import os
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -11,12 +13,14 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from psycopg import sql
 from pydantic import SecretStr
 
 from tests.support.dags import admin, user
-from tests.support.datasets import commit_parquet, current, load_hot
+from tests.support.datasets import commit_parquet, current, load_hot, version_location
 from trace_platform.config import ObjectStoreBackend, Settings
-from trace_platform.db.embedded import free_port
+from trace_platform.db import migrate as mig
+from trace_platform.db.embedded import READER, EmbeddedPostgres, free_port
 from trace_platform.lite.stack import ApiServer
 from trace_platform.objectstore import make_store
 from trace_platform.services import Services
@@ -74,6 +78,16 @@ def q(services: Services, sql: str, **kw: object) -> list[list[object]]:
     return services.query.query(admin(services), sql, **kw).as_json()["rows"]  # type: ignore[no-any-return]
 
 
+# On the harness's embedded cluster the Query Service reads Postgres as its own login.
+embedded_only = pytest.mark.skipif(
+    bool(os.environ.get("TRACE_TEST_DSN")), reason="the reader login is the embedded cluster's"
+)
+
+
+def query_login(services: Services) -> dict[str, str]:
+    return psycopg.conninfo.conninfo_to_dict(services.query.engine.pg_dsn)  # type: ignore[return-value]
+
+
 def test_cold_queries_by_dataset_name_are_exact(chain: Services) -> None:
     assert q(chain, "SELECT count(*), min(block_number), max(block_number) FROM blocks") == [
         [100, 0, 99]
@@ -97,6 +111,10 @@ def test_hot_window_unions_with_cold_history_without_double_counting(chain: Serv
     assert q(chain, "SELECT count(*), min(block_number), max(block_number) FROM blocks_hot") == [
         [40, 80, 119]
     ]
+    if not os.environ.get("TRACE_TEST_DSN"):  # read as the least-privilege login, same database
+        login = query_login(chain)
+        assert login["user"] == READER
+        assert login["dbname"] == psycopg.conninfo.conninfo_to_dict(chain.dsn)["dbname"]
     rows = q(
         chain,
         "SELECT source, count(*), min(block_number), max(block_number) FROM blocks GROUP BY 1 ORDER BY 1",
@@ -137,6 +155,97 @@ def test_no_password_in_what_a_query_can_see(chain: Services) -> None:
     )
     shown = engine_con.execute("SELECT path FROM duckdb_databases()").fetchall()
     assert all(password not in str(p) for p in shown)
+
+
+@embedded_only
+def test_the_query_login_reads_published_data_and_nothing_else(chain: Services) -> None:
+    load_hot(chain, "blocks_hot", blocks(90, 99, "hot"), 90, 100, window=1000)
+    location = version_location(chain, current(chain, "blocks_hot")["current_version"])
+    schema, _, table = location.partition(".")
+    with chain.pool.connection() as conn:
+        partition = conn.execute(
+            "SELECT format('%I.%I', n.nspname, c.relname) AS p FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE i.inhparent = 'task_registry'::regclass LIMIT 1"
+        ).fetchone()["p"]
+    with psycopg.connect(chain.query.engine.pg_dsn, autocommit=True) as conn:
+        # Read-only by default (and the ATTACH asks for it too).
+        assert conn.execute("SHOW default_transaction_read_only").fetchone() == ("on",)
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, table)))
+        conn.execute("SET default_transaction_read_only = off")  # now only privileges stop it
+        role = conn.execute(
+            "SELECT rolsuper, rolcreaterole, rolcreatedb, rolbypassrls FROM pg_roles"
+            " WHERE rolname = current_user"
+        ).fetchone()
+        assert role == (False, False, False, False)
+        hot = sql.Identifier(schema, table)
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(hot)).fetchone() == (10,)
+        assert conn.execute("SELECT count(*) FROM published.blocks_hot").fetchone() == (10,)
+        refused = [
+            *(
+                f"SELECT * FROM public.{t}"
+                for t in ("secrets", "api_keys", "users", "task_registry", "outbox", "datasets")
+            ),
+            f"SELECT * FROM {partition}",  # a partition made at run time, not only at migration
+            "SELECT pg_read_file('/etc/passwd')",
+            "SELECT pg_ls_dir('.')",
+            "COPY (SELECT 1) TO PROGRAM 'id'",
+            "COPY (SELECT 1) TO '/tmp/trace-reader-copy'",
+            "CREATE SCHEMA evil",
+            "CREATE TABLE public.evil (x int)",
+            "CREATE TABLE published.evil (x int)",
+            f'CREATE TABLE "{schema}".evil (x int)',
+            f'DELETE FROM "{schema}"."{table}"',
+            "SET ROLE trace",
+        ]
+        for stmt in refused:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+        # Unqualified, a state table is not even visible.
+        for t in ("secrets", "api_keys", "task_registry"):
+            with pytest.raises(
+                (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege)
+            ):
+                conn.execute(f"SELECT * FROM {t}")
+
+
+@embedded_only
+def test_published_tables_of_an_upgraded_database_become_readable(
+    pg_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = EmbeddedPostgres.serving(pg_server)
+    assert cluster is not None
+    name = f"u_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    old, new, other = (f"dataset_{uuid.uuid4().hex}" for _ in range(3))
+    try:
+        every = mig.available()
+        monkeypatch.setattr(mig, "available", lambda: [m for m in every if m.version < "0009"])
+        mig.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:  # published before the upgrade
+            conn.execute(f"CREATE SCHEMA {old}; CREATE TABLE {old}.v_1 AS SELECT 1 AS x")
+            conn.execute(f"CREATE VIEW published.before AS SELECT * FROM {old}.v_1")
+        monkeypatch.setattr(mig, "available", lambda: every)
+        mig.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:  # after it, as the sink would
+            conn.execute(f"CREATE SCHEMA {new}; CREATE TABLE {new}.v_1 (x int)")
+            conn.execute(f"CREATE SCHEMA {other}x; CREATE TABLE {other}x.t (x int)")
+            conn.execute("CREATE TABLE public.later_state (x int)")
+        with psycopg.connect(cluster.reader_dsn(name), autocommit=True) as conn:
+            assert conn.execute(f"SELECT x FROM {old}.v_1").fetchone() == (1,)
+            assert conn.execute("SELECT x FROM published.before").fetchone() == (1,)
+            assert conn.execute(f"SELECT count(*) FROM {new}.v_1").fetchone() == (0,)
+            for t in (f"{other}x.t", "public.later_state"):  # not a dataset schema: not granted
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(f"SELECT * FROM {t}")
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def test_a_query_keeps_the_version_it_pinned_across_a_cutover(chain: Services) -> None:

@@ -2,11 +2,25 @@
 
 The cluster listens on 127.0.0.1 only, on a free port recorded in the data directory, and is
 reused across runs. As root it runs as an unprivileged system user, since initdb refuses root.
+
+No local user gets in without a password: every pg_hba line asks for scram-sha-256 (the unix
+socket too; a cluster initialised with `trust` by an older Trace is rewritten and reloaded on
+start), the socket directory is 0700 and owned by the server user, and the cluster root is
+root-owned 0710 with the server user's group (0700 when not run as root), so that only root and
+the server user get in; `cluster.json` (the passwords) is 0600 and owned by the invoking user.
+
+Besides the superuser the cluster has `trace_query`, the Query Service's login: a member of the
+NOLOGIN group `trace_published_read` (migration 0009 grants it SELECT on the published data
+only), read-only by default, with its own random password.
 """
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import glob
+import hashlib
+import hmac
 import importlib.util
 import json
 import os
@@ -16,13 +30,36 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 DB_NAME = "trace"
 SUPERUSER = "trace"
+READER = "trace_query"  # the Query Service's login
+READ_GROUP = "trace_published_read"  # NOLOGIN; its grants come from migration 0009
+
+# pg_hba methods that let a local user in without a password.
+_WEAK_METHODS = {"trust", "peer", "ident"}
+_HBA_METHODS = _WEAK_METHODS | {
+    "reject",
+    "scram-sha-256",
+    "md5",
+    "password",
+    "gss",
+    "sspi",
+    "pam",
+    "ldap",
+    "radius",
+    "cert",
+}
+
+# Clusters this process started, by port: lets a DSN to one of them find its reader login.
+_SERVING: dict[int, EmbeddedPostgres] = {}
 
 
 class EmbeddedPostgresError(RuntimeError):
@@ -80,10 +117,41 @@ def port_free(port: int) -> bool:
         return True
 
 
+def scram_verifier(password: str, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 verifier Postgres stores for a password (RFC 5802/7677), so the
+    password itself never reaches the server (nor its log)."""
+    salt = os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+
+    def b64(b: bytes) -> str:
+        return base64.b64encode(b).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def harden_hba(text: str) -> str:
+    """pg_hba.conf with every passwordless method (trust, peer, ident) replaced by scram-sha-256."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        body, hash_, comment = line.partition("#")
+        fields = body.split()
+        if fields and fields[0].startswith(("local", "host")):
+            method = next((i for i in range(3, len(fields)) if fields[i] in _HBA_METHODS), None)
+            if method is not None and fields[method] in _WEAK_METHODS:
+                fields = [*fields[:method], "scram-sha-256"]  # peer/ident options go too
+                line = "\t".join(fields) + (f"  #{comment}" if hash_ else "\n")
+        out.append(line)
+    return "".join(out)
+
+
 @dataclass
 class ClusterInfo:
     port: int
     password: str
+    reader_password: str = ""  # empty in a cluster.json written by an older Trace
 
 
 class EmbeddedPostgres:
@@ -158,36 +226,84 @@ class EmbeddedPostgres:
     def _chown(self, path: Path) -> None:
         if self.os_user:
             pw = pwd.getpwnam(self.os_user)
-            os.chown(path, pw.pw_uid, pw.pw_gid)
+            os.chown(path, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+
+    def _secure_dirs(self) -> None:
+        """Only root and the server user get into the cluster root (root-owned, so the server
+        user cannot swap what root reads or writes there); only the server user gets into the
+        socket directory. Applied on every start, so older, world-traversable layouts tighten."""
+        if self.os_user:
+            gid = pwd.getpwnam(self.os_user).pw_gid
+            os.chown(self.root, os.geteuid(), gid)
+            self.root.chmod(0o710)
+        else:
+            self.root.chmod(0o700)
+        if self.socket_dir.is_symlink():
+            self.socket_dir.unlink()
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
+        self._chown(self.socket_dir)
+        self.socket_dir.chmod(0o700)
+        for f in (self.info_file, self.log_file):
+            if f.exists() and not f.is_symlink():
+                f.chmod(0o600)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One process at a time initialises, starts and sets the logins of this cluster."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     # -- lifecycle ---------------------------------------------------------------------
     def info(self) -> ClusterInfo | None:
         if not self.info_file.exists():
             return None
         raw = json.loads(self.info_file.read_text())
-        return ClusterInfo(port=int(raw["port"]), password=raw["password"])
+        return ClusterInfo(
+            port=int(raw["port"]),
+            password=raw["password"],
+            reader_password=raw.get("reader_password", ""),
+        )
 
     def _write_info(self, info: ClusterInfo) -> None:
-        self.info_file.write_text(json.dumps({"port": info.port, "password": info.password}))
-        self.info_file.chmod(0o600)
+        """Written whole (a temp file renamed over), 0600 from the first byte."""
+        data = json.dumps(
+            {"port": info.port, "password": info.password, "reader_password": info.reader_password}
+        )
+        tmp = self.root / f".cluster.json.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, self.info_file)
 
     def initialized(self) -> bool:
         return (self.pgdata / "PG_VERSION").exists() and self.info_file.exists()
 
     def init(self) -> None:
+        with self._locked():
+            self._init()
+
+    def _init(self) -> None:
         if self.initialized():
             return
         self.root.mkdir(parents=True, exist_ok=True)
+        self._secure_dirs()
         self._check_reachable()
         if self.pgdata.exists():
             shutil.rmtree(self.pgdata)  # a half-finished earlier initdb
         self.pgdata.mkdir(mode=0o700)
-        self.socket_dir.mkdir(exist_ok=True)
-        for p in (self.pgdata, self.socket_dir):
-            self._chown(p)
+        self._chown(self.pgdata)
         password = secrets.token_urlsafe(24)
         pwfile = self.root / ".pwfile"
-        pwfile.write_text(password + "\n")
+        pwfile.unlink(missing_ok=True)
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
         self._chown(pwfile)
         try:
             self._run(
@@ -199,7 +315,7 @@ class EmbeddedPostgres:
                     SUPERUSER,
                     "--pwfile",
                     str(pwfile),
-                    "--auth-local=trust",
+                    "--auth-local=scram-sha-256",
                     "--auth-host=scram-sha-256",
                     "-E",
                     "UTF8",
@@ -211,6 +327,8 @@ class EmbeddedPostgres:
         conf = [
             "listen_addresses = '127.0.0.1'",
             f"unix_socket_directories = '{self.socket_dir}'",
+            "unix_socket_permissions = 0700",
+            "password_encryption = 'scram-sha-256'",
             "max_connections = 200",
             "shared_buffers = 256MB",
         ]
@@ -218,7 +336,26 @@ class EmbeddedPostgres:
             conf += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
         with (self.pgdata / "postgresql.auto.conf").open("a") as f:
             f.write("\n".join(conf) + "\n")
-        self._write_info(ClusterInfo(port=free_port(), password=password))
+        self._write_info(
+            ClusterInfo(
+                port=free_port(), password=password, reader_password=secrets.token_urlsafe(24)
+            )
+        )
+
+    def _harden_hba(self) -> bool:
+        """Rewrites passwordless pg_hba lines (a cluster initialised with `trust` by an older
+        Trace) to scram-sha-256; True when something changed. Never follows a symlink: the file
+        belongs to the server user."""
+        fd = os.open(self.pgdata / "pg_hba.conf", os.O_RDWR | os.O_NOFOLLOW)
+        with os.fdopen(fd, "r+") as f:
+            text = f.read()
+            hardened = harden_hba(text)
+            if hardened == text:
+                return False
+            f.seek(0)
+            f.write(hardened)
+            f.truncate()
+        return True
 
     def running(self) -> bool:
         if not self.initialized():
@@ -226,19 +363,32 @@ class EmbeddedPostgres:
         return self._run(["pg_ctl", "status", "-D", str(self.pgdata)], check=False).returncode == 0
 
     def start(self) -> ClusterInfo:
-        self.init()
-        info = self.info()
-        assert info is not None
-        if self.running():
+        with self._locked():
+            self._init()
+            self._secure_dirs()
+            info = self.info()
+            assert info is not None
+            if not info.reader_password:  # cluster.json of an older Trace
+                info = ClusterInfo(info.port, info.password, secrets.token_urlsafe(24))
+                self._write_info(info)
+            hba_changed = self._harden_hba()
+            if self.running():
+                if hba_changed:
+                    self._run(["pg_ctl", "reload", "-D", str(self.pgdata)])
+            else:
+                info = self._start_server(info)
+            self._ensure_database(info)
+            _SERVING[info.port] = self
             return info
+
+    def _start_server(self, info: ClusterInfo) -> ClusterInfo:
         if not port_free(info.port):  # someone took our port while we were down
-            info = ClusterInfo(port=free_port(), password=info.password)
+            info = ClusterInfo(free_port(), info.password, info.reader_password)
             self._write_info(info)
-        if self.log_file.exists():
-            self._chown(self.log_file)
-        else:
-            self.log_file.touch()
-            self._chown(self.log_file)
+        if not self.log_file.exists():
+            fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+        self._chown(self.log_file)
         proc = self._run(
             [
                 "pg_ctl",
@@ -260,7 +410,6 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError(
                 "Embedded Postgres did not start:\n" + "\n".join([proc.stderr.strip(), *tail])
             )
-        self._ensure_database(info)
         return info
 
     def stop(self, mode: str = "fast") -> None:
@@ -269,6 +418,9 @@ class EmbeddedPostgres:
 
     def destroy(self) -> None:
         self.stop("immediate")
+        for port, pg in list(_SERVING.items()):
+            if pg.root == self.root:
+                del _SERVING[port]
         shutil.rmtree(self.root, ignore_errors=True)
 
     def dsn(self, dbname: str = DB_NAME) -> str:
@@ -280,6 +432,40 @@ class EmbeddedPostgres:
             "?connect_timeout=10"
         )
 
+    def reader_dsn(self, dbname: str = DB_NAME) -> str:
+        """The Query Service's login: SELECT on the published data of `dbname` only (the grants
+        are migration 0009's, per database), read-only transactions by default."""
+        info = self.info()
+        if info is None or not info.reader_password:
+            raise EmbeddedPostgresError(
+                f"No reader login in {self.root} yet: start the cluster once with this version"
+            )
+        return psycopg.conninfo.make_conninfo(
+            host="127.0.0.1",
+            port=info.port,
+            dbname=dbname,
+            user=READER,
+            password=info.reader_password,
+            connect_timeout=10,
+        )
+
+    @staticmethod
+    def serving(dsn: str) -> EmbeddedPostgres | None:
+        """The cluster this process started that `dsn` points at (any database of it), if any."""
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        if str(params.get("host") or params.get("hostaddr") or "") not in (
+            "127.0.0.1",
+            "localhost",
+        ):
+            return None
+        try:
+            port = int(params.get("port") or 5432)
+        except ValueError:
+            return None
+        pg = _SERVING.get(port)
+        info = pg.info() if pg is not None else None
+        return pg if info is not None and info.port == port else None
+
     def _ensure_database(self, info: ClusterInfo) -> None:
         deadline = time.monotonic() + 30
         while True:
@@ -290,11 +476,40 @@ class EmbeddedPostgres:
                     ).fetchone()
                     if not exists:
                         conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+                    # Temporary tables are a PUBLIC default: the reader gets none of them.
+                    conn.execute(f'REVOKE TEMPORARY ON DATABASE "{DB_NAME}" FROM PUBLIC')
+                    self._ensure_reader(conn, info)
                     return
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+    @staticmethod
+    def _ensure_reader(conn: psycopg.Connection[tuple[object, ...]], info: ClusterInfo) -> None:
+        """The NOLOGIN group (also created by migration 0009, whichever runs first) and the
+        Query Service's login in it, with the password in cluster.json. Roles are cluster-wide."""
+        for role, kind in ((READ_GROUP, sql.SQL("NOLOGIN")), (READER, sql.SQL("LOGIN"))):
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                continue
+            # A migration on another connection may create it meanwhile.
+            with suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                conn.execute(sql.SQL("CREATE ROLE {} {}").format(sql.Identifier(role), kind))
+        least = sql.SQL("NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN {}").format(sql.Identifier(READ_GROUP), least))
+        conn.execute(
+            sql.SQL("ALTER ROLE {} LOGIN INHERIT {} PASSWORD {}").format(
+                sql.Identifier(READER), least, sql.Literal(scram_verifier(info.reader_password))
+            )
+        )
+        conn.execute(
+            sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(
+                sql.Identifier(READER)
+            )
+        )
+        conn.execute(
+            sql.SQL("GRANT {} TO {}").format(sql.Identifier(READ_GROUP), sql.Identifier(READER))
+        )
 
     def status(self) -> dict[str, object]:
         info = self.info()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from psycopg.conninfo import make_conninfo
+import logging
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
-from trace_platform.db.embedded import EmbeddedPostgres
+from trace_platform.db.embedded import DB_NAME, EmbeddedPostgres
 from trace_platform.db.migrate import migrate
+
+log = logging.getLogger(__name__)
 
 
 def embedded_cluster(settings: Settings) -> EmbeddedPostgres:
@@ -30,6 +34,29 @@ def state_dsn(settings: Settings, *, start: bool = True, run_migrations: bool = 
     if run_migrations:
         migrate(dsn)
     return dsn
+
+
+def query_dsn(settings: Settings, data_dsn: str) -> str:
+    """The Query Service's Postgres login: TRACE_READ_DSN when set (an external server: a login
+    in the group `trace_published_read`); else, when `data_dsn` is an embedded cluster's (Lite's
+    own, or one this process started, as the test harness does), its `trace_query` login on the
+    same database; else, with a warning, the data login itself."""
+    if settings.read_dsn is not None:
+        return settings.read_dsn.get_secret_value()
+    pg = EmbeddedPostgres.serving(data_dsn)
+    if pg is None and settings.uses_embedded_postgres and settings.data_dsn is None:
+        lite = embedded_cluster(settings)
+        info = lite.info()
+        port = conninfo_to_dict(data_dsn).get("port")
+        if info is not None and info.reader_password and str(info.port) == str(port):
+            pg = lite
+    if pg is not None:
+        return pg.reader_dsn(str(conninfo_to_dict(data_dsn).get("dbname") or DB_NAME))
+    log.warning(
+        "The Query Service reads Postgres with the data login: set TRACE_READ_DSN to a login "
+        "in the role trace_published_read (SELECT on the published data only)"
+    )
+    return data_dsn
 
 
 def make_pool(
