@@ -196,6 +196,7 @@ def stack_throughput(stack: LiteStack, n: int) -> float:
 
 
 def main() -> None:
+    os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"  # the no-op test operators
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=500)
     ap.add_argument("--tasks", type=int, default=5000)

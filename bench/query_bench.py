@@ -191,6 +191,7 @@ def bare_connection(svc: Services, me: Any, sqls: list[str]) -> duckdb.DuckDBPyC
 
 
 def main() -> None:
+    os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"  # the no-op test operators
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=200_000)
     ap.add_argument("--hot", type=int, default=10_000)

@@ -15,7 +15,7 @@ from uuid import UUID
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.support.dags import admin
+from tests.support.dags import admin, user
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.dispatcher.models import TaskSpec
@@ -166,3 +166,93 @@ jobs:
     )
     assert "network egress refused" in (view.last_error or "")
     assert "PROBE" not in (view.last_error or "")  # the operator never ran
+
+
+def dag_probe(stack: LiteStack, actor: Any, name: str, body: str) -> dict[str, Any]:
+    svc = stack.services
+    svc.control.deploy(actor, f"name: {name}\n{body}")
+    (task_id,) = svc.control.trigger(actor, name)["tasks"]
+    view = wait_for(
+        lambda: (
+            (v := svc.dispatcher.get_task(UUID(str(task_id)))).status in ("failed", "succeeded")
+            and v
+        ),
+        180,
+        f"{name}'s task",
+    )
+    error = view.last_error or ""
+    if "PROBE " not in error:
+        return {"status": view.status, "error": error}
+    return dict(json.loads(error.split("PROBE ", 1)[1].rsplit(" (at ", 1)[0]))
+
+
+def test_store_is_scoped_to_the_tasks_inputs_and_outputs(stack: LiteStack) -> None:
+    home = stack.settings.home.resolve()
+    foreign = "org/00000000-0000-0000-0000-000000000001/dataset/x/version/y/"
+    report = dag_probe(
+        stack,
+        admin(stack.services),
+        "scoped",
+        f"""
+jobs:
+  look:
+    operator: probe
+    max_attempts: 1
+    outputs: [{{backend: parquet}}]
+    config:
+      store_read: ["{foreign}part-0.parquet"]
+      store_write: ["{foreign}evil.parquet", "../../escape"]
+      store_write_own: true
+      upload_paths: ["/etc/passwd", "link:/etc/passwd", "link:{home}/admin.key"]
+""",
+    )
+    refused(report["store_read"])
+    refused(report["store_write"])
+    refused(report["upload"])
+    assert report["store_write_own"].startswith("ALLOWED"), report["store_write_own"]
+    assert not any("evil" in p.name or p.name == "probe" for p in (home / "objects").rglob("*"))
+
+
+def test_a_later_tenant_sees_nothing_of_an_earlier_one(stack: LiteStack, tmp_path: Any) -> None:
+    svc = stack.services
+    alice, _ = user(svc, "alice")
+    bob, _ = user(svc, "bob")
+    left = dag_probe(
+        stack,
+        alice,
+        "alice_dag",
+        """
+jobs:
+  leave:
+    operator: leave_traces
+    max_attempts: 1
+    config: {value: alice-private-7, spark: true}
+""",
+    )
+    assert left["status"] == "succeeded", left
+    report = dag_probe(
+        stack,
+        bob,
+        "bob_dag",
+        """
+jobs:
+  look:
+    operator: probe
+    max_attempts: 1
+    config:
+      list: ["/tmp", "/dev/shm"]
+      spark_sql:
+        - "SELECT * FROM global_temp.left_behind"
+        - "SELECT * FROM left_behind"
+        - "SET spark.trace.left_behind"
+        - "SELECT left_behind_fn()"
+""",
+    )
+    assert "LEFT_BEHIND" not in report["env_keys"]
+    assert "alice-private-7" not in json.dumps(report["list"])
+    assert "left_behind" not in json.dumps(report["list"])
+    spark = report["spark"]
+    for q in ("SELECT * FROM global_temp.left_behind", "SELECT * FROM left_behind"):
+        assert spark[q].startswith("refused"), spark
+    assert "alice-private-7" not in json.dumps(spark)
+    assert spark["SELECT left_behind_fn()"].startswith("refused"), spark

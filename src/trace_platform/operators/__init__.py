@@ -47,7 +47,7 @@ REGISTRY: dict[str, str] = {
 # Only with TRACE_OPERATOR_REGISTRY=testing (refused by the aws profile).
 TESTING: dict[str, str] = {
     name: f"trace_platform.operators.testing:{name}"
-    for name in ("noop", "fail", "crash", "emit_events", "probe")
+    for name in ("noop", "fail", "crash", "emit_events", "probe", "spark_ping", "leave_traces")
 }
 
 # Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.

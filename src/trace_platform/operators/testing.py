@@ -4,6 +4,7 @@ or probe the sandbox: useful to test the platform, never something a shared inst
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,6 +63,31 @@ def emit_events(ctx: OperatorContext) -> list[EventIn]:
     return events[count - final :]
 
 
+def spark_ping(ctx: OperatorContext) -> None:
+    """One trivial Spark SQL query on the task's own session (measures Spark start cost)."""
+    rows = ctx.spark.sql("SELECT 1 AS one").collect()
+    if rows[0][0] != 1:
+        raise OperatorError(f"Spark answered {rows}")
+
+
+def leave_traces(ctx: OperatorContext) -> None:
+    """Leaves what a careless or hostile task could leave behind for the next one: env vars,
+    files in HOME, TMPDIR, /tmp and /dev/shm, and Spark state (views, conf, cache, a function).
+    config: value (what to leave), spark (bool)."""
+    value = str(ctx.config.get("value") or ctx.env.get("SECRET", "trace"))
+    os.environ["LEFT_BEHIND"] = value
+    for d in (os.environ.get("HOME", "."), os.environ.get("TMPDIR", "."), "/tmp", "/dev/shm"):
+        with contextlib.suppress(OSError):
+            Path(d, "left_behind.txt").write_text(value)
+    if ctx.config.get("spark"):
+        spark = ctx.spark
+        spark.sql(f"SELECT '{value}' AS v").createOrReplaceTempView("left_behind")
+        spark.sql(f"SELECT '{value}' AS v").createOrReplaceGlobalTempView("left_behind")
+        spark.sql(f"SET spark.trace.left_behind={value}")
+        spark.sql("CACHE TABLE left_behind")
+        spark.udf.register("left_behind_fn", lambda: value)
+
+
 def _attempt(fn: Any) -> str:
     try:
         out = fn()
@@ -109,12 +135,20 @@ def probe(ctx: OperatorContext) -> None:
         report["store_write"] = {
             k: _attempt(lambda k=k: ctx.store.put(k, b"probe")) for k in c["store_write"]
         }
+    if c.get("store_write_own"):
+        own = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
+        report["store_write_own"] = _attempt(lambda: ctx.store.put(f"{own}own.txt", b"ok"))
     if c.get("upload_paths"):
         out = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
-        report["upload"] = {
-            p: _attempt(lambda p=p: ctx.store.put_file(f"{out}probe", Path(p)))
-            for p in c["upload_paths"]
-        }
+        report["upload"] = {}
+        for i, p in enumerate(c["upload_paths"]):
+            path = Path(p)
+            if p.startswith("link:"):  # a symlink in the scratch dir pointing at the target
+                path = Path.cwd() / f"link_{i}"
+                path.symlink_to(p.removeprefix("link:"))
+            report["upload"][p] = _attempt(
+                lambda path=path: ctx.store.put_file(f"{out}probe", path)
+            )
     if c.get("rpc_env"):
         import httpx
 

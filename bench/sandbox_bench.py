@@ -1,0 +1,179 @@
+"""What operator isolation costs, measured side by side in one run on this machine.
+
+1. No-op tasks end to end through the Lite stack (one worker, one wrapper), sandbox off vs on:
+   the per-task overhead of the per-task scratch directories, the scoped store and the egress
+   checks (the sandboxed host is started once and reused within a tenant).
+2. Host start per tenant: no-op tasks of two DAGs alternating one at a time, so every task
+   starts a fresh host (sandbox off vs on: namespaces, mounts, the user switch).
+3. Spark task start with the JVM policy (one host and JVM per tenant, a fresh Spark session per
+   task): the first Spark task of a tenant (JVM start), the next task of the same tenant (new
+   session only), and a task right after another tenant ran (host and JVM restart).
+
+Each row counts only its own tasks, checks they all succeeded, and checks (with the `probe`
+operator) which user the operators really ran as. Needs root for the sandboxed rows.
+Run: `.venv/bin/python bench/sandbox_bench.py [--tasks 200]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from trace_platform.config import Settings
+from trace_platform.db.embedded import EmbeddedPostgres
+from trace_platform.db.migrate import migrate
+from trace_platform.dispatcher import models as m
+from trace_platform.identity import lite_admin
+from trace_platform.lite.stack import LiteStack
+
+TERMINAL = ("succeeded", "failed", "canceled")
+
+
+def wait_done(stack: LiteStack, ids: list[uuid.UUID], timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with stack.services.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT status, last_error FROM task_status WHERE task_id = ANY(%s)", (ids,)
+            ).fetchall()
+        if len(rows) == len(ids) and all(r["status"] in TERMINAL for r in rows):
+            bad = [r for r in rows if r["status"] != "succeeded"]
+            if bad:
+                raise SystemExit(f"refusing to print: {len(bad)} task(s) did not succeed: {bad[0]}")
+            return
+        time.sleep(0.01)
+    raise SystemExit("refusing to print: tasks did not finish in time")
+
+
+def ran_as(stack: LiteStack) -> int:
+    """The uid operators run as in this stack (the probe reports it in its failure)."""
+    d = stack.services.dispatcher
+    ref = d.create_task(m.TaskSpec(job="probe", operator="probe", max_attempts=1))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        v = d.get_task(ref.task_id)
+        if v.status in TERMINAL:
+            report = json.loads((v.last_error or "").split("PROBE ", 1)[1].rsplit(" (at ", 1)[0])
+            return int(report["uid"])
+        time.sleep(0.05)
+    raise SystemExit("probe did not finish")
+
+
+def noop_throughput(stack: LiteStack, n: int) -> float:
+    d = stack.services.dispatcher
+    job = f"bench_{uuid.uuid4().hex[:8]}"
+    warm = d.create_task(m.TaskSpec(job=job + "_warm", operator="noop")).task_id
+    wait_done(stack, [warm])  # the host is up before the clock starts
+    t0 = time.perf_counter()
+    with stack.services.pool.connection() as conn, conn.transaction():
+        ids = [d.create_task(m.TaskSpec(job=job, operator="noop"), conn).task_id for _ in range(n)]
+    wait_done(stack, ids)
+    return (time.perf_counter() - t0) / n * 1000
+
+
+def deploy_tenants(stack: LiteStack, operator: str) -> None:
+    svc = stack.services
+    with svc.pool.connection() as conn:
+        admin = lite_admin(conn)
+    for name in ("tenant_a", "tenant_b"):
+        svc.control.deploy(admin, f"name: {name}\njobs:\n  j: {{operator: {operator}}}\n")
+
+
+def one_run(stack: LiteStack, dag: str) -> float:
+    """Seconds from trigger to success of one task of `dag`, with nothing else running."""
+    svc = stack.services
+    with svc.pool.connection() as conn:
+        admin = lite_admin(conn)
+    t0 = time.perf_counter()
+    (task,) = svc.control.trigger(admin, dag)["tasks"]
+    wait_done(stack, [task])
+    return time.perf_counter() - t0
+
+
+def alternating(stack: LiteStack, n: int) -> float:
+    deploy_tenants(stack, "noop")
+    one_run(stack, "tenant_a")
+    times = [one_run(stack, "tenant_b" if i % 2 == 0 else "tenant_a") for i in range(n)]
+    return statistics.median(times) * 1000
+
+
+def spark_starts(stack: LiteStack, runs: int) -> dict[str, list[float]]:
+    deploy_tenants(stack, "spark_ping")
+    out: dict[str, list[float]] = {"cold": [], "same tenant": [], "after another tenant": []}
+    for _ in range(runs):
+        out["cold"].append(one_run(stack, "tenant_a"))  # the last run was tenant_b's
+        out["same tenant"].append(one_run(stack, "tenant_a"))
+        out["after another tenant"].append(one_run(stack, "tenant_b"))
+    return out
+
+
+def stack_for(settings: Settings, dsn: str, sandbox: str) -> LiteStack:
+    return LiteStack(settings, workers=1, dsn=dsn, worker_env={"TRACE_SANDBOX": sandbox})
+
+
+def main() -> None:
+    os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"  # noop, probe, spark_ping
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=200)
+    ap.add_argument("--switches", type=int, default=10)
+    ap.add_argument("--spark-runs", type=int, default=3)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("the sandboxed rows need root (the sandbox switches users)")
+    root = Path(tempfile.mkdtemp(prefix="trace-sandbox-bench-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "pg", durable=True)
+    pg.start()
+    results: dict[str, Any] = {}
+    try:
+        dsn = pg.dsn()
+        migrate(dsn)
+        print(f"machine: {os.cpu_count()} cores; one worker, one wrapper; fsync on")
+        for sandbox in ("off", "auto"):
+            settings = Settings(state_dsn=dsn, home=root / f"home-{sandbox}", auth="permissive")
+            with stack_for(settings, dsn, sandbox) as stack:
+                uid = ran_as(stack)
+                if (uid == 0) != (sandbox == "off"):
+                    raise SystemExit(f"refusing to print: sandbox={sandbox} ran as uid {uid}")
+                results[sandbox] = {
+                    "uid": uid,
+                    "noop_ms": noop_throughput(stack, args.tasks),
+                    "switch_ms": alternating(stack, args.switches),
+                    "spark": spark_starts(stack, args.spark_runs),
+                }
+        off, on = results["off"], results["auto"]
+        print(f"\n{'':44}{'sandbox off':>14}{'sandbox on':>14}{'ratio':>8}")
+        rows = [
+            (f"no-op task, end to end (n={args.tasks})", off["noop_ms"], on["noop_ms"], "ms/task"),
+            (
+                f"host start per tenant switch (median of {args.switches})",
+                off["switch_ms"],
+                on["switch_ms"],
+                "ms/task",
+            ),
+        ]
+        for label in ("cold", "same tenant", "after another tenant"):
+            rows.append(
+                (
+                    f"Spark task, {label} (median of {args.spark_runs})",
+                    statistics.median(off["spark"][label]) * 1000,
+                    statistics.median(on["spark"][label]) * 1000,
+                    "ms",
+                )
+            )
+        for label, a, b, unit in rows:
+            print(f"{label:44}{a:11.1f} {unit:<3}{b:10.1f} {unit:<3}{b / a:7.2f}x")
+        print(f"\noperators ran as uid {off['uid']} (off) and uid {on['uid']} (sandbox user)")
+    finally:
+        pg.destroy()
+
+
+if __name__ == "__main__":
+    main()
