@@ -13,7 +13,7 @@ from trace_platform.control.service import ControlPlane
 from trace_platform.db.pool import make_pool, query_dsn, state_dsn
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
-from trace_platform.lite.bootstrap import bootstrap
+from trace_platform.lite.bootstrap import bootstrap, internal_token
 from trace_platform.queue import QueueDriver, make_driver
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class Services:
     publisher: OutboxPublisher
     control: ControlPlane
     new_admin_key: str | None = None  # set only on the very first start of a Lite install
+    internal_token: str | None = None  # what /internal/* callers must present
     _query: QueryService | None = field(default=None, repr=False)
 
     @property
@@ -73,6 +74,9 @@ class Services:
         )
         if settings.profile is Profile.lite:
             services.new_admin_key = bootstrap(settings, pool)
+        services.internal_token = internal_token(settings, create=settings.profile is Profile.lite)
+        if services.internal_token is None:
+            raise ValueError("TRACE_INTERNAL_TOKEN is required in the aws profile")
         return services
 
     def close(self) -> None:
