@@ -18,16 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import DispatcherError, NotFound, Unauthorized
+from trace_platform.dispatcher.errors import DispatcherError, Unauthorized
 from trace_platform.dispatcher.reaper import run_reaper
-from trace_platform.identity import (
-    Actor,
-    Forbidden,
-    authenticate,
-    can_deploy,
-    lite_admin,
-    require_admin,
-)
+from trace_platform.identity import Actor, authenticate, lite_admin
 from trace_platform.query import formats, saved
 from trace_platform.services import Services
 from trace_platform.triggers.cron import run_scheduler
@@ -184,38 +177,23 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
 
     cp = services.control
 
-    def visible_task(user: Actor, task_id: UUID) -> m.TaskView:
-        view = d.get_task(task_id)
-        if user.is_admin:
-            return view
-        if view.org_id != user.org_id or view.dag_id is None:
-            raise NotFound(f"task {task_id} does not exist")
-        with services.pool.connection() as conn:
-            dag = conn.execute("SELECT * FROM dags WHERE dag_id = %s", (view.dag_id,)).fetchone()
-        if dag is None or not can_deploy(user, dag):
-            raise Forbidden(f"'{user.name}' may not see tasks of this DAG")
-        return view
-
     @app.post("/v1/tasks", status_code=201)
     def create_task(body: m.TaskSpec, user: Actor = Depends(actor)) -> m.TaskRef:
-        require_admin(user, "create ad-hoc tasks")
-        return d.create_task(body.model_copy(update={"org_id": user.org_id}))
+        return cp.create_task(user, body)
 
     @app.get("/v1/tasks")
     def list_tasks(
         user: Actor = Depends(actor), limit: Annotated[int, Query(gt=0, le=1000)] = 50
     ) -> list[dict[str, Any]]:
-        require_admin(user, "list all tasks")
-        return d.list_tasks(limit)
+        return cp.list_tasks(user, limit)
 
     @app.get("/v1/tasks/{task_id}")
     def get_task(task_id: UUID, user: Actor = Depends(actor)) -> m.TaskView:
-        return visible_task(user, task_id)
+        return cp.get_task(user, task_id)
 
     @app.post("/v1/tasks/{task_id}/cancel")
     def cancel_task(task_id: UUID, user: Actor = Depends(actor)) -> m.CancelResponse:
-        visible_task(user, task_id)
-        return d.cancel(task_id)
+        return cp.cancel_task(user, task_id)
 
     @app.post("/v1/dags", status_code=201)
     def deploy_dag(body: DeployBody, user: Actor = Depends(actor)) -> dict[str, Any]:
@@ -314,7 +292,12 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
 
     @app.put("/v1/secrets/{name}", status_code=204)
     def put_secret(name: str, body: SecretBody, user: Actor = Depends(actor)) -> None:
-        cp.set_secret(user, name, body.value.get_secret_value())
+        cp.set_secret(user, name, body.value.get_secret_value(), body.use_roles)
+
+    @app.get("/v1/secrets")
+    def list_secrets(user: Actor = Depends(actor)) -> list[dict[str, Any]]:
+        """Names, owners, use_roles, update times: never values."""
+        return cp.list_secrets(user)
 
     return app
 
@@ -363,5 +346,8 @@ class QueryBody(BaseModel):
 
 
 class SecretBody(BaseModel):
+    """`use_roles` replaces the secret's use_roles; omitted, they are kept (none when new)."""
+
     model_config = ConfigDict(extra="forbid")
     value: SecretStr
+    use_roles: list[str] | None = None

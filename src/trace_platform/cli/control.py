@@ -320,19 +320,34 @@ def datasets_revoke(name: str, roles: Annotated[list[str], typer.Argument()]) ->
 
 # -- secrets and users ---------------------------------------------------------------------
 @secrets_app.command("set")
-def secrets_set(name: str) -> None:
-    """Store a secret; the value is read from stdin and never printed."""
+def secrets_set(
+    name: str,
+    use_role: Annotated[
+        list[str] | None,
+        typer.Option(help="a role whose holders may use it in their DAGs (repeatable)"),
+    ] = None,
+) -> None:
+    """Store a secret you own (or overwrite one you own / as an admin); the value is read from
+    stdin and never printed. --use-role replaces its use_roles (omitted: kept)."""
     value = sys.stdin.read().rstrip("\n")
-    run_op(services().control.set_secret, me(), name, value)
-    console.print(f"secret '{name}' set ({len(value)} characters)")
+    s = run_op(services().control.set_secret, me(), name, value, use_role)
+    verb = "created" if s["created"] else "updated"
+    roles = ", ".join(s["use_roles"]) or "(owner and admins only)"
+    console.print(f"secret '{name}' {verb} ({len(value)} characters); use roles: {roles}")
 
 
 @secrets_app.command("list")
 def secrets_list() -> None:
-    """Secret names (never values)."""
-    table = Table("secret", "updated")
+    """Secrets you own or may use (all of the org's for admins): names, owners, use roles and
+    update times, never values."""
+    table = Table("secret", "owner", "use roles", "updated")
     for s in run_op(services().control.list_secrets, me()):
-        table.add_row(s["name"], f"{s['updated_at']:%Y-%m-%d %H:%M:%S}")
+        table.add_row(
+            s["name"],
+            s["owner"] or "(admins)",
+            ", ".join(s["use_roles"]) or "-",
+            f"{s['updated_at']:%Y-%m-%d %H:%M:%S}",
+        )
     console.print(table)
 
 

@@ -241,12 +241,12 @@ def up(
 
 
 # -- tasks -------------------------------------------------------------------------------
-def _dispatcher() -> Any:
-    from trace_platform.dispatcher.core import Dispatcher
+# Thin shells over the control plane, acting as the CLI's user (as the API does): the same
+# permission checks, one code path.
+def _as_me() -> tuple[Any, Any]:
+    from trace_platform.cli.control import me, services
 
-    settings = get_settings()
-    pool = make_pool(state_dsn(settings), max_size=2, name="cli")
-    return Dispatcher(pool, settings)
+    return services().control, me()
 
 
 def print_task(view: TaskView) -> None:
@@ -291,29 +291,32 @@ def task_create(
     max_attempts: Annotated[int | None, typer.Option()] = None,
     wait: Annotated[bool, typer.Option(help="follow the task until it finishes")] = False,
 ) -> None:
-    """Create one task (until DAGs land) and print its id."""
+    """Create one ad-hoc task (org admins only) and print its id."""
     try:
         cfg = json.loads(config)
     except json.JSONDecodeError as e:
         _fail(f"--config is not valid JSON: {e}")
-    d = _dispatcher()
+    cp, actor = _as_me()
     try:
-        ref = d.create_task(
+        ref = cp.create_task(
+            actor,
             TaskSpec(
                 job=job,
                 operator=operator,
                 config=cfg,
                 timeout_seconds=timeout,
                 max_attempts=max_attempts,
-            )
+            ),
         )
-    except (DispatcherError, ValueError) as e:
+    except DispatcherError as e:
+        _fail(e.message)
+    except ValueError as e:
         _fail(str(e))
     console.print(f"task {ref.task_id} queued")
     if wait:
         last = None
         while True:
-            view = d.get_task(ref.task_id)
+            view = cp.get_task(actor, ref.task_id)
             state = (view.status, view.attempt)
             if state != last:
                 console.print(
@@ -329,8 +332,9 @@ def task_create(
 @task_app.command("show")
 def task_show(task_id: UUID) -> None:
     """Show one task: definition, status, attempts."""
+    cp, actor = _as_me()
     try:
-        print_task(_dispatcher().get_task(task_id))
+        print_task(cp.get_task(actor, task_id))
     except DispatcherError as e:
         _fail(e.message)
 
@@ -338,8 +342,9 @@ def task_show(task_id: UUID) -> None:
 @task_app.command("cancel")
 def task_cancel(task_id: UUID) -> None:
     """Cancel a task (cooperatively, if it is running)."""
+    cp, actor = _as_me()
     try:
-        res = _dispatcher().cancel(task_id)
+        res = cp.cancel_task(actor, task_id)
     except DispatcherError as e:
         _fail(e.message)
     console.print(
@@ -349,9 +354,14 @@ def task_cancel(task_id: UUID) -> None:
 
 @task_app.command("list")
 def task_list(limit: Annotated[int, typer.Option()] = 20) -> None:
-    """Most recent tasks."""
+    """Most recent tasks of your org (org admins only)."""
+    cp, actor = _as_me()
+    try:
+        rows = cp.list_tasks(actor, limit)
+    except DispatcherError as e:
+        _fail(e.message)
     table = Table("task", "job", "operator", "status", "attempt", "created", "last error")
-    for r in _dispatcher().list_tasks(limit):
+    for r in rows:
         table.add_row(
             str(r["task_id"]),
             r["job"],

@@ -11,20 +11,56 @@ from psycopg_pool import ConnectionPool
 from trace_platform.dag.schema import NAME
 from trace_platform.dag.validate import parse
 from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import models as m
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
 from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read_row, require_admin
+from trace_platform.identity.vault import (
+    can_manage_secret,
+    can_use_secret,
+    check_secret_name,
+    vault_for,
+)
 from trace_platform.registry.deploy import DeployResult, deploy
 
 _R = Queries("registry")
 _T = Queries("dag_tasks")
+_S = Queries("secrets")
+_K = Queries("tasks")
+
+# Fields only the Dispatcher sets (from a DAG's deploy, its triggers and events): an ad-hoc task
+# has none, so it cannot borrow a DAG's worker pool slots (and their secrets) or join its runs.
+_DAG_ONLY = (
+    "dag_id",
+    "dag_version",
+    "parent_task_id",
+    "input_event_id",
+    "input_event",
+    "input_versions",
+    "run_id",
+    "worker_pool",
+    "max_concurrency",
+)
+
+
+def _check_roles(roles: list[str]) -> None:
+    for role in roles:
+        if not NAME.match(role):
+            raise Invalid(f"role '{role}' must match ^[a-z][a-z0-9_]{{0,127}}$")
 
 
 class ControlPlane:
+    """Every operation takes the acting user; the API routes and the CLI are thin shells over
+    it. Whatever a user may not see answers exactly like something that does not exist."""
+
     def __init__(self, pool: ConnectionPool, dispatcher: Dispatcher) -> None:
         self.pool = pool
         self.dispatcher = dispatcher
+        self.vault = vault_for(dispatcher.settings)
+        # Secrets stored in plaintext before migration 0008 are sealed once, at start.
+        with pool.connection() as conn:
+            self.vault.seal_legacy(conn)
 
     # -- DAGs ------------------------------------------------------------------------------
     def deploy(self, actor: Actor, source_yaml: str, source: str = "<request>") -> DeployResult:
@@ -38,14 +74,30 @@ class ControlPlane:
             raise NotFound(f"no DAG named '{name}'")
         return dag  # type: ignore[no-any-return]
 
+    def _deployable_dag_ids(self, conn: Any, actor: Actor) -> list[UUID]:
+        rows = conn.execute(_R.list_dags, {"org_id": actor.org_id}).fetchall()
+        return [r["dag_id"] for r in rows if can_deploy(actor, r)]
+
     def list_dags(self, actor: Actor) -> list[dict[str, Any]]:
+        """DAGs the user may deploy, or whose published datasets they may read."""
         with self.pool.connection() as conn:
             rows = conn.execute(_R.list_dags, {"org_id": actor.org_id}).fetchall()
-        return [{**r, "can_deploy": can_deploy(actor, r)} for r in rows]
+            datasets = conn.execute(_R.list_datasets, {"org_id": actor.org_id}).fetchall()
+        readable = {d["producer_dag_id"] for d in datasets if can_read_row(actor, d)}
+        out = []
+        for r in rows:
+            deployable = can_deploy(actor, r)
+            if deployable or r["dag_id"] in readable:
+                out.append({**r, "can_deploy": deployable})
+        return out
 
     def show_dag(self, actor: Actor, name: str, version: int | None = None) -> dict[str, Any]:
+        """The spec of a DAG: org admins and its deployers only; for anyone else it does not
+        exist."""
         with self.pool.connection() as conn:
             dag = self._dag(conn, actor, name)
+            if not can_deploy(actor, dag):
+                raise NotFound(f"no DAG named '{name}'")
             v = conn.execute(
                 _R.dag_version,
                 {"dag_id": dag["dag_id"], "version": version or dag["active_version"]},
@@ -123,9 +175,7 @@ class ControlPlane:
         self, actor: Actor, name: str, add: list[str], remove: list[str]
     ) -> list[str]:
         require_admin(actor, "change a dataset's read_roles")
-        for role in add:
-            if not NAME.match(role):
-                raise Invalid(f"role '{role}' must match ^[a-z][a-z0-9_]{{0,127}}$")
+        _check_roles(add)
         with self.pool.connection() as conn:
             ds = conn.execute(_R.dataset_by_name, {"org_id": actor.org_id, "name": name}).fetchone()
             if ds is None:
@@ -135,34 +185,138 @@ class ControlPlane:
         return roles
 
     # -- secrets -------------------------------------------------------------------------------
-    def set_secret(self, actor: Actor, name: str, value: str) -> None:
-        require_admin(actor, "set secrets")
+    def set_secret(
+        self, actor: Actor, name: str, value: str, use_roles: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Any user may create a secret (they own it); only its owner or an org admin may
+        overwrite its value or change its use_roles (None keeps them). The value is sealed
+        before it reaches Postgres and is never returned."""
+        check_secret_name(name)
         if not value:
             raise Invalid("a secret value cannot be empty")
-        with self.pool.connection() as conn:
-            conn.execute(_R.set_secret, {"org_id": actor.org_id, "name": name, "value": value})
+        if use_roles is not None:
+            _check_roles(use_roles)
+            use_roles = sorted(set(use_roles))
+        key = {"org_id": actor.org_id, "name": name}
+        sealed = self.vault.seal(actor.org_id, name, value)
+        with self.pool.connection() as conn, conn.transaction():
+            created = conn.execute(
+                _S.insert_secret,
+                {**key, "ciphertext": sealed, "owner": actor.user_id, "use_roles": use_roles or []},
+            ).fetchone()
+            if created is None:
+                row = conn.execute(_S.secret_for_update, key).fetchone()
+                assert row is not None
+                if not can_manage_secret(actor, row):
+                    raise Forbidden(
+                        f"'{actor.name}' may not change secret '{name}' "
+                        "(only its owner or an org admin may)"
+                    )
+                conn.execute(
+                    _S.update_secret, {**key, "ciphertext": sealed, "use_roles": use_roles}
+                )
+        for s in self.list_secrets(actor):
+            if s["name"] == name:
+                return {**s, "created": created is not None}
+        raise AssertionError("a secret just written is listed to its writer")  # pragma: no cover
 
     def list_secrets(self, actor: Actor) -> list[dict[str, Any]]:
-        require_admin(actor, "list secrets")
+        """Names, owners, use_roles and update times (never values): every secret of the org
+        for admins, else the ones the user owns or may use."""
         with self.pool.connection() as conn:
-            return conn.execute(_R.list_secrets, {"org_id": actor.org_id}).fetchall()
+            rows = conn.execute(_S.list_secrets, {"org_id": actor.org_id}).fetchall()
+        return [
+            {k: r[k] for k in ("name", "owner", "use_roles", "updated_at")}
+            for r in rows
+            if can_use_secret(actor, r)
+        ]
+
+    # -- tasks ---------------------------------------------------------------------------------
+    def _visible_task(self, actor: Actor, task_id: UUID) -> None:
+        """Org admins see their org's tasks; others the tasks of DAGs they may deploy. Anything
+        else answers exactly like a task that does not exist."""
+        with self.pool.connection() as conn:
+            t = conn.execute(_K.task_scope, {"task_id": task_id}).fetchone()
+        visible = (
+            t is not None
+            and t["org_id"] == actor.org_id
+            and (
+                actor.is_admin
+                or (t["dag_id"] is not None and can_deploy(actor, {**t, "org_id": t["dag_org_id"]}))
+            )
+        )
+        if not visible:
+            raise NotFound(f"task {task_id} does not exist")
+
+    def create_task(self, actor: Actor, spec: m.TaskSpec) -> m.TaskRef:
+        """An ad-hoc task (no DAG) in the user's org: org admins only."""
+        require_admin(actor, "create ad-hoc tasks")
+        given = sorted(f for f in _DAG_ONLY if f in spec.model_fields_set)
+        if given:
+            raise Invalid(
+                f"an ad-hoc task belongs to no DAG; {', '.join(given)} are set only for DAG "
+                "tasks (deploy a DAG and trigger it instead)",
+                fields=given,
+            )
+        # Outputs name datasets by uuid only (where they live is the registry's business), and
+        # never another org's.
+        for o in spec.outputs:
+            placed = sorted(o.model_fields_set - {"dataset_uuid", "output_index"})
+            if placed:
+                raise Invalid(
+                    f"an ad-hoc task's outputs name datasets by dataset_uuid only; "
+                    f"{', '.join(placed)} are set by deploys",
+                    fields=placed,
+                )
+        if spec.outputs:
+            with self.pool.connection() as conn:
+                foreign = conn.execute(
+                    _K.foreign_datasets,
+                    {"uuids": [o.dataset_uuid for o in spec.outputs], "org_id": actor.org_id},
+                ).fetchall()
+            if foreign:
+                raise Invalid(f"dataset {foreign[0]['dataset_uuid']} is not a dataset of your org")
+        return self.dispatcher.create_task(spec.model_copy(update={"org_id": actor.org_id}))
+
+    def list_tasks(self, actor: Actor, limit: int = 50) -> list[dict[str, Any]]:
+        """The org's most recent tasks: org admins only."""
+        require_admin(actor, "list all tasks")
+        with self.pool.connection() as conn:
+            return conn.execute(_K.org_tasks, {"org_id": actor.org_id, "limit": limit}).fetchall()
+
+    def get_task(self, actor: Actor, task_id: UUID) -> m.TaskView:
+        self._visible_task(actor, task_id)
+        return self.dispatcher.get_task(task_id)
+
+    def cancel_task(self, actor: Actor, task_id: UUID) -> m.CancelResponse:
+        self._visible_task(actor, task_id)
+        return self.dispatcher.cancel(task_id)
 
     # -- runs ----------------------------------------------------------------------------------
     def list_runs(
         self, actor: Actor, dag: str | None = None, limit: int = 20
     ) -> list[dict[str, Any]]:
+        """Runs of the DAGs the user may deploy (all of the org's for admins)."""
         with self.pool.connection() as conn:
             rows = conn.execute(
-                _T.list_runs, {"org_id": actor.org_id, "dag": dag, "limit": limit}
+                _T.list_runs,
+                {
+                    "org_id": actor.org_id,
+                    "dag_ids": self._deployable_dag_ids(conn, actor),
+                    "dag": dag,
+                    "limit": limit,
+                },
             ).fetchall()
         for r in rows:
             r["status"] = "running" if r["active"] else ("failed" if r["failed"] else "succeeded")
         return rows
 
     def show_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:
+        """A run and its task tree, for org admins and its DAG's deployers; for anyone else
+        (another org included) it does not exist."""
         with self.pool.connection() as conn:
             f = conn.execute(_T.run_fire, {"run_id": run_id}).fetchone()
-            if f is None or f["org_id"] != actor.org_id:
+            if f is None or not can_deploy(actor, f):
                 raise NotFound(f"no run {run_id}")
             tasks = conn.execute(_T.run_tree, {"run_id": run_id}).fetchall()
         return {**f, "tasks": tasks}

@@ -23,7 +23,9 @@ from trace_platform.config import Settings
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher import models as m
 from trace_platform.dispatcher.dag_tasks import tasks_for_event
-from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
+from trace_platform.dispatcher.errors import Conflict, Forbidden, Invalid, NotFound
+from trace_platform.identity import Actor
+from trace_platform.identity.vault import can_use_secret, vault_for
 from trace_platform.queue import payloads
 
 _Q = Queries("dispatcher")
@@ -168,15 +170,45 @@ class Dispatcher:
                 self._enqueue_wakeup(conn, w["task_id"], w["start_day"])
 
     def secrets(self, ref: m.LeaseRef) -> dict[str, str]:
-        """The secret env of the task's slot, for the wrapper only (never logged)."""
+        """The secret env of the task's slot, for the wrapper only (never logged). Each secret
+        is checked again against the user who deployed the task's DAG version, as they are now
+        (a revoked use_role refuses here, naming the secret); values are decrypted only here."""
+        vault = vault_for(self.settings)
         with self.pool.connection() as conn:
             st = self._fenced(conn, ref)
             if st["status"] != "running":
                 raise Conflict("lease_lost", f"task {ref.task_id} is {st['status']}")
-            rows = conn.execute(
-                _Q.slot_secret_values, {"task_id": ref.task_id, "org_id": st["org_id"]}
-            ).fetchall()
-        return {r["env_var"]: r["value"] for r in rows}
+            key = {"task_id": ref.task_id, "org_id": st["org_id"]}
+            rows = conn.execute(_Q.slot_secret_values, key).fetchall()
+            if not rows:
+                return {}
+            if any(r["legacy"] for r in rows):  # stored before 0008 and not yet sealed
+                vault.seal_legacy(conn)
+                rows = conn.execute(_Q.slot_secret_values, key).fetchall()
+            who = conn.execute(
+                _Q.task_deployer, {"task_id": ref.task_id, "start_day": st["start_day"]}
+            ).fetchone()
+        deployer = (
+            Actor(
+                who["user_id"], who["org_id"], who["name"], who["is_admin"], frozenset(who["roles"])
+            )
+            if who
+            else None
+        )
+        values: dict[str, str] = {}
+        for r in rows:
+            if r["org_id"] is None:
+                raise Forbidden(
+                    f"secret '{r['name']}' named by the task's worker pool slot is not set"
+                )
+            if deployer is None or not can_use_secret(deployer, r):
+                by = f"'{deployer.name}'" if deployer else "the task's deployer"
+                raise Forbidden(
+                    f"{by} (who deployed this DAG version) may no longer use secret "
+                    f"'{r['name']}': not its owner, an admin, or in its use_roles"
+                )
+            values[r["env_var"]] = vault.open(r["org_id"], r["name"], r["ciphertext"])
+        return values
 
     def _not_claimable(self, conn: Connection[Any], task_id: UUID) -> Exception:
         st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()

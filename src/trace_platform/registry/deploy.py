@@ -18,8 +18,10 @@ from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
 from trace_platform.dag.validate import DagInvalid, DagProblem
 from trace_platform.db.queries import Queries
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
+from trace_platform.identity.vault import can_use_secret
 
 _Q = Queries("registry")
+_S = Queries("secrets")
 
 
 def dataset_location(org_id: UUID, dataset_uuid: UUID, backend: str) -> str:
@@ -221,7 +223,7 @@ def deploy(
                 },
             )
 
-    # Worker pool slots, and the secrets they name must exist.
+    # Worker pool slots, and the secrets they name must exist...
     pools: list[str] = []
     idxs: list[int] = []
     wanted: set[str] = set()
@@ -241,15 +243,22 @@ def deploy(
             idxs.append(i)
             wanted.update(slot.secrets.values())
     conn.execute(_Q.retire_slots, {"dag_id": dag_id, "pools": pools, "idx": idxs})
+    # ...and the deployer must be allowed to use each (checked again whenever a task gets them).
     for row in conn.execute(
-        _Q.missing_secrets, {"org_id": actor.org_id, "names": sorted(wanted)}
+        _S.secrets_named, {"org_id": actor.org_id, "names": sorted(wanted)}
     ).fetchall():
-        problems.append(
-            DagProblem(
-                "worker_pools",
-                f"secret '{row['name']}' is not set (trace secrets set {row['name']})",
+        if row["org_id"] is None:
+            problems.append(
+                DagProblem(
+                    "worker_pools",
+                    f"secret '{row['name']}' is not set (trace secrets set {row['name']})",
+                )
             )
-        )
+        elif not can_use_secret(actor, row):
+            raise Forbidden(
+                f"{source}: worker_pools: '{actor.name}' may not use secret '{row['name']}' "
+                "(not its owner, an admin, or in its use_roles)"
+            )
 
     for cron in spec.triggers.cron:
         conn.execute(_Q.init_cron, {"dag_id": dag_id, "trigger": cron.name})

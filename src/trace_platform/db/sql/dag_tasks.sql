@@ -60,6 +60,7 @@ JOIN task_status s ON s.task_id = t.task_id
 ORDER BY r.created_at;
 
 -- name: list_runs
+-- Only runs of `dag_ids`: the DAGs the caller may see (decided by the control plane).
 SELECT f.run_id, d.name AS dag, f.dag_version, f.trigger, f.kind, f.created_at,
        count(s.task_id) AS tasks,
        count(*) FILTER (WHERE s.status IN ('queued', 'running', 'buffered')) AS active,
@@ -70,7 +71,8 @@ FROM trigger_fires f
 JOIN dags d ON d.dag_id = f.dag_id
 LEFT JOIN task_registry r ON r.run_id = f.run_id
 LEFT JOIN task_status s ON s.task_id = r.task_id
-WHERE d.org_id = %(org_id)s AND (%(dag)s::text IS NULL OR d.name = %(dag)s)
+WHERE d.org_id = %(org_id)s AND d.dag_id = ANY(%(dag_ids)s::uuid[])
+  AND (%(dag)s::text IS NULL OR d.name = %(dag)s)
 GROUP BY f.run_id, d.name, f.dag_version, f.trigger, f.kind, f.created_at
 ORDER BY f.created_at DESC
 LIMIT %(limit)s;

@@ -178,11 +178,22 @@ LIMIT %(limit)s;
 SELECT pool, slot_index, env, secrets FROM pool_slots WHERE leased_by_task = %(task_id)s;
 
 -- name: slot_secret_values
-SELECT e.key AS env_var, s.value
+-- The secrets a task's slot names, sealed, with who may use them (org_id NULL: not set).
+SELECT e.key AS env_var, e.value AS name, s.org_id, s.owner_user_id, s.use_roles,
+       s.ciphertext, s.legacy_value IS NOT NULL AS legacy
 FROM pool_slots ps
 CROSS JOIN LATERAL jsonb_each_text(ps.secrets) AS e(key, value)
-JOIN secrets s ON s.org_id = %(org_id)s AND s.name = e.value
-WHERE ps.leased_by_task = %(task_id)s;
+LEFT JOIN secrets s ON s.org_id = %(org_id)s AND s.name = e.value
+WHERE ps.leased_by_task = %(task_id)s
+ORDER BY e.key;
+
+-- name: task_deployer
+-- The user who deployed the task's DAG version, with their roles as they are now.
+SELECT u.user_id, u.org_id, u.name, u.is_admin, u.roles
+FROM task_registry r
+JOIN dag_versions v ON v.dag_id = r.dag_id AND v.version = r.dag_version
+JOIN users u ON u.user_id = v.deployed_by
+WHERE r.task_id = %(task_id)s AND r.start_day = %(start_day)s;
 
 -- name: insert_commit
 INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, attempt, scope,

@@ -101,10 +101,6 @@ DO UPDATE SET env = EXCLUDED.env, secrets = EXCLUDED.secrets, retired = false;
 UPDATE pool_slots SET retired = true
 WHERE dag_id = %(dag_id)s AND NOT ((pool, slot_index) IN (SELECT * FROM unnest(%(pools)s::text[], %(idx)s::int[])));
 
--- name: missing_secrets
-SELECT n AS name FROM unnest(%(names)s::text[]) AS n
-WHERE NOT EXISTS (SELECT 1 FROM secrets s WHERE s.org_id = %(org_id)s AND s.name = n);
-
 -- name: init_cron
 INSERT INTO cron_state (dag_id, trigger, last_fire_at)
 VALUES (%(dag_id)s, %(trigger)s, now())
@@ -126,13 +122,6 @@ ORDER BY ds.dataset_name;
 
 -- name: set_read_roles
 UPDATE datasets SET read_roles = %(roles)s WHERE dataset_uuid = %(dataset_uuid)s;
-
--- name: set_secret
-INSERT INTO secrets (org_id, name, value) VALUES (%(org_id)s, %(name)s, %(value)s)
-ON CONFLICT (org_id, name) DO UPDATE SET value = EXCLUDED.value, updated_at = now();
-
--- name: list_secrets
-SELECT name, updated_at FROM secrets WHERE org_id = %(org_id)s ORDER BY name;
 
 -- name: reset_operator_state
 DELETE FROM operator_state WHERE dag_id = %(dag_id)s AND job = ANY(%(jobs)s);
