@@ -109,12 +109,12 @@ class Settings(BaseSettings):
             self.pg_data_dir = self.home / "pg"
         if self.object_store_root is None:
             self.object_store_root = self.home / "objects"
-        if self.profile is Profile.aws and self.operator_registry == "testing":
-            raise ValueError("the aws profile cannot load the test operators")
         if self.profile is Profile.aws and self.state_dsn is None:
             raise ValueError(
                 "TRACE_STATE_DSN is required in the aws profile (no embedded Postgres)"
             )
+        if self.profile is Profile.aws and self.operator_registry == "testing":
+            raise ValueError("the aws profile cannot load the test operators")
         return self
 
     @property

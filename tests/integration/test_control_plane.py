@@ -16,7 +16,7 @@ from tests.support.invariants import expire_lease
 from trace_platform.config import Settings
 from trace_platform.db.embedded import free_port
 from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict, Invalid
+from trace_platform.dispatcher.errors import Conflict
 from trace_platform.identity import Forbidden
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
@@ -91,7 +91,7 @@ def test_events_become_tasks_once_with_parent_links(services: Services) -> None:
     again = d.events(m.EventsRequest(**lease, events=[ev]))  # the same event delivered twice
     assert (first.tasks_created, again.tasks_created, again.duplicates) == (1, 0, 1)
     # An event for a dataset the task does not produce is refused.
-    with pytest.raises(Invalid, match="does not produce"):
+    with pytest.raises(Forbidden, match="does not produce"):
         d.events(
             m.EventsRequest(**lease, events=[m.EventIn(dataset_uuid=uuid.uuid4(), cursor="x")])
         )

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.invariants import assert_invariants, expire_lease
 from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict, NotFound
+from trace_platform.dispatcher.errors import Conflict, Forbidden, NotFound
 from trace_platform.services import Services
 
 Q = "tasks"
@@ -263,7 +263,8 @@ def test_canceled_running_task_whose_lease_expires_is_not_retried(services: Serv
 
 
 def test_events_are_deduplicated_and_final_events_atomic(services: Services) -> None:
-    r = services.dispatcher.create_task(spec())
+    outputs = [m.DatasetRef(dataset_uuid=uuid.UUID(int=i)) for i in (7, 8)]
+    r = services.dispatcher.create_task(spec(outputs=outputs))
     c = claim(services, r.task_id)
     d = services.dispatcher
     first = d.events(m.EventsRequest(**ref(c), events=[ev("1"), ev("2")]))
@@ -350,3 +351,32 @@ def test_stranded_queued_task_gets_a_fresh_wakeup(services: Services) -> None:
     assert services.dispatcher.rewake(after_seconds=300) == 0  # touched: not again at once
     services.publisher.drain()
     assert [m_.payload["task_id"] for m_ in services.driver.receive(Q, 5, 30)] == [str(r.task_id)]
+
+
+def test_a_task_speaks_only_for_its_own_outputs(services: Services) -> None:
+    """No outputs: nothing may be emitted or committed; a foreign dataset: refused (403), and
+    nothing of the call is stored (the first, legal event in the same call included)."""
+    d = services.dispatcher
+    for outputs in ([], [m.DatasetRef(dataset_uuid=uuid.UUID(int=7))]):
+        c = claim(services, d.create_task(spec(outputs=outputs)).task_id)
+        foreign = ev("1", uuid.UUID(int=99))
+        legal = [ev("0")] if outputs else []
+        with pytest.raises(Forbidden, match="does not produce"):
+            d.events(m.EventsRequest(**ref(c), events=[*legal, foreign]))
+        with pytest.raises(Forbidden, match="does not produce"):
+            complete(services, c, final_events=[foreign])
+        with pytest.raises(Forbidden, match="does not produce"):
+            complete(
+                services,
+                c,
+                outputs=[
+                    m.OutputCommit(
+                        dataset_uuid=uuid.UUID(int=99),
+                        dataset_version=uuid.uuid4(),
+                        partition_key="all",
+                    )
+                ],
+            )
+        assert q(services, "SELECT * FROM events") == []
+        assert q(services, "SELECT * FROM dataset_commits") == []
+        assert d.get_task(c.task_id).status == "running"

@@ -111,12 +111,14 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
             problems.append(f"{where}: {e['msg']}")
         return _error(422, "invalid_request", "; ".join(problems), {"errors": problems})
 
-    def internal_auth(authorization: Annotated[str | None, Header()] = None) -> None:
-        token = services.settings.internal_token
-        if token is None:
-            return
-        expected = f"Bearer {token.get_secret_value()}"
-        if authorization is None or not secrets.compare_digest(authorization, expected):
+    token = services.internal_token
+    if not token:  # never serve /internal/* unauthenticated
+        raise RuntimeError("the API needs an internal token to serve /internal/*")
+
+    def internal_auth(x_internal_token: Annotated[str | None, Header()] = None) -> None:
+        if x_internal_token is None or not secrets.compare_digest(
+            x_internal_token.encode(), token.encode()
+        ):
             raise Unauthorized("internal endpoints need the platform's internal token")
 
     internal = [Depends(internal_auth)]

@@ -152,30 +152,51 @@ def worker(
     max_tasks: Annotated[int | None, typer.Option(help="exit after this many tasks")] = None,
 ) -> None:
     """Run a worker: receive wake-ups, claim, run operators, report."""
-    from trace_platform.objectstore import store_env
+    from trace_platform.lite.bootstrap import internal_token, internal_token_file
+    from trace_platform.objectstore import make_store
     from trace_platform.queue import make_driver
+    from trace_platform.sandbox import SandboxUnavailable, resolve
     from trace_platform.worker.client import DispatcherClient
-    from trace_platform.worker.wrapper import Wrapper
+    from trace_platform.worker.wrapper import Wrapper, platform_ports
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = get_settings()
+    try:
+        policy = resolve(settings)
+    except SandboxUnavailable as e:
+        _fail(str(e))
     dsn = state_dsn(settings)
     driver = make_driver(settings, dsn)
     # Trusted sinks (and only they) get Postgres data access, for the task's run only.
     data_dsn = settings.data_dsn.get_secret_value() if settings.data_dsn else dsn
-    token = settings.internal_token.get_secret_value() if settings.internal_token else None
-    client = DispatcherClient(api_url or settings.resolved_api_url, internal_token=token)
+    token = internal_token(settings)
+    if token is None:
+        _fail(
+            f"no internal token: set TRACE_INTERNAL_TOKEN or start the API once (Lite writes "
+            f"{internal_token_file(settings)})"
+        )
+    url = api_url or settings.resolved_api_url
+    client = DispatcherClient(url, internal_token=token)
+    store = make_store(settings)
+    store.ensure_bucket()
     stop = _stop_on_signals()
     wrappers = [
         Wrapper(
             driver,
             client,
+            store,
+            policy=policy,
             queue_name=settings.task_queue,
             home=settings.home,
             visibility_seconds=settings.worker_visibility_seconds,
-            task_env=store_env(settings),
+            host_env={
+                "TRACE_SPARK_MASTER": settings.spark_master,
+                "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
+            },
             trusted_env={"TRACE_SINK_DSN": data_dsn},
+            platform_ports=platform_ports(settings, url, [dsn, data_dsn]),
+            extra_binds=settings.sandbox_extra_binds,
             wait_seconds=min(2.0, settings.queue_poll_seconds * 5),
         )
         for _ in range(concurrency)

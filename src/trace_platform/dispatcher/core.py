@@ -333,15 +333,15 @@ class Dispatcher:
     # -- events and completion -----------------------------------------------------------
     @staticmethod
     def _check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> dict[str, Any]:
-        """A DAG task may only speak for the datasets it produces."""
+        """A task speaks only for the datasets its own job produces in its dag_version (fixed
+        when the task was created); a task with no outputs can emit and commit nothing."""
         outputs = {o["dataset_uuid"]: o for o in st["outputs"]}
-        if outputs:
-            for ds in dataset_uuids:
-                if str(ds) not in outputs:
-                    raise Invalid(
-                        f"{what} names dataset {ds}, which task {st['task_id']} does not produce "
-                        f"(its outputs: {', '.join(outputs)})"
-                    )
+        for ds in dataset_uuids:
+            if str(ds) not in outputs:
+                raise Forbidden(
+                    f"{what} names dataset {ds}, which task {st['task_id']} does not produce "
+                    f"(its outputs: {', '.join(outputs) or 'none'})"
+                )
         return outputs
 
     def _commit_outputs(

@@ -12,17 +12,12 @@ from uuid import UUID
 from psycopg import Connection
 
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher.errors import DispatcherError, Invalid
+from trace_platform.dispatcher.errors import Forbidden, Invalid
 from trace_platform.dispatcher.models import LITE_ORG_ID
 
 _Q = Queries("identity")
 LITE_ADMIN = "admin"
 KEY_PREFIX = "trc_"
-
-
-class Forbidden(DispatcherError):
-    status_code = 403
-    code = "forbidden"
 
 
 @dataclass(frozen=True)
