@@ -1,6 +1,12 @@
-"""sql_transform: a Spark SQL statement over the task's input datasets, each registered as a
+"""sql_transform: one Spark SQL read query over the task's input datasets, each registered as a
 view of its pinned version (named like the dataset, else `input_{i}`), into output 0.
 `config.args` binds named parameter markers (`:window_blocks`) so values stay out of the SQL.
+
+User SQL is untrusted: before any input is fetched, `trace_platform.spark.sql_guard` accepts
+only one read query over those views (no TRANSFORM … USING, no reflect/java_method, no file
+paths, no DDL/DML, SET, CACHE, ADD JAR, function creation, …) and a refusal fails the task at
+once, naming what was refused. Spark then runs the SQL regenerated from the checked tree, not
+the user's text, after its own parser agrees (`check_spark_plan`).
 
 The batch path for heavy SQL (the Query Service stays interactive). The output version is
 rewritten as a whole: scope `all`."""
@@ -12,6 +18,8 @@ import shutil
 from trace_platform.objectstore import list_all
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.output import publish_frame
+from trace_platform.spark import SESSION_HARDENING
+from trace_platform.spark.sql_guard import check_query, check_spark_plan
 
 
 def sql_transform(ctx: OperatorContext) -> OperatorResult:
@@ -20,7 +28,15 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
         raise PermanentError("sql_transform needs config.sql (a Spark SQL SELECT)")
     if not ctx.task.outputs:
         raise PermanentError("sql_transform needs one output")
+    args = ctx.config.get("args") or None
+    if args is not None and not isinstance(args, dict):
+        raise PermanentError("sql_transform config.args must be a mapping of parameter -> value")
+    views = [ref.dataset_name or f"input_{i}" for i, ref in enumerate(ctx.task.inputs)]
+    checked = check_query(sql, views)  # refuses anything but one read query over `views`
     spark, store = ctx.spark, ctx.store
+    for key, value in SESSION_HARDENING.items():  # whatever session the host handed us
+        spark.conf.set(key, value)
+    check_spark_plan(spark, checked)
     empty: list[tuple[int, str]] = []
     for i, ref in enumerate(ctx.task.inputs):
         assert ref.location is not None
@@ -31,16 +47,13 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
             if obj.key.endswith(".parquet"):
                 dest = local / obj.key[len(ref.location) :].replace("/", "__")
                 store.get_file(obj.key, dest)
-        view = ref.dataset_name or f"input_{i}"
+        view = views[i]
         if any(local.iterdir()):
             spark.read.parquet(str(local)).createOrReplaceTempView(view)
         else:  # e.g. a range aggregator's manifests: they wake the job, they hold no rows
             empty.append((i, view))
-    args = ctx.config.get("args") or None
-    if args is not None and not isinstance(args, dict):
-        raise PermanentError("sql_transform config.args must be a mapping of parameter -> value")
     try:
-        frame = spark.sql(sql, args=args)
+        frame = spark.sql(checked.sql, args=args)  # the checked text, not the user's
     except Exception as e:  # analysis/parse errors: no retry can fix the statement
         if type(e).__name__ in ("AnalysisException", "ParseException"):
             from trace_platform.spark import spark_error_text
