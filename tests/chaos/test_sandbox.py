@@ -9,6 +9,7 @@ import pwd
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -20,6 +21,8 @@ from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.dispatcher.models import TaskSpec
 from trace_platform.lite.stack import LiteStack
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.slow,
@@ -90,11 +93,12 @@ def test_operator_cannot_read_keys_environ_or_reach_the_platform(stack: LiteStac
                 str(home / "internal.token"),
                 str(home / "logs" / "worker-0.out"),
                 "/etc/shadow",
+                str(PROJECT / ".git" / "config"),
             ],
             "environ_pids": [worker_pid, os.getpid(), 1],
             "connect": [["127.0.0.1", stack.port], ["127.0.0.1", pg_port]],
-            "list": [str(home), str(home / "sandbox"), "/root"],
-            "write": [str(home / "pwned"), "/etc/pwned"],
+            "list": [str(home), str(home / "sandbox"), "/root", str(PROJECT)],
+            "write": [str(home / "pwned"), "/etc/pwned", "/run/lock/pwned", "/var/crash/pwned"],
         },
     )
     assert report["uid"] == pwd.getpwnam(stack.settings.sandbox_user).pw_uid
@@ -104,6 +108,8 @@ def test_operator_cannot_read_keys_environ_or_reach_the_platform(stack: LiteStac
     listed = report["list"]
     assert all(v.startswith("refused") or "admin.key" not in v for v in listed.values()), listed
     assert report["cwd_entries"] == []  # a fresh, empty scratch directory
+    # The checkout is hidden except its src/ and virtualenv (read-only).
+    assert ".git" not in report["list"][str(PROJECT)], report["list"]
     leaked = [
         k for k in report["env_keys"] if k.startswith(("TRACE_STATE", "TRACE_INTERNAL", "PG"))
     ]
@@ -256,3 +262,41 @@ jobs:
         assert spark[q].startswith("refused"), spark
     assert "alice-private-7" not in json.dumps(spark)
     assert spark["SELECT left_behind_fn()"].startswith("refused"), spark
+
+
+@pytest.mark.parametrize(
+    ("config", "expect"),
+    [
+        ({"flood": 2000}, "broke the protocol"),
+        ({"bigline_mb": 20}, "broke the protocol"),
+    ],
+)
+def test_a_hostile_host_cannot_wedge_the_wrapper(
+    stack: LiteStack, config: dict[str, Any], expect: str
+) -> None:
+    d = stack.services.dispatcher
+    ref = d.create_task(TaskSpec(job="hostile", operator="probe", config=config, max_attempts=1))
+    view = wait_for(
+        lambda: (v := d.get_task(ref.task_id)).status == "failed" and v, 60, "the refusal"
+    )
+    assert expect in (view.last_error or ""), view.last_error
+    # The worker is still serving: the next task runs normally.
+    ok = d.create_task(TaskSpec(job="after", operator="noop"))
+    wait_for(lambda: d.get_task(ok.task_id).status == "succeeded", 60, "the next task")
+
+
+def test_a_fifo_upload_is_refused_at_once(stack: LiteStack) -> None:
+    report = dag_probe(
+        stack,
+        admin(stack.services),
+        "fifo",
+        """
+jobs:
+  look:
+    operator: probe
+    max_attempts: 1
+    outputs: [{backend: parquet}]
+    config: {fifo_upload: true}
+""",
+    )
+    assert report["fifo_upload"].startswith("refused"), report["fifo_upload"]

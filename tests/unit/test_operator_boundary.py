@@ -38,11 +38,22 @@ def test_task_payload_carries_no_lease_token() -> None:
         "http://127.0.0.1:8765/",
         "http://localhost:8765/internal/claim",
         "http://[::1]:5432",
-        "http://0.0.0.0:8765",
+        "http://127.1:8765",
+        "http://2130706433:8765",
+        "http://[::ffff:127.0.0.1]:8765",
+        "http://[0:0:0:0:0:ffff:7f00:1]:8765",
     ],
 )
 def test_egress_to_the_platform_is_refused(url: str) -> None:
     with pytest.raises(EgressRefused, match="platform's own services"):
+        check_upstream(url, {8765, 5432})
+
+
+@pytest.mark.parametrize(
+    "url", ["http://0:8545", "http://0.0.0.0:8765", "http://[::]:1", "http://169.254.169.254/"]
+)
+def test_egress_to_unspecified_or_link_local_is_refused(url: str) -> None:
+    with pytest.raises(EgressRefused, match="not an address"):
         check_upstream(url, {8765, 5432})
 
 

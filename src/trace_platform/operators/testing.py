@@ -149,6 +149,18 @@ def probe(ctx: OperatorContext) -> None:
             report["upload"][p] = _attempt(
                 lambda path=path: ctx.store.put_file(f"{out}probe", path)
             )
+    if c.get("fifo_upload"):
+        out = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
+        fifo = Path.cwd() / "fifo"
+        os.mkfifo(fifo)
+        report["fifo_upload"] = _attempt(lambda: ctx.store.put_file(f"{out}fifo", fifo))
+    if c.get("flood"):  # store requests without ever reading a reply
+        for _ in range(int(c["flood"])):
+            ctx._send({"type": "store", "op": "list", "key": ""})
+        time.sleep(60)
+    if c.get("bigline_mb"):  # one message far over the protocol's line limit
+        ctx._send({"type": "progress", "pad": "x" * (int(c["bigline_mb"]) << 20)})
+        time.sleep(60)
     if c.get("rpc_env"):
         import httpx
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC = 4096, 16384
 PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG = 38, 1
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -79,8 +80,31 @@ def expose(path: Path, fd: int, writable: bool, uid: int, gid: int) -> None:
         else:
             path.touch(mode=0o644)
     _mount(f"/proc/self/fd/{fd}", str(path), None, MS_BIND | MS_REC, None)
-    if not writable:
-        _mount("none", str(path), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC, None)
+    # A bind copies its source's flags, and every source is read-only by now.
+    ro = MS_RDONLY if not writable else 0
+    _mount("none", str(path), None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | ro, None)
+
+
+def _unescape(field: str) -> str:
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def read_only_everything() -> None:
+    """Every mount of the machine read-only in this namespace (so no world-writable place,
+    like /run/lock, is shared between sandboxes); /proc, /sys and /dev keep their own rules."""
+    keep = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point, options = _unescape(fields[4]), fields[5].split(",")
+        if point.startswith(("/proc", "/sys", "/dev")):
+            continue
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        for opt in options:
+            flags |= keep.get(opt, 0)
+        try:
+            _mount("none", point, None, flags, None)
+        except OSError as e:
+            print(f"trace sandbox: could not make {point} read-only: {e}", file=sys.stderr)
 
 
 def prepare(cfg: dict[str, Any]) -> None:
@@ -90,11 +114,14 @@ def prepare(cfg: dict[str, Any]) -> None:
         ((Path(p), bool(rw)) for p, rw in cfg["expose"]), key=lambda e: len(e[0].parts)
     )
     fds = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC), rw) for p, rw in exposures if p.exists()]
+    read_only_everything()
     for target in ("/tmp", "/var/tmp"):
         tmpfs(target, "1777", cfg.get("tmp_size", "256m"))
     if Path("/dev/shm").is_dir():
         tmpfs("/dev/shm", "1777", "64m")
-    for hidden in cfg.get("hide", []):
+    if Path("/dev/mqueue").is_dir():  # the machine's POSIX queues, not this IPC namespace's
+        tmpfs("/dev/mqueue", "0755", "1m")
+    for hidden in sorted(cfg.get("hide", []), key=len):
         if Path(hidden).is_dir():
             tmpfs(hidden, "0755", "1m")
     for path, fd, rw in fds:
@@ -111,11 +138,11 @@ def drop_and_exec(cfg: dict[str, Any]) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by setuid: set again
     os.chdir(cfg["cwd"])
     os.umask(0o077)
-    os.execv(cfg["argv"][0], cfg["argv"])
+    os.execv(cfg["argv"][0], cfg["argv"])  # the plan left the environment in main()
 
 
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
+    cfg = json.loads(os.environ.pop("TRACE_SANDBOX_CONFIG"))
     try:
         prepare(cfg)
     except OSError as e:

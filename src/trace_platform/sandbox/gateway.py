@@ -22,6 +22,7 @@ import httpx
 
 log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024
+MAX_CONNECTIONS = 64
 
 
 class EgressRefused(ValueError):
@@ -38,34 +39,51 @@ def host_port(url: str) -> tuple[str, int]:
     return (parts.hostname or "").lower(), port
 
 
-def _is_local(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
+def _addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     try:
-        return ipaddress.ip_address(host).is_loopback or ipaddress.ip_address(host).is_unspecified
+        found = [ipaddress.ip_address(host)]
     except ValueError:
         try:
-            return any(
-                ipaddress.ip_address(info[4][0]).is_loopback
-                for info in socket.getaddrinfo(host, None)
-            )
-        except OSError:
-            return False
+            found = [ipaddress.ip_address(i[4][0]) for i in socket.getaddrinfo(host, None)]
+        except (OSError, ValueError):
+            return []
+    # ::ffff:127.0.0.1 is 127.0.0.1 (Python 3.11 does not call it loopback).
+    return [
+        a.ipv4_mapped if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped else a
+        for a in found
+    ]
 
 
 def check_upstream(url: str, platform_ports: set[int]) -> None:
+    """Refuses the platform's own loopback services, unspecified and link-local addresses
+    (0.0.0.0 reaches loopback; 169.254.169.254 is a cloud's metadata service)."""
     host, port = host_port(url)
     if not host:
         raise EgressRefused(f"'{url}' has no host")
-    if _is_local(host) and port in platform_ports:
-        raise EgressRefused(
-            f"'{host}:{port}' is one of the platform's own services; an operator may not reach it"
-        )
+    for addr in _addresses(host):
+        if addr.is_link_local or addr.is_unspecified or addr.is_multicast:
+            raise EgressRefused(f"'{host}' ({addr}) is not an address an RPC may have")
+        if addr.is_loopback and port in platform_ports:
+            raise EgressRefused(
+                f"'{host}:{port}' is one of the platform's own services; an operator may not "
+                "reach it"
+            )
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that stalls mid-request loses its connection
     server: _Server
+
+    def handle(self) -> None:
+        # Bounded: a task cannot hold more than MAX_CONNECTIONS of the worker's threads.
+        if not self.server.slots.acquire(blocking=False):
+            self._reply(503, b'{"error":"too many connections to the RPC gateway"}')
+            return
+        try:
+            super().handle()
+        finally:
+            self.server.slots.release()
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -88,16 +106,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         body = self.rfile.read(int(length))
+        if len(body) != int(length):
+            self.close_connection = True
+            return
         try:
-            r = self.server.client.post(
+            with self.server.client.stream(
+                "POST",
                 self.server.upstream,
                 content=body,
                 headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
-            )
+            ) as r:
+                chunks, size = [], 0
+                for chunk in r.iter_bytes():
+                    size += len(chunk)
+                    if size > MAX_BODY:
+                        self._reply(502, b'{"error":"upstream response too large"}')
+                        return
+                    chunks.append(chunk)
         except httpx.HTTPError as e:
             self._reply(502, f'{{"error":"upstream: {type(e).__name__}"}}'.encode())
             return
-        self._reply(r.status_code, r.content, r.headers.get("Content-Type", "application/json"))
+        ctype = r.headers.get("Content-Type", "application/json")
+        self._reply(r.status_code, b"".join(chunks), ctype)
 
     def do_GET(self) -> None:
         self._reply(405, b'{"error":"only JSON-RPC POSTs pass the gateway"}')
@@ -113,6 +143,7 @@ class _Server(ThreadingHTTPServer):
         self.socket.close()
         self.socket = sock
         self.upstream = upstream
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.client = httpx.Client(timeout=httpx.Timeout(120.0, connect=10.0))
 
 

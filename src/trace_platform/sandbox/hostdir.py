@@ -121,26 +121,41 @@ def exposures(hd: HostDir, extra_binds: list[Path]) -> list[tuple[str, bool]]:
     return out
 
 
-def host_argv(hd: HostDir, trace_home: Path, extra_binds: list[Path]) -> list[str]:
+def _project_root() -> Path | None:
+    """The source checkout of an editable install (`src/` layout): hidden in the sandbox
+    except for what it needs (its `src/` and virtualenv come back as read-only exposures)."""
+    src = Path(trace_platform.__file__).resolve().parents[1]
+    return src.parent if src.name == "src" else None
+
+
+def host_command(
+    hd: HostDir, trace_home: Path, extra_binds: list[Path]
+) -> tuple[list[str], dict[str, str]]:
+    """The host's argv and the extra env that carries the sandbox plan to `enter.py` (in the
+    environment of its root-owned PID 1, which the sandbox cannot read; not on argv, which
+    /proc shows to anyone)."""
     host = [sys.executable, "-m", "trace_platform.worker.host"]
     if not hd.policy.isolated:
-        return host
+        return host, {}
+    hide = [str(p) for p in (_project_root(), trace_home.resolve()) if p is not None]
     cfg = {
         "uid": hd.policy.uid,
         "gid": hd.policy.gid,
         "cwd": str(hd.home),
         "expose": exposures(hd, extra_binds),
-        "hide": [str(trace_home.resolve())],
+        "hide": hide,
         "argv": host,
     }
     enter = Path(__file__).with_name("enter.py")
-    return [
+    argv = [
         "setpriv",
         "--pdeathsig",
         "KILL",
         "unshare",
         "--net",
         "--pid",
+        "--ipc",
+        "--uts",
         "--mount-proc",
         "--fork",
         "--kill-child",
@@ -149,5 +164,5 @@ def host_argv(hd: HostDir, trace_home: Path, extra_binds: list[Path]) -> list[st
         sys.executable,
         "-I",
         str(enter),
-        json.dumps(cfg),
     ]
+    return argv, {"TRACE_SANDBOX_CONFIG": json.dumps(cfg)}

@@ -85,7 +85,8 @@ class ScopedStore:
                 nxt = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
-            ffd = os.open(parts[-1], flags, dir_fd=fd)
+            # O_NONBLOCK: a FIFO or device must not hang the wrapper in open().
+            ffd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
         except OSError as e:
             raise StoreAccessDenied(f"cannot upload {path}: {e.strerror}") from None
         finally:
@@ -94,6 +95,7 @@ class ScopedStore:
         if not stat.S_ISREG(st.st_mode) or (self.uid is not None and st.st_uid != self.uid):
             os.close(ffd)
             raise StoreAccessDenied(f"{path} is not a regular file the task wrote")
+        os.set_blocking(ffd, True)
         return ffd
 
     def _stage(self, key: str) -> Path:

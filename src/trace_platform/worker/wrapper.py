@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import queue as stdqueue
+import select
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from psycopg.conninfo import conninfo_to_dict
@@ -33,7 +34,7 @@ from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, is_url
-from trace_platform.sandbox.hostdir import HostDir, TaskDirs, host_argv, host_env
+from trace_platform.sandbox.hostdir import HostDir, TaskDirs, host_command, host_env
 from trace_platform.sandbox.netns import listen_in
 from trace_platform.worker.client import ApiError, DispatcherClient
 from trace_platform.worker.store_proxy import ScopedStore
@@ -51,6 +52,26 @@ def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int
         with contextlib.suppress(Exception):
             ports.add(int(conninfo_to_dict(dsn).get("port") or 5432))
     return ports
+
+
+MAX_LINE = 16 * 1024 * 1024  # one host message (a task's final events fit many times over)
+
+
+class HostUnresponsive(RuntimeError):
+    pass
+
+
+def write_msg(proc: subprocess.Popen[bytes], msg: dict[str, Any], timeout: float = 30.0) -> None:
+    """One message to a host; a host that stops reading for `timeout` is unresponsive."""
+    assert proc.stdin is not None
+    fd = proc.stdin.fileno()
+    view = memoryview((json.dumps(msg) + "\n").encode())
+    deadline = time.monotonic() + timeout
+    while view:
+        _, ready, _ = select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise HostUnresponsive("the operator host stopped reading its input")
+        view = view[os.write(fd, view) :]
 
 
 class OperatorHost:
@@ -73,7 +94,7 @@ class OperatorHost:
         self.log_path = home / "logs" / f"worker-{name}.log"
         self.extra_env = extra_env or {}
         self.extra_binds = extra_binds or []
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.dir: HostDir | None = None
         self.tenant: tuple[Any, ...] | None = None
         self.messages: stdqueue.Queue[dict[str, Any]] = stdqueue.Queue()
@@ -86,21 +107,23 @@ class OperatorHost:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.dir = HostDir.create(self.home / "sandbox", self.name, self.policy)
         self.messages = stdqueue.Queue()
+        argv, plan = host_command(self.dir, self.home, self.extra_binds)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(
-                host_argv(self.dir, self.home, self.extra_binds),
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=fd,
-                text=True,
-                env=host_env(self.dir, self.extra_env),
+                env={**host_env(self.dir, self.extra_env), **plan},
                 cwd=self.dir.home,
                 start_new_session=True,
                 close_fds=True,
             )
         finally:
             os.close(fd)
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)  # writes have a deadline (send)
         self.tenant = tenant
         self.starts += 1
         threading.Thread(target=self._read, args=(self.proc, self.messages), daemon=True).start()
@@ -109,20 +132,27 @@ class OperatorHost:
             raise RuntimeError(f"operator host did not start: {ready}\n{self.log_tail()}")
 
     @staticmethod
-    def _read(proc: subprocess.Popen[str], out: stdqueue.Queue[dict[str, Any]]) -> None:
+    def _read(proc: subprocess.Popen[bytes], out: stdqueue.Queue[dict[str, Any]]) -> None:
+        """Host messages into `out`. A line over MAX_LINE bytes, or one that is not a JSON
+        object, is a protocol error: reading stops there (nothing unbounded is buffered)."""
         assert proc.stdout is not None
-        for line in proc.stdout:
+        while line := proc.stdout.readline(MAX_LINE + 1):
+            if len(line) > MAX_LINE:
+                out.put({"type": "protocol_error", "error": f"a message over {MAX_LINE} bytes"})
+                break
             try:
-                out.put(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+                out.put({"type": "protocol_error", "error": "a message that is not a JSON object"})
+                break
+            out.put(msg)
         out.put({"type": "exit", "returncode": proc.wait()})
 
-    def send(self, msg: dict[str, Any]) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        stdin: IO[str] = self.proc.stdin
-        stdin.write(json.dumps(msg) + "\n")
-        stdin.flush()
+    def send(self, msg: dict[str, Any], timeout: float = 30.0) -> None:
+        assert self.proc is not None
+        write_msg(self.proc, msg, timeout)
 
     def new_task(self, task: m.TaskPayload) -> TaskDirs:
         assert self.dir is not None
@@ -341,6 +371,23 @@ class Wrapper:
         return task, env
 
     @staticmethod
+    def _serve_store(
+        proc: subprocess.Popen[bytes],
+        messages: stdqueue.Queue[dict[str, Any]],
+        scoped: ScopedStore,
+        req: dict[str, Any],
+    ) -> None:
+        """Answers `proc`, the host that asked (never a restarted one), via its own queue."""
+        try:
+            write_msg(proc, {"type": "store_reply", **scoped.handle(req)})
+        except HostUnresponsive as e:
+            messages.put({"type": "protocol_error", "error": str(e)})
+            return
+        except (OSError, AssertionError):  # the host is gone (killed): nothing to answer
+            return
+        messages.put({"type": "store_done"})
+
+    @staticmethod
     def _close(gateways: list[Gateway], dirs: TaskDirs | None, host: OperatorHost) -> None:
         for gw in gateways:
             gw.close()
@@ -359,6 +406,7 @@ class Wrapper:
         beat_every = max(0.2, min(claim.heartbeat_seconds, self.visibility / 3))
         next_beat = time.monotonic() + beat_every
         progress: dict[str, Any] | None = None
+        store_busy = False
         while True:
             timeout = max(0.0, next_beat - time.monotonic())
             try:
@@ -386,8 +434,27 @@ class Wrapper:
             if out is None:
                 continue
             kind = out.get("type")
-            if kind == "store":
-                host.send({"type": "store_reply", **scoped.handle(out)})
+            if kind == "store" and not store_busy:
+                # Served off this loop (heartbeats go on during an upload), one at a time.
+                store_busy = True
+                threading.Thread(
+                    target=self._serve_store,
+                    args=(host.proc, host.messages, scoped, out),
+                    daemon=True,
+                ).start()
+            elif kind == "store_done":
+                store_busy = False
+            elif kind in ("store", "protocol_error"):
+                why = out.get("error") or "a second store request before the first was answered"
+                log.warning("task %s: host protocol violation: %s", claim.task_id, why)
+                host.kill()
+                self._report(
+                    claim,
+                    "failed",
+                    error=f"operator host broke the protocol: {why}",
+                    retryable=False,
+                )
+                return
             elif kind == "progress":
                 progress = out["progress"]
             elif kind == "event":
