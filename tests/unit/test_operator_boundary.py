@@ -60,3 +60,19 @@ def test_egress_to_unspecified_or_link_local_is_refused(url: str) -> None:
 def test_egress_to_an_rpc_is_allowed() -> None:
     check_upstream("http://127.0.0.1:8545", {8765, 5432})
     check_upstream("https://rpc.example.org/v1/key", {8765, 5432, 443})  # not loopback
+
+
+def test_production_cannot_load_the_test_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trace_platform.dag.validate import DagInvalid, parse
+    from trace_platform.operators import UnknownOperator, resolve
+
+    monkeypatch.delenv("TRACE_OPERATOR_REGISTRY", raising=False)
+    for name in ("noop", "emit_events", "probe", "leave_traces"):
+        with pytest.raises(UnknownOperator, match=f"unknown operator '{name}'"):
+            resolve(name)
+    with pytest.raises(DagInvalid, match="unknown operator 'noop'"):
+        parse("name: x\njobs:\n  a: {operator: noop, config: {record_to: /tmp/x}}\n", "x.yaml")
+    monkeypatch.setenv("TRACE_OPERATOR_REGISTRY", "testing")
+    monkeypatch.setenv("TRACE_PROFILE", "aws")
+    with pytest.raises(RuntimeError, match="aws profile cannot load the test operators"):
+        resolve("noop")
