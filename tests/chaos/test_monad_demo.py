@@ -70,7 +70,9 @@ def test_golden_path_analytics_match_the_node(
         )["run_id"]
 
         tasks = finished_run(svc, run_id, 600)
-        assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
+        assert all(t["status"] == "succeeded" for t in tasks), [
+            (t["job"], t["status"], t["last_error"]) for t in tasks if t["status"] != "succeeded"
+        ]
         per_job = {j: sum(t["job"] == j for t in tasks) for j in {t["job"] for t in tasks}}
         assert per_job["ingest"] == 3 and per_job["hot"] == 4 * 3
         # The aggregators saw 3 ranges each and woke each analytic once, for the whole window.
@@ -256,7 +258,11 @@ def test_tip_following_emits_each_whole_range_once(
 
         def run_once() -> list[dict[str, object]]:
             tasks = finished_run(svc, svc.control.trigger(me, "tip")["run_id"], 120)
-            assert all(t["status"] == "succeeded" for t in tasks), [t["last_error"] for t in tasks]
+            assert all(t["status"] == "succeeded" for t in tasks), [
+                (t["job"], t["status"], t["last_error"])
+                for t in tasks
+                if t["status"] != "succeeded"
+            ]
             return [t for t in tasks if t["job"] == "ingest"]
 
         def safe_head() -> int:  # the node's finalized block (anvil's lags its head), less safety

@@ -378,14 +378,16 @@ class Wrapper:
         req: dict[str, Any],
     ) -> None:
         """Answers `proc`, the host that asked (never a restarted one), via its own queue."""
+        reply = {"type": "store_reply", **scoped.handle(req)}
+        # Done before the reply is written: the host's next request can only follow the reply,
+        # so it always queues after this.
+        messages.put({"type": "store_done"})
         try:
-            write_msg(proc, {"type": "store_reply", **scoped.handle(req)})
+            write_msg(proc, reply)
         except HostUnresponsive as e:
             messages.put({"type": "protocol_error", "error": str(e)})
-            return
         except (OSError, AssertionError):  # the host is gone (killed): nothing to answer
             return
-        messages.put({"type": "store_done"})
 
     @staticmethod
     def _close(gateways: list[Gateway], dirs: TaskDirs | None, host: OperatorHost) -> None:
