@@ -1,11 +1,27 @@
-"""Every rejected DAG file gets its specific message, naming file, job and field."""
+"""Every rejected DAG file gets its specific message, naming file, job and field; hostile files
+are refused by the same bounded loader on every path (parse, `trace dag validate`,
+`POST /v1/dags`), and operator configs are checked before deploy."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
 import pytest
 
 from tests.support.dags import admin, three_jobs
 from trace_platform.dag.validate import DagInvalid, parse
+from trace_platform.db.embedded import free_port
+from trace_platform.dispatcher import models as m
+from trace_platform.lite.stack import ApiServer
+from trace_platform.operators.context import OperatorContext
+from trace_platform.operators.ranges import range_splitter
 from trace_platform.services import Services
 
 OK_JOB = "operator: noop"
@@ -115,7 +131,61 @@ BAD: list[tuple[str, str, str]] = [
         "name: x\nworker_pools: {rpc: []}\njobs:\n  a: {operator: noop, worker_pool: rpc}",
         "worker_pools.rpc: a worker pool needs at least one slot",
     ),
+    (
+        "impossible cron",
+        "name: x\njobs:\n  a: {operator: noop}\ntriggers: {cron: [{name: c, schedule: '0 0 30 2 *'}]}",
+        "triggers.cron[0].schedule: '0 0 30 2 *' has no fire time within 5 years",
+    ),
+    (
+        "cron out of range",
+        "name: x\njobs:\n  a: {operator: noop}\ntriggers: {cron: [{name: c, schedule: '61 * * * *'}]}",
+        "'61 * * * *' is not a valid cron expression ([61 * * * *] is not acceptable, out of range)",
+    ),
+    (
+        "sql_transform without sql",
+        "name: x\njobs:\n  a: {operator: sql_transform, outputs: [{}]}",
+        "jobs.a.config.sql: required field is missing",
+    ),
+    (
+        "unknown datatype",
+        "name: x\njobs:\n  ingest: {operator: cryo_ingest, config: {datatypes: [foo]}, outputs: [{}]}",
+        "jobs.ingest.config.datatypes[0]: unknown datatype 'foo' (known: address_appearances",
+    ),
+    (
+        "chunk_size 0",
+        "name: x\njobs:\n  a: {operator: range_splitter, config: {chunk_size: 0}, outputs: [{}]}",
+        "jobs.a.config.chunk_size: Input should be greater than or equal to 1",
+    ),
+    (
+        "from after to",
+        "name: x\njobs:\n  a: {operator: range_splitter, config: {from_block: 9, to_block: 1}, outputs: [{}]}",
+        "jobs.a.config: to_block 1 is before from_block 9",
+    ),
+    (
+        "aggregator size 0",
+        "name: x\njobs:\n  a: {operator: range_aggregator, config: {size: 0}, outputs: [{}]}",
+        "jobs.a.config.size: Input should be greater than or equal to 1",
+    ),
+    (
+        "unknown config key",
+        "name: x\njobs:\n  a: {operator: hot_window, config: {window: 5}, outputs: [{}]}",
+        "jobs.a.config.window: unknown field",
+    ),
+    (
+        "deep yaml",
+        "name: x\njobs: {a: {operator: noop, config: {x: " + "[" * 100_000 + "}}}",
+        "document nests deeper than 64 levels",
+    ),
 ]
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """Some 600 bytes, 10^9 nodes once its aliases are expanded."""
+    lines = ["name: bomb", "jobs:", "  a:", "    operator: noop", "    config:"]
+    lines.append("      l0: &l0 [x, x, x, x, x, x, x, x, x, x]")
+    for i in range(1, levels):
+        lines.append(f"      l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]")
+    return "\n".join(lines) + "\n"
 
 
 @pytest.mark.parametrize(("case", "text", "message"), BAD, ids=[b[0] for b in BAD])
@@ -171,3 +241,161 @@ def test_deploy_time_rejections_leave_nothing_half_deployed(services: Services) 
     with pytest.raises(DagInvalid, match="secret 'missing_key' is not set"):
         cp.deploy(me, secretive, "secret.yaml")
     assert _state(services) == before
+
+
+# -- the same checks on every path ----------------------------------------------------------
+
+
+@pytest.fixture
+def api(services: Services) -> Iterator[httpx.Client]:
+    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
+    server.start()
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+    server.stop()
+
+
+HOSTILE = [
+    ("alias bomb", alias_bomb(), "document has more than 20,000 nodes once its aliases"),
+    (
+        "100k deep",
+        "name: x\njobs: {a: {operator: noop, config: {x: " + "[" * 100_000 + "]" * 100_000 + "}}}",
+        "document nests deeper than 64 levels",
+    ),
+    ("big", "name: x\n#" + "x" * 300_000 + "\n", "the limit is 262,144 (256 KiB)"),
+    (
+        "bad configs",
+        "name: x\njobs:\n  a: {operator: sql_transform, outputs: [{}]}\n"
+        "  b: {operator: range_splitter, config: {chunk_size: 0}, outputs: [{}]}\n",
+        "jobs.a.config.sql: required field is missing; "
+        "<request>: jobs.b.config.chunk_size: Input should be greater than or equal to 1",
+    ),
+    (
+        "impossible cron",
+        "name: x\njobs:\n  a: {operator: noop}\n"
+        "triggers: {cron: [{name: c, schedule: '0 0 30 2 *'}]}\n",
+        "has no fire time within 5 years",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "message"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_post_dags_refuses_hostile_files_with_422_and_stores_nothing(
+    api: httpx.Client, services: Services, case: str, text: str, message: str
+) -> None:
+    before = _state(services)
+    started = time.monotonic()
+    r = api.post("/v1/dags", json={"yaml": text})
+    assert time.monotonic() - started < 5
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "invalid_dag" and message in body["message"], body
+    assert _state(services) == before
+    ok = api.post("/v1/dags", json={"yaml": three_jobs("after")})  # still serving
+    assert ok.status_code == 201, ok.text
+
+
+def test_dag_validate_cli_applies_the_same_checks(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    configs = tmp_path / "configs.yaml"
+    configs.write_text(HOSTILE[3][1])
+    good = tmp_path / "good.yaml"
+    good.write_text(three_jobs("good"))
+    files = [str(bomb), str(configs), str(good)]
+    out = subprocess.run(
+        [sys.executable, "-m", "trace_platform.cli.main", "dag", "validate", *files],
+        env={**os.environ, "COLUMNS": "300", "TRACE_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert f"{bomb}: document has more than 20,000 nodes once its aliases are expanded" in lines
+    assert f"{configs}: jobs.a.config.sql: required field is missing" in lines
+    assert (
+        f"{configs}: jobs.b.config.chunk_size: Input should be greater than or equal to 1" in lines
+    )
+    assert any(line.startswith("ok ") and "good.yaml" in line for line in lines), lines
+
+
+def test_deploy_refuses_a_schedule_that_cannot_fire(services: Services) -> None:
+    before = _state(services)
+    impossible = three_jobs("never").replace('"* * * * *"', '"0 0 31 4 *"')  # 31 April
+    with pytest.raises(DagInvalid, match="'0 0 31 4 \\*' has no fire time within 5 years"):
+        services.control.deploy(admin(services), impossible, "never.yaml")
+    assert _state(services) == before
+
+
+SPLIT = """
+name: split
+jobs:
+  backfill:
+    operator: range_splitter
+    config: {from_block: 0, to_block: 1500, chunk_size: 1}
+    outputs: [{}]
+  sink:
+    operator: noop
+    inputs: [{job: backfill}]
+"""
+
+
+def test_range_splitter_emits_more_than_one_call_carries_through_the_dispatcher(
+    services: Services,
+) -> None:
+    """1,501 ranges: the earlier ones as mid-task events (one call each, as the wrapper sends
+    them), the last 1,000 with the completion; every range lands once and wakes its task."""
+    d, me = services.dispatcher, admin(services)
+    services.control.deploy(me, SPLIT)
+    (task_id,) = services.control.trigger(me, "split")["tasks"]
+    claim = d.claim(m.ClaimRequest(task_id=task_id, worker_id="w"))
+    lease = {"task_id": task_id, "attempt": claim.attempt, "lease_token": claim.lease_token}
+    payload = d.fetch(m.LeaseRef(**lease))
+    calls = 0
+
+    def send(msg: dict[str, Any]) -> None:
+        nonlocal calls
+        if msg["type"] == "event":
+            calls += 1
+            d.events(m.EventsRequest(**lease, events=[m.EventIn.model_validate(msg["event"])]))
+
+    ctx = OperatorContext(task=payload, workdir=Path("/nonexistent"), _send=send)
+    final = range_splitter(ctx)
+    done = d.complete(m.CompleteRequest(**lease, outcome="succeeded", final_events=final))
+    assert done.status == "succeeded" and calls == 501 and len(final) == m.MAX_EVENTS_PER_CALL
+    with services.pool.connection() as conn:
+        ranges = conn.execute(
+            "SELECT range_start AS s, range_end AS e FROM events WHERE producer_task_id = %s",
+            [task_id],
+        ).fetchall()
+        sinks = conn.execute(
+            "SELECT count(*) AS n FROM task_registry WHERE job = 'sink' AND parent_task_id = %s",
+            [task_id],
+        ).fetchone()
+    assert sorted((r["s"], r["e"]) for r in ranges) == [(i, i + 1) for i in range(1501)]
+    assert sinks is not None and sinks["n"] == 1501
+
+
+@pytest.mark.slow
+def test_range_splitter_over_the_limit_through_a_real_worker(settings: Any, dsn: str) -> None:
+    """The same request through the Lite stack (worker wrapper, sandboxed operator host, HTTP
+    internal API): the task succeeds rather than dying as a lost lease."""
+    from tests.support.dags import finished_run
+    from trace_platform.lite.stack import LiteStack
+
+    only = SPLIT.split("  sink:")[0]
+    with LiteStack(
+        settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
+    ) as stack:
+        svc, me = stack.services, admin(stack.services)
+        svc.control.deploy(me, only)
+        run_id = svc.control.trigger(me, "split")["run_id"]
+        (task,) = finished_run(svc, run_id, 300)
+        assert task["status"] == "succeeded", task["last_error"]
+        with svc.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT count(DISTINCT dedupe_key) AS n FROM events WHERE producer_task_id = %s",
+                [task["task_id"]],
+            ).fetchone()
+        assert row is not None and row["n"] == 1501

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
@@ -138,18 +139,46 @@ class PoolSlot(_Strict):
     secrets: dict[str, str] = Field(default_factory=dict, description="env var -> secret name")
 
 
+CRON_HORIZON_YEARS = 5
+
+
+def check_schedule(schedule: str, now: datetime | None = None) -> datetime:
+    """The next fire time of a cron schedule (5 fields, or 6 with seconds last), or ValueError
+    saying why it has none: invalid syntax, or no fire time within CRON_HORIZON_YEARS (such as
+    30 February), which the scheduler could never fire."""
+    from croniter import croniter
+    from croniter.croniter import CroniterError
+
+    now = now or datetime.now(UTC)
+    try:
+        valid = croniter.is_valid(schedule)
+        it = croniter(schedule, now)
+    except (CroniterError, ValueError, TypeError, KeyError, OverflowError) as e:
+        raise ValueError(f"'{schedule}' is not a valid cron expression ({e})") from None
+    if not valid:
+        raise ValueError(f"'{schedule}' is not a valid cron expression")
+    horizon = now.replace(year=now.year + CRON_HORIZON_YEARS, day=min(now.day, 28))
+    try:
+        nxt: datetime = it.get_next(datetime)
+    except (CroniterError, ValueError, OverflowError):
+        nxt = horizon + timedelta(days=1)
+    if nxt > horizon:
+        raise ValueError(
+            f"'{schedule}' has no fire time within {CRON_HORIZON_YEARS} years (a date such as "
+            "30 February never comes): the scheduler could never fire it"
+        )
+    return nxt
+
+
 class CronTrigger(_Strict):
     name: str = Field(pattern=NAME_RE)
-    schedule: str
+    schedule: str = Field(max_length=256)
     config: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("schedule")
     @classmethod
     def _valid_cron(cls, v: str) -> str:
-        from croniter import croniter
-
-        if not croniter.is_valid(v):
-            raise ValueError(f"'{v}' is not a valid cron expression")
+        check_schedule(v)
         return v
 
 

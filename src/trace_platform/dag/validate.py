@@ -1,8 +1,15 @@
-"""Loads a DAG file and reports every problem at once, each naming the file, job and field."""
+"""Loads a DAG file and reports every problem at once, each naming the file, job and field.
+
+Every DAG text goes through `parse` (`trace dag validate`, deploy, `POST /v1/dags`): the bounded
+loader (`dag/loader.py`: document size, nesting, nodes, aliases), the file's schema, each job's
+operator config against that operator's model, the graph checks, and the size of the spec as
+it would be stored (MAX_SPEC_BYTES)."""
 
 from __future__ import annotations
 
 import graphlib
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,8 +17,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from trace_platform.dag.loader import MAX_DOCUMENT_BYTES, YamlRefused, load_yaml
 from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, PublishSpec, SharedRead
-from trace_platform.operators import registry
+from trace_platform.operators import config_model, registry
+from trace_platform.operators.config import problems as config_problems
+
+MAX_SPEC_BYTES = 1024 * 1024  # the spec as stored (JSON), whatever the YAML looked like
+MAX_PROBLEMS = 200  # reported at once; a hostile file cannot make the answer unbounded
 
 _UNION_TAGS = {"job", "shared"}
 
@@ -29,31 +41,12 @@ class DagProblem:
 
 class DagInvalid(ValueError):
     def __init__(self, source: str, problems: list[DagProblem]) -> None:
+        if len(problems) > MAX_PROBLEMS:
+            more = len(problems) - MAX_PROBLEMS
+            problems = [*problems[:MAX_PROBLEMS], DagProblem("", f"… and {more} more problems")]
         self.source = source
         self.problems = problems
         super().__init__("\n".join(p.render(source) for p in problems))
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML silently keeps the last of two equal keys; a DAG file must not."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"duplicate key '{key}' (first on line {seen[key]})",
-                key_node.start_mark,
-            )
-        seen[key] = key_node.start_mark.line + 1
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -83,7 +76,9 @@ def _pydantic_problems(err: ValidationError) -> list[DagProblem]:
 def parse(text: str, source: str = "<dag>") -> DagSpec:
     """YAML text -> a DagSpec that passed every file-local check, or DagInvalid with them all."""
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+        raw = load_yaml(text)
+    except YamlRefused as e:
+        raise DagInvalid(source, [DagProblem(e.where, e.message)]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -96,19 +91,102 @@ def parse(text: str, source: str = "<dag>") -> DagSpec:
     try:
         spec = DagSpec.model_validate(raw)
     except ValidationError as e:
-        raise DagInvalid(source, _pydantic_problems(e)) from None
+        # The operator configs are checked too, so one run shows every problem of the file.
+        raise DagInvalid(source, _pydantic_problems(e) + _raw_config_problems(raw)) from None
     problems = check(spec)
+    if not problems:
+        problems = spec_size_problems(spec)
     if problems:
         raise DagInvalid(source, problems)
     return spec
 
 
+def spec_size_problems(spec: DagSpec) -> list[DagProblem]:
+    """The spec as deploy stores it must fit MAX_SPEC_BYTES."""
+    size = len(json.dumps(spec.model_dump(mode="json", by_alias=True)).encode())
+    if size <= MAX_SPEC_BYTES:
+        return []
+    return [
+        DagProblem(
+            "",
+            f"the DAG's stored spec would be {size:,} bytes; the limit is {MAX_SPEC_BYTES:,} "
+            f"({MAX_SPEC_BYTES // 1024} KiB)",
+        )
+    ]
+
+
 def load(path: Path) -> DagSpec:
+    """A DAG file: read no more than the loader accepts, then `parse`."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)
+            size = max(len(data), os.fstat(f.fileno()).st_size)
     except OSError as e:
         raise DagInvalid(str(path), [DagProblem("", f"cannot read file: {e.strerror}")]) from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise DagInvalid(
+            str(path),
+            [
+                DagProblem(
+                    "",
+                    f"document is {size:,} bytes; the limit is {MAX_DOCUMENT_BYTES:,} "
+                    f"({MAX_DOCUMENT_BYTES // 1024} KiB)",
+                )
+            ],
+        )
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise DagInvalid(
+            str(path), [DagProblem("", f"cannot read file: not UTF-8 (byte {e.start})")]
+        ) from None
     return parse(text, str(path))
+
+
+def job_config_problems(
+    at: str, operator: str, config: dict[str, Any], inputs: int | None, outputs: int | None
+) -> list[DagProblem]:
+    """A job's config checked with its operator's config model (nothing for an unknown
+    operator, reported elsewhere); with the job's shape when it is known."""
+    model = config_model(operator)
+    if model is None:
+        return []
+    try:
+        cfg = model.model_validate(config)
+    except ValidationError as e:
+        return [
+            DagProblem(f"{at}.config.{where}" if where else f"{at}.config", msg)
+            for where, msg in config_problems(e)
+        ]
+    if inputs is None or outputs is None:
+        return []
+    return [
+        DagProblem(f"{at}.{where}" if where else at, msg)
+        for where, msg in cfg.job_problems(inputs, outputs)
+    ]
+
+
+def _raw_config_problems(raw: dict[str, Any]) -> list[DagProblem]:
+    """Config problems of a file that failed its schema: every job whose operator and config
+    are at least the right types."""
+    jobs = raw.get("jobs")
+    if not isinstance(jobs, dict):
+        return []
+    out: list[DagProblem] = []
+    for name, job in jobs.items():
+        if not isinstance(job, dict):
+            continue
+        operator, config = job.get("operator"), job.get("config", {})
+        if isinstance(name, str) and isinstance(operator, str) and isinstance(config, dict):
+            inputs, outputs = job.get("inputs", []), job.get("outputs", [])
+            out += job_config_problems(
+                f"jobs.{name}",
+                operator,
+                config,
+                len(inputs) if isinstance(inputs, list) else None,
+                len(outputs) if isinstance(outputs, list) else None,
+            )
+    return out
 
 
 def check(spec: DagSpec) -> list[DagProblem]:
@@ -126,6 +204,10 @@ def check(spec: DagSpec) -> list[DagProblem]:
                     f"{at}.operator",
                     f"unknown operator '{job.operator}' (known: {', '.join(sorted(known))})",
                 )
+            )
+        else:
+            problems += job_config_problems(
+                at, job.operator, job.config, len(job.inputs), len(job.outputs)
             )
         if job.worker_pool is not None and job.worker_pool not in spec.worker_pools:
             add(

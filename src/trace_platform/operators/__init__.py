@@ -3,6 +3,10 @@
 The registry maps a name to "module:function" so a host imports only what it runs (Spark
 operators are heavy). An operator is `fn(ctx: OperatorContext) -> list[EventIn] | None`; what it
 returns are its final events, reported atomically with the completion.
+
+Each operator also declares a pydantic model of its config (`CONFIGS`, "module:Class", a
+`trace_platform.operators.config.OperatorConfig`): deploy and `trace dag validate` check a
+job's config with it, and the operator reads its config through it when it runs.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import (
     OperatorContext,
     OperatorError,
@@ -26,6 +31,7 @@ __all__ = [
     "OperatorError",
     "OperatorResult",
     "PermanentError",
+    "config_model",
     "registry",
     "resolve",
 ]
@@ -48,6 +54,30 @@ REGISTRY: dict[str, str] = {
 TESTING: dict[str, str] = {
     name: f"trace_platform.operators.testing:{name}"
     for name in ("noop", "fail", "crash", "emit_events", "probe", "spark_ping", "leave_traces")
+}
+
+CONFIGS: dict[str, str] = {
+    "sleep": "trace_platform.operators.builtin:SleepConfig",
+    "range_splitter": "trace_platform.operators.ranges:RangeSplitterConfig",
+    "chain_tip": "trace_platform.operators.ranges:ChainTipConfig",
+    "range_aggregator": "trace_platform.operators.ranges:RangeAggregatorConfig",
+    "cryo_ingest": "trace_platform.operators.cryo_ingest:CryoIngestConfig",
+    "decode_erc20_transfers": "trace_platform.operators.decode:Erc20TransfersConfig",
+    "decode_staking_events": "trace_platform.operators.decode:StakingEventsConfig",
+    "sql_transform": "trace_platform.operators.sql_transform:SqlTransformConfig",
+    "hot_window": "trace_platform.operators.hot_window:HotWindowConfig",
+    **{
+        name: f"trace_platform.operators.testing:{model}"
+        for name, model in (
+            ("noop", "NoopConfig"),
+            ("fail", "FailConfig"),
+            ("crash", "NoConfig"),
+            ("emit_events", "EmitEventsConfig"),
+            ("probe", "ProbeConfig"),
+            ("spark_ping", "NoConfig"),
+            ("leave_traces", "LeaveTracesConfig"),
+        )
+    },
 }
 
 # Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.
@@ -77,3 +107,15 @@ def resolve(name: str) -> Operator:
     module, _, attr = target.partition(":")
     fn: Operator = getattr(importlib.import_module(module), attr)
     return fn
+
+
+def config_model(name: str) -> type[OperatorConfig] | None:
+    """The config model of an operator this process may run (None for an unknown one)."""
+    if name not in registry():
+        return None
+    target = CONFIGS.get(name)
+    if target is None:
+        return None
+    module, _, attr = target.partition(":")
+    model: type[OperatorConfig] = getattr(importlib.import_module(module), attr)
+    return model

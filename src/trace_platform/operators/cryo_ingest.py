@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
 
 from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
 from trace_platform.objectstore import delete_prefix
+from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import (
     OperatorContext,
     OperatorError,
@@ -23,6 +27,68 @@ from trace_platform.operators.context import (
 from trace_platform.operators.output import range_prefix
 
 DEFAULT_DATATYPES = ["blocks", "transactions", "logs", "geth_calls"]
+# What Cryo extracts from a block range alone, one file per datatype (datatypes that need
+# addresses, calls or scripts, and the multi-file groups, are not something this operator runs).
+KNOWN_DATATYPES = frozenset(
+    {
+        "address_appearances",
+        "balance_diffs",
+        "balance_reads",
+        "blocks",
+        "code_diffs",
+        "code_reads",
+        "contracts",
+        "erc20_transfers",
+        "erc721_transfers",
+        "four_byte_counts",
+        "geth_balance_diffs",
+        "geth_calls",
+        "geth_code_diffs",
+        "geth_nonce_diffs",
+        "geth_opcodes",
+        "geth_storage_diffs",
+        "logs",
+        "native_transfers",
+        "nonce_diffs",
+        "nonce_reads",
+        "storage_diffs",
+        "storage_reads",
+        "traces",
+        "transactions",
+        "vm_traces",
+    }
+)
+
+
+def _known_datatype(value: str) -> str:
+    if value not in KNOWN_DATATYPES:
+        raise ValueError(
+            f"unknown datatype '{value}' (known: {', '.join(sorted(KNOWN_DATATYPES))})"
+        )
+    return value
+
+
+class CryoIngestConfig(OperatorConfig):
+    """One output per datatype, in order."""
+
+    datatypes: list[Annotated[str, AfterValidator(_known_datatype)]] = Field(
+        default_factory=lambda: list(DEFAULT_DATATYPES), min_length=1, max_length=64
+    )
+    rpc_url: str | None = Field(default=None, max_length=2048)
+    network_name: str = Field(default="devnet", min_length=1, max_length=128)
+    requests_per_second: int = Field(default=200, ge=1, le=1_000_000)
+    max_concurrent_requests: int = Field(default=4, ge=1, le=1024)
+
+    def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
+        if len(self.datatypes) != outputs:
+            return [
+                (
+                    "config.datatypes",
+                    f"{len(self.datatypes)} datatypes but {outputs} outputs: one output per "
+                    "datatype, in order",
+                )
+            ]
+        return []
 
 
 def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
@@ -34,12 +100,13 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
     if not rng:
         raise PermanentError("cryo_ingest needs a range manifest event (from range_splitter)")
     start, end = int(rng["start"]), int(rng["end"])
-    datatypes = list(ctx.config.get("datatypes", DEFAULT_DATATYPES))
+    cfg = CryoIngestConfig.from_ctx(ctx)
+    datatypes = cfg.datatypes
     if len(datatypes) != len(ctx.task.outputs):
         raise PermanentError(
             f"{len(datatypes)} datatypes but {len(ctx.task.outputs)} outputs: one output per datatype"
         )
-    rpc = ctx.config.get("rpc_url") or ctx.env.get("RPC_URL")
+    rpc = cfg.rpc_url or ctx.env.get("RPC_URL")
     if not rpc:
         raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
     store = ctx.store
@@ -53,9 +120,9 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
             blocks=[f"{start}:{end}"],
             rpc=rpc,
             output_dir=str(stage),
-            network_name=ctx.config.get("network_name", "devnet"),
-            requests_per_second=int(ctx.config.get("requests_per_second", 200)),
-            max_concurrent_requests=int(ctx.config.get("max_concurrent_requests", 4)),
+            network_name=cfg.network_name,
+            requests_per_second=cfg.requests_per_second,
+            max_concurrent_requests=cfg.max_concurrent_requests,
             chunk_size=max(1, end - start),
             overwrite=True,
             no_verbose=True,

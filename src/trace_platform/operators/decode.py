@@ -11,9 +11,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from trace_platform.devnet.rpc import topic0
 from trace_platform.dispatcher.models import RangeSpec
 from trace_platform.objectstore import list_all
+from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.output import publish_frame, range_prefix
 
@@ -28,6 +31,17 @@ STAKING = {
     "EpochChanged": topic0("EpochChanged(uint64,uint64)"),
 }
 STAKING_ADDRESS = "0x0000000000000000000000000000000000001000"
+ADDRESS_RE = r"^0x[0-9a-fA-F]{40}$"
+
+
+class Erc20TransfersConfig(OperatorConfig):
+    token_address: str | None = Field(
+        default=None, pattern=ADDRESS_RE, description="only this token's transfers"
+    )
+
+
+class StakingEventsConfig(OperatorConfig):
+    staking_address: str = Field(default=STAKING_ADDRESS, pattern=ADDRESS_RE)
 
 
 def _range(ctx: OperatorContext) -> tuple[int, int]:
@@ -91,9 +105,10 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
 def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
     """logs -> erc20_transfers(block_number, tx_hash, log_index, token_address, from_address,
     to_address, value, value_text, value_overflow); config `token_address` narrows to one."""
+    cfg = Erc20TransfersConfig.from_ctx(ctx)
     start, end = _range(ctx)
     logs = ctx.spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
-    frame = transfers_frame(logs, ctx.config.get("token_address"))
+    frame = transfers_frame(logs, cfg.token_address)
     return publish_frame(
         ctx, frame.orderBy("block_number", "log_index"), RangeSpec(start=start, end=end)
     )
@@ -105,10 +120,11 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
     Undelegate removes it, other events carry amount_delta 0."""
     from pyspark.sql import functions as F
 
+    cfg = StakingEventsConfig.from_ctx(ctx)
     spark = ctx.spark
     start, end = _range(ctx)
     logs = spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
-    address = ctx.config.get("staking_address", STAKING_ADDRESS).lower()
+    address = cfg.staking_address.lower()
     by_topic = {v[2:]: k for k, v in STAKING.items()}
     t0 = F.lower(F.hex("topic0"))
     event = F.coalesce(*[F.when(t0 == h, F.lit(name)) for h, name in by_topic.items()])

@@ -16,11 +16,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from psycopg import sql
+from pydantic import Field
 
+from trace_platform.dag.schema import NAME_RE
 from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
 from trace_platform.objectstore import list_all
+from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.output import range_prefix
+
+
+class HotWindowConfig(OperatorConfig):
+    window_blocks: int = Field(default=1000, ge=1, le=2**62, description="the newest N blocks")
+    key: str = Field(default="block_number", pattern=NAME_RE, description="the ordering column")
+
+    def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
+        if outputs < inputs:
+            return [
+                (
+                    "outputs",
+                    f"hot_window maps input i to output i: {inputs} inputs need as many "
+                    f"Postgres outputs (it has {outputs})",
+                )
+            ]
+        return []
 
 
 def pg_type(t: pa.DataType) -> str:
@@ -94,10 +113,8 @@ def hot_window(ctx: OperatorContext) -> OperatorResult:
     if out.backend != "postgres":
         raise PermanentError(f"hot_window output {src} must have backend: postgres")
     assert inp.location is not None and out.location is not None
-    window = int(ctx.config.get("window_blocks", 1000))
-    key = str(ctx.config.get("key", "block_number"))
-    if window <= 0:
-        raise PermanentError("hot_window config.window_blocks must be positive")
+    cfg = HotWindowConfig.from_ctx(ctx)
+    window, key = cfg.window_blocks, cfg.key
     data = _read_range(ctx, inp.location, start, end)
     if data is not None and key not in data.column_names:
         raise PermanentError(f"input {src} has no column '{key}' (config.key)")

@@ -2,14 +2,95 @@
 chain_tip: the same from a chain's head; range_aggregator: ranges back into fixed windows.
 
 Ranges are half-open [start, end). The request comes from the config, overridden by the
-trigger's run config (`from_block`, `to_block` inclusive, `chunk_size`)."""
+trigger's run config (`from_block`, `to_block` inclusive, `chunk_size`); both are read through
+`RangeSplitterConfig`, so deploy and run time apply the same rules.
+
+One Dispatcher call carries at most `MAX_EVENTS_PER_CALL` events: a request that makes more
+ranges sends the earlier ones as mid-task events (`ctx.emit`, attempt-fenced and deduplicated
+by range, so a retry re-sends nothing new) and returns the last batch with the completion. A
+single request makes at most `MAX_RANGES_PER_REQUEST` ranges."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
-from trace_platform.dispatcher.models import EventIn, RangeSpec
+from pydantic import Field, model_validator
+
+from trace_platform.dispatcher.models import MAX_EVENTS_PER_CALL, EventIn, RangeSpec
+from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
+
+MAX_BLOCK = 2**62  # far past any chain, well inside Postgres bigint
+MAX_RANGES_PER_REQUEST = 100_000  # one run's manifests (each a mid-task call beyond the last batch)
+
+
+def count_ranges(first: int, last: int, size: int) -> int:
+    """How many ranges `split(first, last, size)` makes, without making them."""
+    return 0 if last < first else last // size - first // size + 1
+
+
+def _too_many(first: int, last: int, size: int) -> str:
+    n = count_ranges(first, last, size)
+    return (
+        f"from_block {first} to to_block {last} in chunks of {size} makes {n:,} ranges; one "
+        f"request makes at most {MAX_RANGES_PER_REQUEST:,}: use a larger chunk_size or split the "
+        "request"
+    )
+
+
+class RangeSplitterConfig(OperatorConfig):
+    """`from_block` and `to_block` (inclusive) may come from the job or from the trigger's run
+    config; `chunk_size` blocks per range, aligned to its multiples."""
+
+    from_block: int | None = Field(default=None, ge=0, le=MAX_BLOCK)
+    to_block: int | None = Field(default=None, ge=0, le=MAX_BLOCK)
+    chunk_size: int = Field(default=1000, ge=1, le=MAX_BLOCK)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.from_block is not None and self.to_block is not None:
+            if self.to_block < self.from_block:
+                raise ValueError(
+                    f"to_block {self.to_block} is before from_block {self.from_block} "
+                    "(both inclusive)"
+                )
+            if count_ranges(self.from_block, self.to_block, self.chunk_size) > (
+                MAX_RANGES_PER_REQUEST
+            ):
+                raise ValueError(_too_many(self.from_block, self.to_block, self.chunk_size))
+        return self
+
+    def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
+        if outputs < 1:
+            return [("outputs", "range_splitter needs one output to emit its manifests on")]
+        return []
+
+
+RUN_CONFIG_KEYS = ("from_block", "to_block", "chunk_size")
+
+
+class ChainTipConfig(OperatorConfig):
+    chunk_size: int = Field(default=100, ge=1, le=MAX_BLOCK)
+    safety_blocks: int = Field(default=3, ge=0, le=1_000_000)
+    start_block: int = Field(default=0, ge=0, le=MAX_BLOCK)
+    rpc_url: str | None = Field(default=None, max_length=2048)
+
+    def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
+        if outputs < 1:
+            return [("outputs", "chain_tip needs one output to emit its manifests on")]
+        return []
+
+
+class RangeAggregatorConfig(OperatorConfig):
+    """Windows [origin + k*size, origin + (k+1)*size)."""
+
+    size: int = Field(ge=1, le=MAX_BLOCK)
+    origin: int = Field(default=0, ge=0, le=MAX_BLOCK)
+
+    def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
+        if outputs < 1:
+            return [("outputs", "range_aggregator needs one output to emit its manifests on")]
+        return []
 
 
 def split(first: int, last: int, size: int) -> list[tuple[int, int]]:
@@ -23,39 +104,53 @@ def split(first: int, last: int, size: int) -> list[tuple[int, int]]:
     return out
 
 
-def manifests(ctx: OperatorContext, spans: list[tuple[int, int]], **extra: Any) -> list[EventIn]:
-    """Range manifest events on output 0, with the explicit range fields downstream reads."""
+def _dataset(ctx: OperatorContext) -> Any:
     if not ctx.task.outputs:
         raise PermanentError(f"{ctx.task.operator} needs one output to emit its manifests on")
-    dataset = ctx.task.outputs[0].dataset_uuid
-    return [
-        EventIn(
-            dataset_uuid=dataset,
-            range=RangeSpec(start=s, end=e),
-            payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e, **extra},
-        )
-        for s, e in spans
-    ]
+    return ctx.task.outputs[0].dataset_uuid
+
+
+def _manifest(dataset: Any, s: int, e: int, extra: dict[str, Any]) -> EventIn:
+    return EventIn(
+        dataset_uuid=dataset,
+        range=RangeSpec(start=s, end=e),
+        payload={"partition_key": f"{s:010d}-{e:010d}", "start": s, "end": e, **extra},
+    )
+
+
+def manifests(ctx: OperatorContext, spans: list[tuple[int, int]], **extra: Any) -> list[EventIn]:
+    """Range manifest events on output 0, with the explicit range fields downstream reads."""
+    dataset = _dataset(ctx)
+    return [_manifest(dataset, s, e, extra) for s, e in spans]
+
+
+def deliver(ctx: OperatorContext, spans: list[tuple[int, int]], **extra: Any) -> list[EventIn]:
+    """The manifests of `spans`: all but the last MAX_EVENTS_PER_CALL are emitted now, one
+    mid-task event each (within the per-call limit); the rest are returned, to be reported
+    with the completion."""
+    dataset = _dataset(ctx)
+    cut = max(0, len(spans) - MAX_EVENTS_PER_CALL)
+    for i, (s, e) in enumerate(spans[:cut]):
+        ctx.emit(_manifest(dataset, s, e, extra))
+        if i % 500 == 0:
+            ctx.progress(ranges=len(spans), emitted=i + 1)
+    return [_manifest(dataset, s, e, extra) for s, e in spans[cut:]]
 
 
 def range_splitter(ctx: OperatorContext) -> list[EventIn]:
-    cfg = {**ctx.config, **((ctx.task.input_event or {}).get("config") or {})}
-    try:
-        first, last, size = (
-            int(cfg["from_block"]),
-            int(cfg["to_block"]),
-            int(cfg.get("chunk_size", 1000)),
-        )
-    except (KeyError, TypeError, ValueError) as e:
+    run = (ctx.task.input_event or {}).get("config") or {}
+    # The trigger's run config overrides the request (its other keys, such as a cron's
+    # scheduled_for, are not the splitter's); the merged request passes the same model.
+    override = {k: run[k] for k in RUN_CONFIG_KEYS if k in run} if isinstance(run, dict) else {}
+    cfg = RangeSplitterConfig.from_ctx(ctx, {**ctx.config, **override})
+    if cfg.from_block is None or cfg.to_block is None:
+        missing = [k for k in ("from_block", "to_block") if getattr(cfg, k) is None]
         raise PermanentError(
-            f"range_splitter needs integer from_block, to_block (and chunk_size): {e}"
-        ) from None
-    if size <= 0 or last < first:
-        raise PermanentError(
-            f"empty or invalid range: from_block {first}, to_block {last}, chunk {size}"
+            f"range_splitter config: {', '.join(missing)}: required (in the job's config or the "
+            "trigger's run config)"
         )
-    events = manifests(ctx, split(first, last, size))
-    ctx.progress(ranges=len(events))
+    events = deliver(ctx, split(cfg.from_block, cfg.to_block, cfg.chunk_size))
+    ctx.progress(ranges=count_ranges(cfg.from_block, cfg.to_block, cfg.chunk_size))
     return events
 
 
@@ -63,16 +158,17 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
     """Tip following: each run emits the complete, aligned ranges between where the last run
     stopped (durable operator state) and the chain head minus `safety_blocks` (Monad's `latest`
     is speculative; `finalized` is used when the node has it). Config: `chunk_size`,
-    `start_block`, `safety_blocks`, `rpc_url` (else the slot's RPC_URL)."""
+    `start_block`, `safety_blocks`, `rpc_url` (else the slot's RPC_URL). A run emits at most
+    MAX_RANGES_PER_REQUEST ranges; the next run goes on from there."""
     from trace_platform.devnet.rpc import Rpc, RpcError
 
-    size = int(ctx.config.get("chunk_size", 100))
-    safety = int(ctx.config.get("safety_blocks", 3))
-    rpc_url = ctx.config.get("rpc_url") or ctx.env.get("RPC_URL")
+    cfg = ChainTipConfig.from_ctx(ctx)
+    size = cfg.chunk_size
+    rpc_url = cfg.rpc_url or ctx.env.get("RPC_URL")
     if not rpc_url:
         raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
     state = ctx.task.operator_state or {}
-    start = int(state.get("next_block", ctx.config.get("start_block", 0)))
+    start = int(state.get("next_block", cfg.start_block))
     rpc = Rpc(rpc_url)
     try:
         try:
@@ -81,10 +177,13 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
             head = rpc.block_number()
     finally:
         rpc.close()
-    safe = head - safety
+    safe = head - cfg.safety_blocks
     stop = ((safe + 1) // size) * size  # only whole chunks: the same ranges a backfill makes
-    events = manifests(ctx, split(start, stop - 1, size) if stop > start else [], head=head)
-    ctx.progress(head=head, emitted=len(events))
+    if stop > start and count_ranges(start, stop - 1, size) > MAX_RANGES_PER_REQUEST:
+        stop = (start // size + MAX_RANGES_PER_REQUEST) * size  # the rest on the next run
+    spans = split(start, stop - 1, size) if stop > start else []
+    events = deliver(ctx, spans, head=head)
+    ctx.progress(head=head, emitted=len(spans))
     return OperatorResult(events=events, state={"next_block": max(start, stop), "head": head})
 
 
@@ -103,7 +202,7 @@ def covers(intervals: list[tuple[int, int]], start: int, end: int) -> bool:
     return any(s <= start and end <= e for s, e in intervals)
 
 
-MAX_WINDOWS_PER_RANGE = 1000  # one completion carries at most this many events
+MAX_WINDOWS_PER_RANGE = MAX_EVENTS_PER_CALL  # one completion carries at most this many events
 
 
 def completed_windows(
@@ -144,12 +243,8 @@ def range_aggregator(ctx: OperatorContext) -> OperatorResult:
     rng = (ctx.task.input_event or {}).get("range")
     if not rng:
         raise PermanentError("range_aggregator needs range events from its input job")
-    try:
-        size, origin = int(ctx.config["size"]), int(ctx.config.get("origin", 0))
-    except (KeyError, TypeError, ValueError):
-        raise PermanentError("range_aggregator needs an integer config.size (and origin)") from None
-    if size <= 0:
-        raise PermanentError("range_aggregator config.size must be positive")
+    cfg = RangeAggregatorConfig.from_ctx(ctx)
+    size, origin = cfg.size, cfg.origin
     state = ctx.task.operator_state or {}
     covered = [(int(a), int(b)) for a, b in state.get("covered", [])]
     covered, windows = completed_windows(

@@ -14,23 +14,41 @@ rewritten as a whole: scope `all`."""
 from __future__ import annotations
 
 import shutil
+from typing import Any
+
+from pydantic import Field, field_validator
 
 from trace_platform.objectstore import list_all
+from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.output import publish_frame
 from trace_platform.spark import SESSION_HARDENING
 from trace_platform.spark.sql_guard import check_query, check_spark_plan
 
 
+class SqlTransformConfig(OperatorConfig):
+    sql: str = Field(description="one Spark SQL read query over the input views")
+    args: dict[str, Any] | None = Field(
+        default=None, description="named parameter markers (:name) -> values"
+    )
+
+    @field_validator("sql")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("is blank: sql_transform needs a Spark SQL SELECT")
+        return v
+
+    def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
+        return [] if outputs else [("outputs", "sql_transform needs one output")]
+
+
 def sql_transform(ctx: OperatorContext) -> OperatorResult:
-    sql = ctx.config.get("sql")
-    if not isinstance(sql, str) or not sql.strip():
-        raise PermanentError("sql_transform needs config.sql (a Spark SQL SELECT)")
+    cfg = SqlTransformConfig.from_ctx(ctx)
+    sql = cfg.sql
     if not ctx.task.outputs:
         raise PermanentError("sql_transform needs one output")
-    args = ctx.config.get("args") or None
-    if args is not None and not isinstance(args, dict):
-        raise PermanentError("sql_transform config.args must be a mapping of parameter -> value")
+    args = cfg.args or None
     views = [ref.dataset_name or f"input_{i}" for i, ref in enumerate(ctx.task.inputs)]
     checked = check_query(sql, views)  # refuses anything but one read query over `views`
     spark, store = ctx.spark, ctx.store

@@ -12,50 +12,85 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from pydantic import ConfigDict, Field, model_validator
 
 from trace_platform.dispatcher.models import EventIn
+from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorError, PermanentError
+
+
+class NoopConfig(OperatorConfig):
+    """Any other key is accepted (and ignored), so a test can change a job's materialization."""
+
+    model_config = ConfigDict(extra="allow")
+
+    record_to: str | None = None
+    record_env: list[str] = Field(default_factory=list)
 
 
 def noop(ctx: OperatorContext) -> None:
     """config: record_to (a file path: appends "task_id attempt", so a run can be counted) and
     record_env (names of the task's env vars whose values are appended too)."""
+    cfg = NoopConfig.from_ctx(ctx)
     ctx.log.info("noop task %s attempt %s", ctx.task.task_id, ctx.task.attempt)
-    if path := ctx.config.get("record_to"):
-        env = " ".join(f"{k}={ctx.env.get(k, '')}" for k in ctx.config.get("record_env", []))
+    if path := cfg.record_to:
+        env = " ".join(f"{k}={ctx.env.get(k, '')}" for k in cfg.record_env)
         with open(path, "a") as f:
             f.write(f"{ctx.task.task_id} {ctx.task.attempt} {env}".rstrip() + "\n")
 
 
+class FailConfig(OperatorConfig):
+    message: str = "asked to fail"
+    permanent: bool = False
+    succeed_on_attempt: int | None = Field(default=None, ge=1)
+
+
 def fail(ctx: OperatorContext) -> None:
     """config: message, permanent (bool), succeed_on_attempt (int: fail before it, then succeed)."""
-    succeed_on = ctx.config.get("succeed_on_attempt")
-    if succeed_on is not None and ctx.task.attempt >= int(succeed_on):
+    cfg = FailConfig.from_ctx(ctx)
+    if cfg.succeed_on_attempt is not None and ctx.task.attempt >= cfg.succeed_on_attempt:
         return
-    message = str(ctx.config.get("message", "asked to fail"))
-    if ctx.config.get("permanent"):
-        raise PermanentError(message)
-    raise OperatorError(message)
+    if cfg.permanent:
+        raise PermanentError(cfg.message)
+    raise OperatorError(cfg.message)
+
+
+class NoConfig(OperatorConfig):
+    """An operator without settings: any key is a mistake."""
 
 
 def crash(ctx: OperatorContext) -> None:
     """Kills its own process, as a segfaulting native library would."""
+    NoConfig.from_ctx(ctx)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class EmitEventsConfig(OperatorConfig):
+    dataset_uuid: uuid.UUID | None = None
+    count: int = Field(default=3, ge=0, le=1_000_000)
+    final: int = Field(default=1, ge=0)
+    sleep: float = Field(default=0, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _final_within_count(self) -> Self:
+        if self.final > self.count:
+            raise ValueError(f"final ({self.final}) cannot exceed count ({self.count})")
+        return self
 
 
 def emit_events(ctx: OperatorContext) -> list[EventIn]:
     """config: dataset_uuid (default: the task's first output), count, final (how many of them are
     bundled with the completion instead of sent mid-task), sleep between events."""
+    cfg = EmitEventsConfig.from_ctx(ctx)
     default = (
         ctx.task.outputs[0].dataset_uuid
         if ctx.task.outputs
         else uuid.uuid5(uuid.NAMESPACE_URL, ctx.task.job)
     )
-    dataset = uuid.UUID(str(ctx.config.get("dataset_uuid") or default))
-    count = int(ctx.config.get("count", 3))
-    final = int(ctx.config.get("final", 1))
-    pause = float(ctx.config.get("sleep", 0))
+    dataset = cfg.dataset_uuid or default
+    count, final, pause = cfg.count, cfg.final, cfg.sleep
     events = [EventIn(dataset_uuid=dataset, cursor=str(i), payload={"n": i}) for i in range(count)]
     for ev in events[: count - final]:
         ctx.emit(ev)
@@ -65,21 +100,28 @@ def emit_events(ctx: OperatorContext) -> list[EventIn]:
 
 def spark_ping(ctx: OperatorContext) -> None:
     """One trivial Spark SQL query on the task's own session (measures Spark start cost)."""
+    NoConfig.from_ctx(ctx)
     rows = ctx.spark.sql("SELECT 1 AS one").collect()
     if rows[0][0] != 1:
         raise OperatorError(f"Spark answered {rows}")
+
+
+class LeaveTracesConfig(OperatorConfig):
+    value: str | None = None
+    spark: bool = False
 
 
 def leave_traces(ctx: OperatorContext) -> None:
     """Leaves what a careless or hostile task could leave behind for the next one: env vars,
     files in HOME, TMPDIR, /tmp and /dev/shm, and Spark state (views, conf, cache, a function).
     config: value (what to leave), spark (bool)."""
-    value = str(ctx.config.get("value") or ctx.env.get("SECRET", "trace"))
+    cfg = LeaveTracesConfig.from_ctx(ctx)
+    value = cfg.value or ctx.env.get("SECRET", "trace")
     os.environ["LEFT_BEHIND"] = value
     for d in (os.environ.get("HOME", "."), os.environ.get("TMPDIR", "."), "/tmp", "/dev/shm"):
         with contextlib.suppress(OSError):
             Path(d, "left_behind.txt").write_text(value)
-    if ctx.config.get("spark"):
+    if cfg.spark:
         spark = ctx.spark
         spark.sql(f"SELECT '{value}' AS v").createOrReplaceTempView("left_behind")
         spark.sql(f"SELECT '{value}' AS v").createOrReplaceGlobalTempView("left_behind")
@@ -101,47 +143,63 @@ def _connect(host: str, port: int) -> str:
         return f"connected to {s.getpeername()}"
 
 
+class ProbeConfig(OperatorConfig):
+    read: list[str] = Field(default_factory=list)
+    environ_pids: list[int] = Field(default_factory=list)
+    connect: list[tuple[str, int]] = Field(default_factory=list)
+    list_: list[str] = Field(default_factory=list, alias="list")
+    write: list[str] = Field(default_factory=list)
+    env: list[str] = Field(default_factory=list)
+    store_read: list[str] = Field(default_factory=list)
+    store_write: list[str] = Field(default_factory=list)
+    store_write_own: bool = False
+    upload_paths: list[str] = Field(default_factory=list)
+    fifo_upload: bool = False
+    flood: int = Field(default=0, ge=0)
+    bigline_mb: int = Field(default=0, ge=0)
+    rpc_env: list[str] = Field(default_factory=list)
+    spark_sql: list[str] = Field(default_factory=list)
+
+
 def probe(ctx: OperatorContext) -> None:
     """Tries what an attacker would, and reports each outcome as its failure message (JSON).
     config: read (file paths), environ_pids (pids whose /proc/<pid>/environ to read), connect
     (["host", port] pairs), list (directories), write (file paths), env (names to report)."""
-    c = ctx.config
+    c = ProbeConfig.from_ctx(ctx)
     report: dict[str, Any] = {
         "uid": os.getuid(),
         "cwd": os.getcwd(),
         "cwd_entries": sorted(os.listdir(".")),
         "env_keys": sorted(os.environ),
-        "task_env": {k: ctx.env.get(k) for k in c.get("env", [])},
+        "task_env": {k: ctx.env.get(k) for k in c.env},
         "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
         "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     }
-    report["read"] = {p: _attempt(lambda p=p: Path(p).read_text()[:40]) for p in c.get("read", [])}
+    report["read"] = {p: _attempt(lambda p=p: Path(p).read_text()[:40]) for p in c.read}
     report["environ"] = {
         str(pid): _attempt(lambda pid=pid: Path(f"/proc/{pid}/environ").read_bytes()[:40])
-        for pid in c.get("environ_pids", [])
+        for pid in c.environ_pids
     }
     report["connect"] = {
-        f"{h}:{p}": _attempt(lambda h=h, p=p: _connect(h, int(p))) for h, p in c.get("connect", [])
+        f"{h}:{p}": _attempt(lambda h=h, p=p: _connect(h, int(p))) for h, p in c.connect
     }
-    report["list"] = {d: _attempt(lambda d=d: sorted(os.listdir(d))) for d in c.get("list", [])}
-    report["write"] = {
-        p: _attempt(lambda p=p: Path(p).write_text("probe")) for p in c.get("write", [])
-    }
-    if c.get("store_read"):
+    report["list"] = {d: _attempt(lambda d=d: sorted(os.listdir(d))) for d in c.list_}
+    report["write"] = {p: _attempt(lambda p=p: Path(p).write_text("probe")) for p in c.write}
+    if c.store_read:
         report["store_read"] = {
-            k: _attempt(lambda k=k: ctx.store.get(k)[:20]) for k in c["store_read"]
+            k: _attempt(lambda k=k: ctx.store.get(k)[:20]) for k in c.store_read
         }
-    if c.get("store_write"):
+    if c.store_write:
         report["store_write"] = {
-            k: _attempt(lambda k=k: ctx.store.put(k, b"probe")) for k in c["store_write"]
+            k: _attempt(lambda k=k: ctx.store.put(k, b"probe")) for k in c.store_write
         }
-    if c.get("store_write_own"):
+    if c.store_write_own:
         own = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
         report["store_write_own"] = _attempt(lambda: ctx.store.put(f"{own}own.txt", b"ok"))
-    if c.get("upload_paths"):
+    if c.upload_paths:
         out = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
         report["upload"] = {}
-        for i, p in enumerate(c["upload_paths"]):
+        for i, p in enumerate(c.upload_paths):
             path = Path(p)
             if p.startswith("link:"):  # a symlink in the scratch dir pointing at the target
                 path = Path.cwd() / f"link_{i}"
@@ -149,29 +207,29 @@ def probe(ctx: OperatorContext) -> None:
             report["upload"][p] = _attempt(
                 lambda path=path: ctx.store.put_file(f"{out}probe", path)
             )
-    if c.get("fifo_upload"):
+    if c.fifo_upload:
         out = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
         fifo = Path.cwd() / "fifo"
         os.mkfifo(fifo)
         report["fifo_upload"] = _attempt(lambda: ctx.store.put_file(f"{out}fifo", fifo))
-    if c.get("flood"):  # store requests without ever reading a reply
-        for _ in range(int(c["flood"])):
+    if c.flood:  # store requests without ever reading a reply
+        for _ in range(c.flood):
             ctx._send({"type": "store", "op": "list", "key": ""})
         time.sleep(60)
-    if c.get("bigline_mb"):  # one message far over the protocol's line limit
-        ctx._send({"type": "progress", "pad": "x" * (int(c["bigline_mb"]) << 20)})
+    if c.bigline_mb:  # one message far over the protocol's line limit
+        ctx._send({"type": "progress", "pad": "x" * (c.bigline_mb << 20)})
         time.sleep(60)
-    if c.get("rpc_env"):
+    if c.rpc_env:
         import httpx
 
         body = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
         report["rpc"] = {
             k: _attempt(lambda k=k: httpx.post(ctx.env[k], json=body, timeout=5).json())
-            for k in c["rpc_env"]
+            for k in c.rpc_env
         }
-    if c.get("spark_sql"):
+    if c.spark_sql:
         report["spark"] = {
             q: _attempt(lambda q=q: [tuple(r) for r in ctx.spark.sql(q).collect()][:3])
-            for q in c["spark_sql"]
+            for q in c.spark_sql
         }
     raise PermanentError("PROBE " + json.dumps(report))

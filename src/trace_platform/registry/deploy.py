@@ -14,8 +14,9 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from trace_platform.dag.loader import MAX_DOCUMENT_BYTES
 from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
-from trace_platform.dag.validate import DagInvalid, DagProblem
+from trace_platform.dag.validate import DagInvalid, DagProblem, spec_size_problems
 from trace_platform.db.queries import Queries
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
@@ -65,6 +66,12 @@ def deploy(
     conn: Connection[Any], actor: Actor, spec: DagSpec, source_yaml: str, source: str
 ) -> DeployResult:
     """Run inside the caller's transaction; raises DagInvalid/Forbidden to roll it all back."""
+    # parse() refuses these first; a direct caller is held to the same caps before any write.
+    too_big = spec_size_problems(spec)
+    if len(source_yaml.encode("utf-8", "surrogatepass")) > MAX_DOCUMENT_BYTES:
+        too_big.append(DagProblem("", f"document is over {MAX_DOCUMENT_BYTES:,} bytes"))
+    if too_big:
+        raise DagInvalid(source, too_big)
     problems: list[DagProblem] = []
     created = (
         conn.execute(
