@@ -98,6 +98,20 @@ class Settings(BaseSettings):
     query_max_rows: int = 10_000
     query_memory_limit: str = "2GB"
     query_export_max_rows: int = 5_000_000
+    # Queries run in worker processes (started on demand, reused), never in the API process.
+    # Keep query_max_per_user below query_workers so one user cannot hold every worker.
+    query_workers: int = Field(default=3, ge=1)
+    query_max_per_user: int = Field(default=2, ge=1)  # more at once answers 429
+    query_max_result_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # Arrow bytes
+    query_export_max_result_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    query_threads: int = Field(default=2, ge=1)  # DuckDB threads per query
+    # A worker's address space (RLIMIT_AS): its measured baseline + memory_limit + this, which
+    # must hold what DuckDB does not count (results, an encoded export, allocator slack).
+    query_memory_headroom: str = "1GB"
+    # CPU-seconds per query (RLIMIT_CPU); default (timeout + kill grace) * threads.
+    query_cpu_seconds: float | None = Field(default=None, gt=0)
+    # A worker that has not answered by the time limit plus this is SIGKILLed (and replaced).
+    query_kill_grace_seconds: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
     def _profile_defaults(self) -> Settings:

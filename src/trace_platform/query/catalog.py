@@ -11,7 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.errors import NotFound
-from trace_platform.identity import Actor, Forbidden, can_read_row
+from trace_platform.identity import Actor, can_read_row
 from trace_platform.objectstore import ObjectStore, list_all
 
 _Q = Queries("query")
@@ -34,6 +34,32 @@ class Pin:
     def empty(self) -> bool:
         return not self.files and self.table is None
 
+    def to_json(self) -> dict[str, Any]:
+        """For the query worker (which gets the pinned plan, not the registry)."""
+        return {
+            "name": self.name,
+            "dataset_uuid": str(self.dataset_uuid),
+            "version": str(self.version),
+            "backend": self.backend,
+            "files": list(self.files),
+            "table": self.table,
+            "hot": self.hot.to_json() if self.hot is not None else None,
+            "hot_key": self.hot_key,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Pin:
+        return cls(
+            name=str(d["name"]),
+            dataset_uuid=UUID(d["dataset_uuid"]),
+            version=UUID(d["version"]),
+            backend=str(d["backend"]),
+            files=tuple(str(f) for f in d["files"]),
+            table=d["table"],
+            hot=cls.from_json(d["hot"]) if d["hot"] is not None else None,
+            hot_key=d["hot_key"],
+        )
+
 
 def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
     with pool.connection() as conn:
@@ -42,26 +68,23 @@ def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
 
 
 def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str]) -> dict[str, Pin]:
-    """Pins every named dataset (and its hot window), checking read_roles: unknown names are
-    404, unreadable ones 403; nothing is read before every name passes. One statement reads
-    every pin, so all of them come from one snapshot."""
+    """Pins every named dataset (and its hot window), checking read_roles; nothing is read
+    before every name passes. A name that does not exist and a name the caller may not read
+    answer alike (404, same message, the name in `detail.unknown` either way), like
+    `ControlPlane.show_dataset`: a query cannot tell whether an unreadable dataset exists.
+    One statement reads every pin, so all of them come from one snapshot."""
     wanted = sorted(names)
     with pool.connection() as conn:
         rows = conn.execute(_Q.pin_datasets, {"org_id": actor.org_id, "names": wanted}).fetchall()
     by_name = {r["dataset_name"]: r for r in rows}
-    unknown = [n for n in wanted if n not in by_name]
-    if unknown:
+    hidden = [n for n in wanted if n not in by_name or not can_read_row(actor, by_name[n])]
+    if hidden:
         known = readable_names(pool, actor)
+        named = ", ".join(f"'{n}'" for n in hidden)
         raise NotFound(
-            f"unknown dataset{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
+            f"no dataset{'s' if len(hidden) > 1 else ''} named {named} that you can read "
             f"(published datasets you can read: {', '.join(known) or 'none'})",
-            unknown=unknown,
-        )
-    forbidden = [n for n in wanted if not can_read_row(actor, by_name[n])]
-    if forbidden:
-        raise Forbidden(
-            f"'{actor.name}' may not read dataset{'s' if len(forbidden) > 1 else ''} "
-            f"{', '.join(forbidden)} (not in its read_roles)"
+            unknown=hidden,
         )
 
     def one(row: dict[str, Any]) -> Pin:

@@ -4,7 +4,10 @@ Each instance is built for one pin set: Parquet views over the pinned files, Pos
 the pinned tables through a read-only ATTACH (read-only transactions too), external access then
 switched off with only the pinned files allowed, and the configuration locked. Building one costs
 tens of milliseconds (extension load, connection), so instances are cached by pin set; a new
-commit or a cutover makes a new pin set, and so a new instance."""
+commit or a cutover makes a new pin set, and so a new instance.
+
+The Query Service runs all of this in its worker processes (runner.py, under kernel limits), never
+in the API process."""
 
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class Limits:
     max_rows: int = 10_000
     memory_limit: str = "2GB"
     threads: int = 2
+    max_result_bytes: int = 16 * 1024 * 1024
 
 
 class NoData(Invalid):
@@ -96,8 +100,19 @@ def view_sql(pin: Pin) -> str:
     )
 
 
+def check_pins(pins: dict[str, Pin], s3: S3Access | None) -> None:
+    """What would fail to build an instance (no data yet, s3:// without S3 settings), said in
+    the API process before a worker is involved."""
+    for pin in pins.values():
+        view_sql(pin)
+        every = [p for p in (pin, pin.hot) if p is not None]
+        if s3 is None and any(f.startswith("s3://") for p in every for f in p.files):
+            raise Invalid("a dataset lives in s3:// but the Query Service has no S3 settings")
+
+
 class Engine:
-    """Builds and caches sandboxed DuckDB instances, one per pin set."""
+    """Builds and caches sandboxed DuckDB instances, one per pin set (in a query worker
+    process: see runner.py)."""
 
     def __init__(self, pg_dsn: str, s3: S3Access | None = None, cache_size: int = 16) -> None:
         self.pg_dsn = pg_dsn
@@ -196,40 +211,38 @@ def run(
     params: dict[str, Any] | None,
     limits: Limits,
     max_rows: int,
-) -> Any:
+    *,
+    export: bool = False,
+) -> pa.Table:
     """Runs the statement under the time limit; returns a pyarrow Table of at most max_rows
-    rows, or raises LimitExceeded."""
+    rows and limits.max_result_bytes bytes (Arrow buffers, counted batch by batch as DuckDB
+    streams them, so an oversized result stops early), or raises LimitExceeded."""
     timer = threading.Timer(limits.timeout_seconds, cur.interrupt)
     timer.start()
     try:
         cur.execute(sql, params or None)
         reader = cur.to_arrow_reader(min(max_rows + 1, 100_000))
-        batches, rows = [], 0
+        batches, rows, size = [], 0, 0
         for batch in reader:
             batches.append(batch)
             rows += batch.num_rows
+            size += batch.nbytes
             if rows > max_rows:
-                raise LimitExceeded(
-                    f"the result has more than {max_rows:,} rows (the interactive limit): add a "
-                    "LIMIT or an aggregate, use --export to write it to the object store, or run "
-                    "it as a batch job (operator sql_transform, on Spark)",
-                    limit="max_rows",
-                    value=max_rows,
-                )
+                raise LimitExceeded.hit("max_rows", max_rows, export=export)
+            if size > limits.max_result_bytes:
+                raise LimitExceeded.hit("max_result_bytes", limits.max_result_bytes, export=export)
         return pa.Table.from_batches(batches, schema=reader.schema)
     except duckdb.InterruptException:
-        raise LimitExceeded(
-            f"the query ran past the interactive time limit of {limits.timeout_seconds:g} s: "
-            "narrow it, or run it as a batch job (operator sql_transform, on Spark)",
-            limit="timeout_seconds",
-            value=limits.timeout_seconds,
-        ) from None
-    except duckdb.OutOfMemoryException:
-        raise LimitExceeded(
-            f"the query needs more than the interactive memory limit ({limits.memory_limit}): "
-            "narrow it, or run it as a batch job (operator sql_transform, on Spark)",
-            limit="memory_limit",
-            value=limits.memory_limit,
-        ) from None
+        raise LimitExceeded.hit("timeout_seconds", limits.timeout_seconds, export=export) from None
+    except (duckdb.OutOfMemoryException, MemoryError):
+        raise LimitExceeded.hit("memory_limit", limits.memory_limit, export=export) from None
     finally:
         timer.cancel()
+
+
+def duck_message(e: Exception) -> str:
+    """DuckDB's error, first line (plus its LINE pointer when there is one)."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    head = lines[0] if lines else type(e).__name__
+    where = next((ln for ln in lines[1:] if ln.startswith("LINE")), None)
+    return f"{head} ({where.strip()})" if where else head

@@ -1,15 +1,74 @@
-"""Query Service errors (mapped to HTTP statuses like every other error)."""
+"""Query Service errors (mapped to HTTP statuses like every other error).
+
+Statuses: a query stopped at a limit is 422 `limit_exceeded`, whichever limit it hit (time, CPU,
+memory, result size, rows); `detail.limit` names it and the message says how to go on. A user
+over their concurrency limit is 429 `too_many_queries`; no free worker in time, or a worker that
+died under the query for a reason that is not one of its limits, is 503 (try again)."""
 
 from __future__ import annotations
 
 from trace_platform.dispatcher.errors import DispatcherError
 
+# What to do instead, per kind of limit: an interactive query that is too big goes to --export
+# (its own, larger limits) or to a batch job; an export that is too big goes to a batch job.
+BATCH = "run it as a batch job (operator sql_transform, on Spark)"
+EXPORT = 'use --export ("export": true over HTTP) to write the result to the object store'
+
+
+def human_size(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} bytes"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:.4g} {unit}"
+
 
 class LimitExceeded(DispatcherError):
-    """An interactive limit was hit; the message points at the batch path."""
+    """An interactive (or export) limit was hit; the message names it and points at the next
+    step (`--export`, a `sql_transform` job)."""
 
     status_code = 422
     code = "limit_exceeded"
+
+    # The limits a query can hit, as `detail.limit` names them.
+    LIMITS = ("timeout_seconds", "cpu_seconds", "memory_limit", "max_result_bytes", "max_rows")
+
+    @classmethod
+    def hit(cls, limit: str, value: float | str, *, export: bool = False) -> LimitExceeded:
+        which = "export" if export else "interactive"
+        onward = BATCH if export else f"{EXPORT}, or {BATCH}"
+        if limit == "max_rows":
+            text = (
+                f"the result has more than {int(value):,} rows (the {which} row limit): add a "
+                f"LIMIT or an aggregate, {onward}"
+            )
+        elif limit == "max_result_bytes":
+            text = (
+                f"the result is larger than {human_size(int(value))} (the {which} result size "
+                f"limit; the query was stopped): select fewer or narrower columns, add a LIMIT "
+                f"or an aggregate, {onward}"
+            )
+        elif limit == "timeout_seconds":
+            text = (
+                f"the query ran past the {which} time limit of {float(value):g} s and was "
+                f"stopped: narrow it, or {BATCH}"
+            )
+        elif limit == "cpu_seconds":
+            text = (
+                f"the query used more than its CPU time limit of {float(value):g} CPU-seconds "
+                f"and was stopped: narrow it, or {BATCH}"
+            )
+        elif limit == "memory_limit":
+            text = (
+                f"the query needs more than the {which} memory limit ({value}) and was "
+                f"stopped: narrow it (fewer columns, an earlier filter or aggregate), or {BATCH}"
+            )
+        else:
+            raise ValueError(f"unknown limit {limit!r}")
+        return cls(text, limit=limit, value=value)
 
 
 class QueryFailed(DispatcherError):
@@ -17,3 +76,25 @@ class QueryFailed(DispatcherError):
 
     status_code = 400
     code = "query_failed"
+
+
+class TooManyQueries(DispatcherError):
+    """The caller already has as many queries running as one user may."""
+
+    status_code = 429
+    code = "too_many_queries"
+
+
+class QueryServiceBusy(DispatcherError):
+    """Every query worker stayed busy for as long as the query may wait."""
+
+    status_code = 503
+    code = "query_service_busy"
+
+
+class WorkerDied(DispatcherError):
+    """The query's worker process ended under it for a reason that is not one of its limits
+    (killed from outside, crashed). It has been replaced; the API process never saw a result."""
+
+    status_code = 503
+    code = "query_worker_died"

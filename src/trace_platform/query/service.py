@@ -1,25 +1,45 @@
 """The Query Service: SQL over published datasets, each pinned at query start, in DuckDB.
 
-`plan` screens the statement and pins every dataset it names (read_roles enforced); `execute`
-runs it against exactly those pins, so a cutover during a query does not move it."""
+`plan` screens the statement and pins every dataset it names (read_roles enforced), in this
+process; `execute` runs it against exactly those pins, so a cutover during a query does not move
+it, in a worker process under kernel limits (pool.py, runner.py), never in this one.
+
+Limits (all configurable, TRACE_QUERY_*): time (DuckDB interrupt at timeout_seconds, SIGKILL at
+timeout + kill grace), CPU (RLIMIT_CPU), memory (DuckDB memory_limit, and RLIMIT_AS at the
+worker's baseline + memory_limit + headroom), result size (rows and Arrow bytes, measured in the
+worker), and queries running per user (429). A limit hit answers 422 `limit_exceeded` naming
+it in `detail.limit` with what to do instead (`--export`, a `sql_transform` job)."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+from uuid import UUID
 
-import duckdb
 import pyarrow as pa
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import ObjectStoreBackend, Settings
+from trace_platform.dispatcher.errors import Invalid
 from trace_platform.identity import Actor
 from trace_platform.objectstore import ObjectStore
 from trace_platform.query import catalog, formats, guard
-from trace_platform.query.engine import Engine, Limits, S3Access, run
-from trace_platform.query.errors import LimitExceeded, QueryFailed
+from trace_platform.query.engine import Limits, S3Access, check_pins
+from trace_platform.query.errors import (
+    BATCH,
+    LimitExceeded,
+    QueryFailed,
+    QueryServiceBusy,
+    TooManyQueries,
+    WorkerDied,
+)
+from trace_platform.query.pool import NoWorker, WorkerConfig, WorkerPool, WorkerStopped, parse_size
 
 
 @dataclass
@@ -66,24 +86,133 @@ def s3_access(settings: Settings) -> S3Access | None:
     )
 
 
+class _PerUser:
+    """How many queries each user has running in this process (the 429 limit)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._running: dict[UUID, int] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, actor: Actor) -> Iterator[None]:
+        with self._lock:
+            n = self._running.get(actor.user_id, 0)
+            if n >= self.limit:
+                raise TooManyQueries(
+                    f"'{actor.name}' already has {n} queries running, the most one user may run "
+                    "at a time: wait for one to finish, then try again",
+                    limit=self.limit,
+                )
+            self._running[actor.user_id] = n + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._running[actor.user_id] - 1
+                if left:
+                    self._running[actor.user_id] = left
+                else:
+                    del self._running[actor.user_id]
+
+    def running(self, user_id: UUID) -> int:
+        with self._lock:
+            return self._running.get(user_id, 0)
+
+
 class QueryService:
+    """Plans in this process (guard, registry, pins, read_roles: trusted), executes in a worker
+    process (pool.py, runner.py) under kernel limits: user SQL never runs in the API process."""
+
     def __init__(
         self, pool: ConnectionPool, store: ObjectStore, pg_dsn: str, settings: Settings
     ) -> None:
         self.pool = pool
         self.store = store
         self.settings = settings
-        self.engine = Engine(pg_dsn, s3_access(settings))
+        self.pg_dsn = pg_dsn  # the least-privilege reader; only workers use it
+        self.s3 = s3_access(settings)
         self.limits = Limits(
             timeout_seconds=settings.query_timeout_seconds,
             max_rows=settings.query_max_rows,
             memory_limit=settings.query_memory_limit,
+            threads=settings.query_threads,
+            max_result_bytes=settings.query_max_result_bytes,
+        )
+        self.per_user = _PerUser(settings.query_max_per_user)
+        self.workers = WorkerPool(
+            settings.query_workers,
+            WorkerConfig(
+                pg_dsn=pg_dsn,
+                s3=asdict(self.s3) if self.s3 else None,
+                memory_limit_bytes=parse_size(settings.query_memory_limit),
+                headroom_bytes=parse_size(settings.query_memory_headroom),
+            ),
+            kill_grace=settings.query_kill_grace_seconds,
         )
 
     def plan(self, actor: Actor, sql: str, params: dict[str, Any] | None = None) -> Plan:
         names = guard.dataset_names(sql)
         pins = catalog.pin(self.pool, self.store, actor, names)
+        check_pins(pins, self.s3)
         return Plan(actor, sql, params or {}, pins)
+
+    def _limits(self, timeout_seconds: float | None, *, export: bool) -> Limits:
+        """Caller limits may only lower the service's; an export has its own, larger caps."""
+        lim = self.limits
+        timeout = lim.timeout_seconds
+        if timeout_seconds is not None:
+            timeout = min(timeout_seconds, timeout)
+        max_bytes = self.settings.query_export_max_result_bytes if export else lim.max_result_bytes
+        return replace(lim, timeout_seconds=timeout, max_result_bytes=max_bytes)
+
+    def _cpu_seconds(self, limits: Limits) -> float:
+        if self.settings.query_cpu_seconds is not None:
+            return self.settings.query_cpu_seconds
+        return (limits.timeout_seconds + self.settings.query_kill_grace_seconds) * limits.threads
+
+    def _run(
+        self,
+        plan: Plan,
+        *,
+        fmt: str,
+        export: bool,
+        max_rows: int | None,
+        timeout_seconds: float | None,
+    ) -> tuple[dict[str, Any], bytearray, float]:
+        """Runs the plan on a worker: (answer header, payload, elapsed ms), or the error."""
+        limits = self._limits(timeout_seconds, export=export)
+        ceiling = self.settings.query_export_max_rows if export else limits.max_rows
+        cap = min(max_rows or ceiling, ceiling)
+        cpu = self._cpu_seconds(limits)
+        request = {
+            "sql": plan.sql,
+            "params": plan.params,
+            "pins": [p.to_json() for p in plan.pins.values()],
+            "limits": asdict(limits),
+            "max_rows": cap,
+            "cpu_seconds": cpu,
+            "format": fmt,
+            "export": export,
+        }
+        t0 = time.perf_counter()
+        with self.per_user.hold(plan.actor):
+            try:
+                header, payload = self.workers.run(
+                    request,
+                    timeout=limits.timeout_seconds,
+                    wait=limits.timeout_seconds,
+                    # The worker measured its answer against the cap; this is a backstop (IPC
+                    # framing adds a little to the Arrow buffers).
+                    max_payload=limits.max_result_bytes + (1 << 20),
+                )
+            except NoWorker as e:
+                raise QueryServiceBusy(f"{e}: try again shortly") from None
+            except WorkerStopped as e:
+                raise _stopped(e, limits, cpu, export=export) from None
+        if not header.get("ok"):
+            raise _failed(header, limits, export=export)
+        return header, payload, (time.perf_counter() - t0) * 1000
 
     def execute(
         self,
@@ -93,28 +222,16 @@ class QueryService:
         timeout_seconds: float | None = None,
         for_export: bool = False,
     ) -> Result:
-        """Caller limits may only lower the service's; an export has its own, larger row cap."""
-        limits = self.limits
-        if timeout_seconds is not None:
-            limits = Limits(
-                min(timeout_seconds, limits.timeout_seconds),
-                limits.max_rows,
-                limits.memory_limit,
-                limits.threads,
-            )
-        t0 = time.perf_counter()
-        cur = self.engine.connection(plan.pins, limits)
-        try:
-            ceiling = self.settings.query_export_max_rows if for_export else limits.max_rows
-            cap = min(max_rows or ceiling, ceiling)
-            table = run(cur, plan.sql, plan.params, limits, cap)
-        except LimitExceeded:
-            raise
-        except duckdb.Error as e:
-            raise QueryFailed(_duck_message(e)) from None
-        finally:
-            cur.close()
-        return Result(table, plan, (time.perf_counter() - t0) * 1000)
+        """Runs the plan out of process and decodes the (capped) Arrow answer."""
+        _, payload, elapsed = self._run(
+            plan,
+            fmt="arrow",
+            export=for_export,
+            max_rows=max_rows,
+            timeout_seconds=timeout_seconds,
+        )
+        table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+        return Result(table, plan, elapsed)
 
     def query(
         self, actor: Actor, sql: str, params: dict[str, Any] | None = None, **kw: Any
@@ -124,25 +241,65 @@ class QueryService:
     def export(
         self, actor: Actor, sql: str, params: dict[str, Any] | None = None, fmt: str = "parquet"
     ) -> dict[str, Any]:
-        """Runs the query under the export row limit and writes the result to the object store."""
-        result = self.query(actor, sql, params, for_export=True)
+        """Runs the query in a worker under the export limits (rows, bytes); the worker encodes
+        the file, this process writes it to the object store."""
+        if fmt not in ("parquet", "csv"):
+            raise Invalid(f"an export is parquet or csv (got '{fmt}')")
+        plan = self.plan(actor, sql, params)
+        header, payload, elapsed = self._run(
+            plan, fmt=fmt, export=True, max_rows=None, timeout_seconds=None
+        )
         key = f"org/{actor.org_id}/exports/{time.strftime('%Y%m%d')}/{uuid.uuid4()}.{fmt}"
-        self.store.put(key, formats.encode(result.table, fmt))
+        self.store.put(key, bytes(payload))
         return {
             "location": self.store.uri(key),
             "key": key,
             "format": fmt,
-            "row_count": result.table.num_rows,
-            "pinned": result.plan.versions,
-            "elapsed_ms": round(result.elapsed_ms, 2),
+            "row_count": int(header["rows"]),
+            "pinned": plan.versions,
+            "elapsed_ms": round(elapsed, 2),
         }
 
     def close(self) -> None:
-        self.engine.close()
+        self.workers.close()
 
 
-def _duck_message(e: Exception) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    head = lines[0] if lines else type(e).__name__
-    where = next((ln for ln in lines[1:] if ln.startswith("LINE")), None)
-    return f"{head} ({where.strip()})" if where else head
+def _stopped(e: WorkerStopped, limits: Limits, cpu: float, *, export: bool) -> Exception:
+    """A worker that gave no answer: which limit stopped it, or that it died."""
+    if e.reason == "timeout":
+        return LimitExceeded.hit("timeout_seconds", limits.timeout_seconds, export=export)
+    if e.reason == "oversize":
+        return LimitExceeded.hit("max_result_bytes", limits.max_result_bytes, export=export)
+    if e.returncode == -signal.SIGXCPU:
+        return LimitExceeded.hit("cpu_seconds", cpu, export=export)
+    rc = e.returncode
+    how = f"killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit {rc}"
+    return WorkerDied(
+        f"the query's worker process ended before it answered ({how}); it has been replaced "
+        "and nothing of its result was used. Run the query again; if it happens again, the "
+        f"query likely needs more than the memory limit ({limits.memory_limit}): narrow it, "
+        f"or {BATCH}",
+        signal=how,
+    )
+
+
+def _failed(header: dict[str, Any], limits: Limits, *, export: bool) -> Exception:
+    """A worker's error answer as the error the caller sees (messages are built here)."""
+    kind = header.get("kind")
+    if kind == "limit" and header.get("limit") in LimitExceeded.LIMITS:
+        value = {
+            "timeout_seconds": limits.timeout_seconds,
+            "memory_limit": limits.memory_limit,
+            "max_result_bytes": limits.max_result_bytes,
+        }.get(str(header["limit"]), header.get("value"))
+        if not isinstance(value, int | float | str):
+            value = str(value)
+        return LimitExceeded.hit(str(header["limit"]), value, export=export)
+    message = str(header.get("message") or "the query failed")[:4000]
+    if kind == "invalid":
+        err = Invalid(message)
+        err.code = str(header.get("code") or err.code)
+        return err
+    if kind == "query_failed":
+        return QueryFailed(message)
+    return QueryFailed(f"the query worker failed: {message}")
