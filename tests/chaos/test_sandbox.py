@@ -300,3 +300,18 @@ jobs:
 """,
     )
     assert report["fifo_upload"].startswith("refused"), report["fifo_upload"]
+
+
+def test_a_relative_trace_home_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make demo` runs with the default home `.trace`, relative to the project."""
+    from trace_platform.sandbox import resolve
+    from trace_platform.worker.wrapper import OperatorHost
+
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(home=Path(".trace"), state_dsn="postgresql://unused/db")
+    host = OperatorHost(settings.home, "relative", resolve(settings))
+    try:
+        host.ensure(("org", "dag"))
+        assert host.proc is not None and host.proc.poll() is None
+    finally:
+        host.kill()

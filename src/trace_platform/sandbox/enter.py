@@ -152,6 +152,8 @@ def main() -> None:
     if child == 0:
         try:
             drop_and_exec(cfg)
+        except BaseException as e:
+            print(f"trace sandbox: could not start the host: {e!r}", file=sys.stderr)
         finally:
             os._exit(71)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))

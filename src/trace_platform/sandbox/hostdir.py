@@ -45,6 +45,7 @@ class HostDir:
 
     @classmethod
     def create(cls, base: Path, name: str, policy: Policy) -> HostDir:
+        base = base.resolve()  # the sandbox plan and the host's cwd need absolute paths
         base.mkdir(parents=True, exist_ok=True)
         base.chmod(0o711)
         root = base / f"{name}-{uuid.uuid4().hex[:12]}"

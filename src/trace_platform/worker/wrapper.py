@@ -88,7 +88,7 @@ class OperatorHost:
         extra_env: dict[str, str] | None = None,
         extra_binds: list[Path] | None = None,
     ) -> None:
-        self.home = home
+        self.home = home.resolve()
         self.name = name
         self.policy = policy
         self.log_path = home / "logs" / f"worker-{name}.log"
