@@ -238,3 +238,128 @@ def test_events_only_for_the_tasks_own_outputs(
     )
     assert done.status_code == 403
     assert snapshot(services) == before  # no event, no task, no state change
+
+
+# -- the gateway: bodies counted as they stream, every error in Trace's shape ------------------
+def _chunks(total: int, size: int = 64 * 1024) -> Iterator[bytes]:
+    for _ in range(total // size):
+        yield b" " * size
+
+
+def test_a_chunked_body_is_counted_as_it_streams(api: httpx.Client, services: Services) -> None:
+    running_task(api)
+    before = snapshot(services)
+    for path in ("/internal/task-complete", "/v1/query", "/v1/dags"):
+        # No Content-Length at all: 40 MB in chunks is refused once 2 MiB have streamed in.
+        r = api.post(
+            path, content=_chunks(40 * 1024 * 1024), headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 413, r.text
+        assert r.json()["error"] == "too_large" and "limit" in r.json()["message"]
+    assert api.get("/healthz").json()["ok"] is True  # the same connection, still usable
+    assert snapshot(services) == before
+
+
+def test_the_body_limit_reads_nothing_beyond_the_limit() -> None:
+    """An endless body: the middleware stops pulling one message after the limit."""
+    import asyncio
+
+    from trace_platform.api.gateway import BodyLimit
+
+    chunk, limit = 64 * 1024, 1_000_000
+    pulled = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": b"x" * chunk, "more_body": True}
+
+    async def greedy_app(scope: Any, receive: Any, send: Any) -> None:
+        while True:  # reads for ever, like a parser waiting for the end of the body
+            await receive()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+    asyncio.run(BodyLimit(greedy_app, max_bytes=limit)(scope, receive, send))  # type: ignore[arg-type]
+    assert sent[0]["status"] == 413
+    assert json.loads(sent[1]["body"])["error"] == "too_large"
+    assert pulled == limit // chunk + 1  # the message that passed the limit, and no further
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code", "needle"),
+    [
+        ("GET", "/v1/no-such-route", 404, "not_found", "no endpoint GET /v1/no-such-route"),
+        ("DELETE", "/v1/tasks", 405, "method_not_allowed", "DELETE is not allowed"),
+        ("GET", "/v1/dags/x;drop", 422, "invalid", "DAG name 'x;drop' must match"),
+        ("GET", "/v1/dags/Hello", 422, "invalid", "DAG name 'Hello' must match"),
+        ("GET", "/v1/datasets/a%00b", 422, "invalid", "dataset name"),
+        ("PUT", "/v1/secrets/two%20words", 422, "invalid", "secret name 'two words'"),
+        ("PUT", "/v1/secrets/trailing%0A", 422, "invalid", "secret name 'trailing\\n'"),
+        ("POST", "/v1/hooks/dag/a'b", 422, "invalid", "trigger name"),
+        ("GET", "/v1/runs?dag=a%00", 422, "invalid", "NUL"),
+    ],
+)
+def test_routing_and_name_errors_are_in_traces_shape(
+    api: httpx.Client, method: str, path: str, status: int, code: str, needle: str
+) -> None:
+    r = api.request(method, path, json={"value": "v"} if method == "PUT" else None)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error", "message", "detail"}
+    assert body["error"] == code and needle in body["message"], body
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b'{"config": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "deeper than the limit of 64"),
+        (b'{"config": {"a": ' + b"[" * 64 + b"]" * 64 + b"}}", "deeper than the limit of 64"),
+        (b'{"config": {"a": NaN}}', "invalid JSON"),
+        (b'{"config": {"a": 1e999}}', "out of range"),
+        (b'{"config": {"a": ' + b"9" * 5000 + b"}}", "invalid JSON"),
+        (b'{"config": {"a": "\\u0000"}}', "NUL"),
+        (b'{"config": {"a": "\\ud800"}}', "lone surrogate"),
+        (b'{"config": {"\xff": 1}}', "invalid JSON"),
+    ],
+)
+def test_hostile_json_is_422_in_traces_shape(
+    api: httpx.Client, services: Services, content: bytes, needle: str
+) -> None:
+    before = snapshot(services)
+    r = api.post("/v1/tasks", content=content, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_request" and needle in r.json()["message"]
+    assert snapshot(services) == before
+
+
+def test_json_at_the_depth_limit_is_accepted(api: httpx.Client) -> None:
+    config = {"a": json.loads("[" * 62 + "]" * 62)}  # 64 levels with the body and config
+    r = api.post("/v1/tasks", json={"job": "j", "operator": "noop", "config": config})
+    assert r.status_code == 201, r.text
+
+
+def test_an_unexpected_error_is_a_500_in_traces_shape_without_internals(
+    api: httpx.Client, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("secret internals: /srv/trace/db password=hunter2")
+
+    monkeypatch.setattr(services.control, "list_dags", broken)
+    r = api.get("/v1/dags")
+    assert r.status_code == 500
+    body = r.json()
+    assert body["error"] == "internal" and body["detail"]["error_id"] in body["message"]
+    assert "hunter2" not in r.text and "RuntimeError" not in r.text
+    assert api.get("/healthz").status_code == 200  # the connection was kept
+
+
+def test_a_dag_file_problem_is_422_with_every_problem(api: httpx.Client) -> None:
+    r = api.post("/v1/dags", json={"yaml": "name: Bad-Name\njobs: {}\n"})
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "invalid_dag" and len(body["detail"]["problems"]) >= 2
+    assert "name" in body["message"] and "jobs" in body["message"]

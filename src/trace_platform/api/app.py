@@ -10,50 +10,19 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import Depends, FastAPI, Header, Query, Request, Response
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI, Header, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trace_platform.api.errors import LastResort, install_error_handlers
+from trace_platform.api.gateway import MAX_BODY_BYTES, BodyLimit, InternalToken, TraceRoute
 from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import DispatcherError, Unauthorized
+from trace_platform.dispatcher.errors import Unauthorized
 from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.identity import Actor, authenticate, lite_admin
 from trace_platform.query import formats, saved
 from trace_platform.services import Services
 from trace_platform.triggers.cron import run_scheduler
-
-MAX_BODY_BYTES = 2 * 1024 * 1024
-
-
-def _error(
-    status: int, code: str, message: str, detail: dict[str, Any] | None = None
-) -> JSONResponse:
-    body = {"error": code, "message": message, "detail": detail or {}}
-    return JSONResponse(jsonable_encoder(body), status_code=status)
-
-
-class BodyLimit:
-    """Refuses bodies over MAX_BODY_BYTES by their Content-Length (a pure ASGI middleware:
-    Starlette's BaseHTTPMiddleware costs about a millisecond per request here)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope["headers"]:
-                if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
-                    response = _error(
-                        413,
-                        "too_large",
-                        f"request body is {int(value)} bytes; the limit is {MAX_BODY_BYTES}",
-                    )
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
 
 
 def create_app(services: Services, *, background: bool = True) -> FastAPI:
@@ -95,25 +64,22 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
             t.join(timeout=5)
 
     app = FastAPI(title="Trace", version="0.1.0", lifespan=lifespan)
+    # Every route checks its names and parses JSON bodies with bounds (api/gateway.py); set
+    # before any route is added.
+    app.router.route_class = TraceRoute
     d = services.dispatcher
-
-    app.add_middleware(BodyLimit)
-
-    @app.exception_handler(DispatcherError)
-    async def dispatcher_error(_: Request, exc: DispatcherError) -> JSONResponse:
-        return _error(exc.status_code, exc.code, exc.message, exc.detail)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for e in exc.errors():
-            where = ".".join(str(p) for p in e["loc"])
-            problems.append(f"{where}: {e['msg']}")
-        return _error(422, "invalid_request", "; ".join(problems), {"errors": problems})
 
     token = services.internal_token
     if not token:  # never serve /internal/* unauthenticated
         raise RuntimeError("the API needs an internal token to serve /internal/*")
+
+    # Outermost first: anything unexpected is a logged 500 in Trace's shape; /internal/*
+    # without the token is refused unread; bodies are counted as they stream (413 at the
+    # limit). Every other error is mapped by install_error_handlers.
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(InternalToken, token=token)
+    app.add_middleware(LastResort)
+    install_error_handlers(app)
 
     def internal_auth(x_internal_token: Annotated[str | None, Header()] = None) -> None:
         if x_internal_token is None or not secrets.compare_digest(

@@ -1,0 +1,171 @@
+"""Trace's error shape for every error the API answers: `{"error", "message", "detail"}`.
+
+FastAPI and Starlette answer some errors themselves (validation, unknown routes, wrong methods,
+unreadable bodies) in their own shape; the handlers here map each of them, and a last-resort
+middleware turns anything unexpected into a logged 500 that shows no internals."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from http import HTTPStatus
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from trace_platform.dag.validate import DagInvalid
+from trace_platform.dispatcher.errors import DispatcherError
+
+log = logging.getLogger("trace_platform.api")
+
+# At most this many validation problems are listed, each cut to this many characters: a body
+# with 100,000 wrong items (or a 1 MB unknown key) must not produce a 10 MB error.
+MAX_PROBLEMS = 20
+MAX_PROBLEM_CHARS = 300
+
+# Codes for the statuses FastAPI/Starlette raise themselves; anything else is `http_<status>`.
+HTTP_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    411: "length_required",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "too_many_requests",
+}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    detail: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": code, "message": message, "detail": detail or {}}
+    return JSONResponse(jsonable_encoder(body), status_code=status, headers=headers)
+
+
+def shorten(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_validation(exc: RequestValidationError) -> tuple[str, list[str]]:
+    """`where: what` for each problem (the first MAX_PROBLEMS), and the joined message."""
+    errors = list(exc.errors())
+    problems = []
+    for e in errors[:MAX_PROBLEMS]:
+        where = ".".join(shorten(str(p), 80) for p in e.get("loc", ()))
+        what = str(e.get("msg", "invalid"))
+        if e.get("type") == "json_invalid":  # FastAPI's own JSON decode error
+            loc = list(e.get("loc", ()))
+            reason = (e.get("ctx") or {}).get("error") or "not JSON"
+            at = f" at position {loc[1]}" if len(loc) > 1 else ""
+            where, what = "body", f"invalid JSON{at}: {reason}"
+        problems.append(shorten(f"{where}: {what}"))
+    if len(errors) > MAX_PROBLEMS:
+        problems.append(f"… and {len(errors) - MAX_PROBLEMS} more problems")
+    return "; ".join(problems), problems
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DispatcherError)
+    async def dispatcher_error(_: Request, exc: DispatcherError) -> JSONResponse:
+        return error_response(exc.status_code, exc.code, exc.message, exc.detail)
+
+    @app.exception_handler(DagInvalid)
+    async def dag_invalid(_: Request, exc: DagInvalid) -> JSONResponse:
+        """Every problem of a DAG file at once, as `trace dag validate` prints them."""
+        problems = [shorten(p.render(exc.source)) for p in exc.problems[: MAX_PROBLEMS + 1]]
+        return error_response(422, "invalid_dag", "; ".join(problems), {"problems": problems})
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, problems = describe_validation(exc)
+        return error_response(422, "invalid_request", message, {"errors": problems})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes (404), wrong methods (405), unreadable or oversized bodies."""
+        status = exc.status_code
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "Error"
+        message = exc.detail if isinstance(exc.detail, str) and exc.detail else phrase
+        path = shorten(request.url.path, 200)
+        if status == 404 and message == phrase:
+            message = f"no endpoint {request.method} {path}"
+        elif status == 405 and message == phrase:
+            message = f"{request.method} is not allowed on {path}"
+        elif status == 400 and message == "There was an error parsing the body":
+            message = "the request body could not be read as JSON"
+        return error_response(
+            status, HTTP_CODES.get(status, f"http_{status}"), shorten(message), headers=exc.headers
+        )
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        """Input nested so deeply that handling it ran out of stack (a parser, a validator)."""
+        log.warning("input nested too deeply on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(422, "invalid_request", "the request is nested too deeply to process")
+
+    @app.exception_handler(psycopg.DataError)
+    async def unstorable(request: Request, exc: psycopg.DataError) -> JSONResponse:
+        """A value Postgres refuses (a NUL character, a number out of range): the client's."""
+        log.warning("unstorable value on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            422,
+            "invalid_request",
+            "the request holds a value that cannot be stored "
+            "(for example a NUL character or a number out of range)",
+        )
+
+
+class LastResort:
+    """Anything no handler maps answers a 500 in Trace's shape, with an id to find the logged
+    traceback and nothing of the internals. Unlike Starlette's ServerErrorMiddleware it does not
+    re-raise, so the server keeps the connection instead of dropping it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            error_id = uuid.uuid4().hex
+            log.exception(
+                "unhandled error %s on %s %s", error_id, scope.get("method"), scope.get("path")
+            )
+            if started:  # too late for a response: let the server close the connection
+                raise
+            response = error_response(
+                500,
+                "internal",
+                f"internal error (logged as {error_id})",
+                {"error_id": error_id},
+            )
+            await response(scope, receive, send)
