@@ -2,9 +2,20 @@
 
 Synthetic chain-shaped data (cold Parquet datasets committed like an operator's output, and a
 hot window loaded into Postgres by the real sink code) sized by --blocks. Each query runs
-interleaved three ways: bare DuckDB (one warm connection, the same views over the same files
-and tables, the same SQL), the Query Service in-process (guard + registry pin + sandboxed
-DuckDB), and the Query Service over HTTP (plus auth and JSON). Prints p50/p95 and the ratios.
+interleaved five ways:
+
+- bare: bare DuckDB (one warm connection, the same views over the same files and tables, the
+  same SQL, no sandbox);
+- in-proc: the sandboxed engine inside this process, on a pinned plan (what the Query Service
+  did before queries moved out of the API process);
+- worker: the same pinned plan run by the Query Service's worker process (pipe, limits, Arrow
+  IPC both ways); worker - in-proc is the added cost of out-of-process execution;
+- service: the whole Query Service call (guard + registry pin + worker);
+- HTTP: the service over HTTP (plus auth and JSON).
+
+Every path's result is checked against bare DuckDB's, on every run. Prints p50/p95, the
+service/bare and HTTP/bare ratios, and the isolation cost (worker - in-proc, p50). Target: the
+service within 1.25x of bare DuckDB on queries of 20 ms or more.
 
     python bench/query_bench.py [--blocks 200000] [--repeat 30]
 """
@@ -12,7 +23,9 @@ DuckDB), and the Query Service over HTTP (plus auth and JSON). Prints p50/p95 an
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -33,8 +46,8 @@ from trace_platform.db.embedded import EmbeddedPostgres, free_port
 from trace_platform.db.migrate import migrate
 from trace_platform.identity import lite_admin
 from trace_platform.lite.stack import ApiServer
-from trace_platform.query import catalog, guard, saved
-from trace_platform.query.engine import PG_ALIAS, view_sql
+from trace_platform.query import catalog, formats, guard, saved
+from trace_platform.query.engine import PG_ALIAS, Engine, run, view_sql
 from trace_platform.services import Services
 
 TOKEN = "0x" + "ab" * 20
@@ -190,6 +203,13 @@ def bare_connection(svc: Services, me: Any, sqls: list[str]) -> duckdb.DuckDBPyC
     return con
 
 
+def same(got: pa.Table, want: pa.Table, what: str) -> None:
+    """The same rows (in order when they are equal in order; else as a multiset)."""
+    a, b = formats.rows(got), formats.rows(want)
+    if a != b and sorted(map(repr, a)) != sorted(map(repr, b)):
+        raise AssertionError(f"{what}: result differs from bare DuckDB's")
+
+
 def main() -> None:
     os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"  # the no-op test operators
     ap = argparse.ArgumentParser()
@@ -220,37 +240,80 @@ def main() -> None:
         http = httpx.Client(base_url=server.url, timeout=60)
         qs = queries(args.blocks)
         bare = bare_connection(svc, me, [sql for _, sql, _ in qs])
+        inproc = Engine(svc.query.pg_dsn, svc.query.s3)
+        limits = svc.query.limits
         print(
-            f"\n{'query':<22} {'rows':>6} {'bare p50/p95 ms':>18} {'service p50/p95':>18} "
-            f"{'ratio':>6} {'HTTP p50/p95':>16} {'ratio':>6}"
+            f"\n{'query':<22} {'rows':>6} {'bare p50/p95 ms':>16} {'in-proc p50':>11} "
+            f"{'worker p50':>10} {'isolation':>9} {'service p50/p95':>16} {'ratio':>6} "
+            f"{'HTTP p50/p95':>15} {'ratio':>6}"
         )
+        ratios: list[tuple[str, float, float]] = []
+        rng = random.Random(7)
         for name, sql, params in qs:
-            t_bare: list[float] = []
-            t_svc: list[float] = []
-            t_http: list[float] = []
-            rows = 0
+            t: dict[str, list[float]] = {k: [] for k in ("bare", "inproc", "worker", "svc", "http")}
+            plan = svc.query.plan(me, sql, params)
+            want = bare.execute(sql, params or None).to_arrow_table()  # the reference
+            rows = want.num_rows
+            expected = json.loads(json.dumps(formats.rows(want)))
+
             for i in range(args.repeat + 3):
-                t = time.perf_counter()
-                rows = bare.execute(sql, params or None).to_arrow_table().num_rows
-                d_bare = time.perf_counter() - t
-                t = time.perf_counter()
-                svc.query.query(me, sql, params)
-                d_svc = time.perf_counter() - t
-                t = time.perf_counter()
-                r = http.post("/v1/query", json={"sql": sql, "params": params})
-                d_http = time.perf_counter() - t
-                assert r.status_code == 200, r.text
-                assert r.json()["row_count"] == rows
-                if i >= 3:  # warm-up excluded
-                    t_bare.append(d_bare * 1000)
-                    t_svc.append(d_svc * 1000)
-                    t_http.append(d_http * 1000)
-            b50, s50, h50 = pct(t_bare, 50), pct(t_svc, 50), pct(t_http, 50)
+                order = list(t)
+                rng.shuffle(order)  # no path always runs first (or right after another)
+                for k in order:
+                    body: dict[str, Any] = {}
+                    t0 = time.perf_counter()
+                    if k == "bare":
+                        got = bare.execute(sql, params or None).to_arrow_table()
+                    elif k == "inproc":
+                        cur = inproc.connection(plan.pins, limits)
+                        try:
+                            got = run(cur, sql, params, limits, limits.max_rows)
+                        finally:
+                            cur.close()
+                    elif k == "worker":
+                        got = svc.query.execute(plan).table
+                    elif k == "svc":
+                        got = svc.query.query(me, sql, params).table
+                    else:
+                        r = http.post("/v1/query", json={"sql": sql, "params": params})
+                        assert r.status_code == 200, r.text
+                        body = r.json()
+                    took = (time.perf_counter() - t0) * 1000
+                    if k == "http":  # every run of every path is checked
+                        assert body["row_count"] == rows, f"{name} HTTP: {body['row_count']} rows"
+                        if body["rows"] != expected:
+                            assert sorted(map(repr, body["rows"])) == sorted(map(repr, expected)), (
+                                f"{name} HTTP: result differs from bare DuckDB's"
+                            )
+                    else:
+                        same(got, want, f"{name} {k}")
+                    if i >= 3:  # warm-up excluded
+                        t[k].append(took)
+            p50 = {k: pct(v, 50) for k, v in t.items()}
+            ratios.append((name, p50["bare"], p50["svc"] / p50["bare"]))
             print(
-                f"{name:<22} {rows:>6} {b50:>8.2f} / {pct(t_bare, 95):>7.2f} "
-                f"{s50:>8.2f} / {pct(t_svc, 95):>7.2f} {s50 / b50:>5.2f}x "
-                f"{h50:>7.2f} / {pct(t_http, 95):>6.2f} {h50 / b50:>5.2f}x"
+                f"{name:<22} {rows:>6} {p50['bare']:>7.2f} / {pct(t['bare'], 95):>6.2f} "
+                f"{p50['inproc']:>11.2f} {p50['worker']:>10.2f} "
+                f"{p50['worker'] - p50['inproc']:>+8.2f} "
+                f"{p50['svc']:>7.2f} / {pct(t['svc'], 95):>6.2f} {p50['svc'] / p50['bare']:>5.2f}x "
+                f"{p50['http']:>6.2f} / {pct(t['http'], 95):>6.2f} {p50['http'] / p50['bare']:>5.2f}x"
             )
+        inproc.close()
+        big = [(n, r) for n, b, r in ratios if b >= 20]
+        worst = max((r for _, r in big), default=None)
+        print(
+            f"\nservice/bare on the {len(big)} queries of 20 ms or more (bare p50): "
+            + (
+                f"worst {worst:.2f}x ({'within' if worst <= 1.25 else 'OVER'} the 1.25x target)"
+                if worst is not None
+                else "none this size at --blocks " + f"{args.blocks:,}"
+            )
+        )
+        pids = svc.query.workers.pids()
+        print(
+            f"query workers: {len(pids['idle']) + len(pids['busy'])} live, "
+            f"{svc.query.workers.started} started, {svc.query.workers.replaced} replaced"
+        )
         server.stop()
         svc.close()
     finally:

@@ -3,9 +3,7 @@ location` at the current version, resolved once, in one snapshot, at query start
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
@@ -13,52 +11,9 @@ from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.errors import NotFound
 from trace_platform.identity import Actor, can_read_row
 from trace_platform.objectstore import ObjectStore, list_all
+from trace_platform.query.pins import Pin
 
 _Q = Queries("query")
-
-
-@dataclass(frozen=True)
-class Pin:
-    """One dataset at the version a query reads for its whole run."""
-
-    name: str
-    dataset_uuid: UUID
-    version: UUID
-    backend: str
-    files: tuple[str, ...] = ()  # Parquet: the committed files' URIs
-    table: str | None = None  # Postgres: "schema.table" of the version, if it exists yet
-    hot: Pin | None = None  # the dataset's hot window, served together with it
-    hot_key: str | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.files and self.table is None
-
-    def to_json(self) -> dict[str, Any]:
-        """For the query worker (which gets the pinned plan, not the registry)."""
-        return {
-            "name": self.name,
-            "dataset_uuid": str(self.dataset_uuid),
-            "version": str(self.version),
-            "backend": self.backend,
-            "files": list(self.files),
-            "table": self.table,
-            "hot": self.hot.to_json() if self.hot is not None else None,
-            "hot_key": self.hot_key,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Pin:
-        return cls(
-            name=str(d["name"]),
-            dataset_uuid=UUID(d["dataset_uuid"]),
-            version=UUID(d["version"]),
-            backend=str(d["backend"]),
-            files=tuple(str(f) for f in d["files"]),
-            table=d["table"],
-            hot=cls.from_json(d["hot"]) if d["hot"] is not None else None,
-            hot_key=d["hot_key"],
-        )
 
 
 def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:

@@ -23,8 +23,8 @@ import psycopg
 import pyarrow as pa
 
 from trace_platform.dispatcher.errors import Invalid
-from trace_platform.query.catalog import Pin
 from trace_platform.query.errors import LimitExceeded
+from trace_platform.query.pins import Pin
 
 PG_ALIAS = "trace_pg"
 

@@ -38,9 +38,9 @@ import pyarrow as pa
 
 from trace_platform.dispatcher.errors import DispatcherError
 from trace_platform.query import formats, wire
-from trace_platform.query.catalog import Pin
 from trace_platform.query.engine import Engine, Limits, S3Access, duck_message, run
 from trace_platform.query.errors import LimitExceeded
+from trace_platform.query.pins import Pin
 
 
 def status_kib(field: str) -> int:
