@@ -227,3 +227,23 @@ def test_long_task_keeps_its_wakeup_invisible(settings: Settings, dsn: str) -> N
         assert deliveries == {1}
         assert status(stack, ref.task_id) == ("succeeded", 1)
         assert_invariants(stack.services)
+
+
+@pytest.mark.parametrize("stack", [1], indirect=True)
+def test_a_refused_completion_fails_the_attempt_at_once(stack: LiteStack) -> None:
+    """Final events for a dataset the task does not produce: 403, and the attempt fails now,
+    naming the refusal (not after its lease runs out), with nothing stored."""
+    d = stack.services.dispatcher
+    ref = d.create_task(
+        TaskSpec(
+            job="foreign",
+            operator="emit_events",
+            config={"count": 1, "final": 1, "dataset_uuid": str(uuid.uuid4())},
+            outputs=[DatasetRef(dataset_uuid=uuid.uuid4())],
+            max_attempts=3,
+        )
+    )
+    wait_for(lambda: status(stack, ref.task_id)[0] == "failed", 20, "the refusal")
+    view = d.get_task(ref.task_id)
+    assert view.attempt == 1 and "completion refused" in (view.last_error or "")
+    assert "does not produce" in (view.last_error or "") and view.events == 0

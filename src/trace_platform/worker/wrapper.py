@@ -288,11 +288,23 @@ class Wrapper:
 
     # -- one attempt ---------------------------------------------------------------------
     def _report(self, claim: m.Claim, outcome: str, **kw: Any) -> None:
+        if isinstance(kw.get("error"), str):  # operator text: no NULs (Postgres refuses them)
+            kw["error"] = kw["error"].replace("\x00", "\\0")
         try:
             res = self.client.complete(claim, outcome, **kw)
             log.info("task %s attempt %s -> %s", claim.task_id, claim.attempt, res.status)
         except ApiError as e:
             log.warning("completion of %s attempt %s refused: %s", claim.task_id, claim.attempt, e)
+            if outcome == "succeeded" and e.status in (403, 413, 422):
+                # What the operator produced was refused (not its own dataset, malformed): the
+                # attempt fails now, naming why, instead of waiting for its lease to expire.
+                self._report(
+                    claim, "failed", error=f"completion refused: {e.message}", retryable=False
+                )
+        except ValueError as e:  # refused by the client's own validation (too many events)
+            log.warning("completion of %s attempt %s invalid: %s", claim.task_id, claim.attempt, e)
+            if outcome == "succeeded":
+                self._report(claim, "failed", error=f"completion invalid: {e}", retryable=False)
 
     def _run_claimed(self, claim: m.Claim, msg: Message, stop: threading.Event) -> None:
         task = self.client.fetch(claim)
