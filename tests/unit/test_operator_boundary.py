@@ -76,3 +76,11 @@ def test_production_cannot_load_the_test_operators(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("TRACE_PROFILE", "aws")
     with pytest.raises(RuntimeError, match="aws profile cannot load the test operators"):
         resolve("noop")
+
+
+def test_names_with_a_trailing_newline_are_refused() -> None:
+    from trace_platform.dispatcher.errors import Invalid
+    from trace_platform.identity.vault import check_secret_name
+
+    with pytest.raises(Invalid, match="secret name"):
+        check_secret_name("token\n")

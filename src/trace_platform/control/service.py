@@ -46,7 +46,7 @@ _DAG_ONLY = (
 
 def _check_roles(roles: list[str]) -> None:
     for role in roles:
-        if not NAME.match(role):
+        if not NAME.fullmatch(role):
             raise Invalid(f"role '{role}' must match ^[a-z][a-z0-9_]{{0,127}}$")
 
 

@@ -196,7 +196,7 @@ def check(spec: DagSpec) -> list[DagProblem]:
     graph: dict[str, set[str]] = {}
     for name, job in spec.jobs.items():
         at = f"jobs.{name}"
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             add(DagProblem(at, f"job name '{name}' must match ^[a-z][a-z0-9_]{{0,127}}$"))
         if job.operator not in (known := registry()):
             add(
@@ -270,7 +270,7 @@ def check(spec: DagSpec) -> list[DagProblem]:
                     f"{at}.output_index", f"job '{pub.job}' has no output {pub.output_index}"
                 )
             )
-        if not NAME.match(pub.dataset):
+        if not NAME.fullmatch(pub.dataset):
             add(
                 DagProblem(
                     f"{at}.dataset",
@@ -329,7 +329,7 @@ def check(spec: DagSpec) -> list[DagProblem]:
         if cold.hot_window is not None:
             add(DagProblem(f"{at}.of", f"'{cold.dataset}' is itself a hot window"))
     for pool, slots in spec.worker_pools.items():
-        if not NAME.match(pool):
+        if not NAME.fullmatch(pool):
             add(DagProblem(f"worker_pools.{pool}", "pool names must match ^[a-z][a-z0-9_]{0,127}$"))
         if not slots:
             add(DagProblem(f"worker_pools.{pool}", "a worker pool needs at least one slot"))

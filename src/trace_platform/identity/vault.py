@@ -42,7 +42,7 @@ class SecretsUnavailable(DispatcherError):
 
 
 def check_secret_name(name: str) -> None:
-    if not SECRET_NAME.match(name):
+    if not SECRET_NAME.fullmatch(name):
         raise Invalid(f"secret name {name!r} {SECRET_NAME_RULE}", rule=SECRET_NAME.pattern)
 
 

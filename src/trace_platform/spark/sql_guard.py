@@ -482,7 +482,7 @@ def _check_with(with_: exp.With, ctes: frozenset[str], found: _Found) -> frozens
         if not isinstance(cte, exp.CTE):
             raise _refuse(f"{_describe(cte)} in WITH")
         name = cte.alias_or_name
-        if not _SIMPLE_NAME.match(name):
+        if not _SIMPLE_NAME.fullmatch(name):
             raise _refuse(f"the CTE name {name!r} (use letters, digits and _)")
         key = name.lower()
         alias = cte.args.get("alias")
@@ -590,7 +590,7 @@ def _check_function(node: exp.Func) -> None:
     if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc)):
         name = node.name.lower()
         _check_name(name)
-        if not isinstance(node.this, str) or not _SIMPLE_NAME.match(name):
+        if not isinstance(node.this, str) or not _SIMPLE_NAME.fullmatch(name):
             raise _refuse(f"the quoted or unusual function name {node.this!r}")
         if name not in SPARK_EXTRA_FUNCTIONS:
             raise _refuse(
@@ -644,7 +644,7 @@ def _plan_nodes(value: Any) -> Iterator[dict[str, Any]]:
 def _one_name(parts: Any) -> str | None:
     """`[name]` (Scala's Seq rendering) -> name, for a single simple name; else None."""
     text = str(parts)
-    if text.startswith("[") and text.endswith("]") and _SIMPLE_NAME.match(text[1:-1]):
+    if text.startswith("[") and text.endswith("]") and _SIMPLE_NAME.fullmatch(text[1:-1]):
         return text[1:-1]
     return None
 
