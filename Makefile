@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dispatch_bench.py
 	$(BIN)/python bench/sync_bench.py
 	$(BIN)/python bench/query_bench.py
+	$(BIN)/python bench/sandbox_bench.py
 
 up: $(STAMP)
 	$(BIN)/trace up
