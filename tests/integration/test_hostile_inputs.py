@@ -408,6 +408,16 @@ TABLE = [
         ),
     ),
     row(
+        "trigger-config-over-its-own-cap",
+        Row(
+            "POST",
+            "/v1/dags/mallory_dag/trigger",
+            422,
+            "trigger config is",
+            json={"config": {"blob": "x" * 1_500_000}},
+        ),
+    ),
+    row(
         "trigger-config-not-an-object",
         Row("POST", "/v1/dags/mallory_dag/trigger", 422, "config", json={"config": [1, 2, 3]}),
     ),
@@ -454,6 +464,10 @@ TABLE = [
     row(
         "secret-huge-value",
         Row("PUT", "/v1/secrets/token", 413, "limit", json={"value": "v" * (MAX_BODY_BYTES + 1)}),
+    ),
+    row(
+        "secret-value-over-its-cap",
+        Row("PUT", "/v1/secrets/token", 422, "at most", json={"value": "v" * 1_900_000}),
     ),
     row(
         "secret-value-not-a-string",

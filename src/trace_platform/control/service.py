@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 from uuid import UUID
@@ -48,6 +49,10 @@ def _check_roles(roles: list[str]) -> None:
     for role in roles:
         if not NAME.fullmatch(role):
             raise Invalid(f"role '{role}' must match ^[a-z][a-z0-9_]{{0,127}}$")
+
+
+MAX_TRIGGER_CONFIG_BYTES = 64 * 1024  # a run's config travels in every source task's event
+MAX_SECRET_BYTES = 16 * 1024  # keys, tokens, URLs; not files
 
 
 class ControlPlane:
@@ -125,6 +130,12 @@ class ControlPlane:
         config: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Durable intent (the firing and its source tasks) + outbox, in one transaction."""
+        size = len(json.dumps(config or {}, default=str))
+        if size > MAX_TRIGGER_CONFIG_BYTES:
+            raise Invalid(
+                f"trigger config is {size} bytes; the limit is {MAX_TRIGGER_CONFIG_BYTES} "
+                "(pass large inputs as datasets, not in the run's config)"
+            )
         with self.pool.connection() as conn, conn.transaction():
             dag = self._dag(conn, actor, dag_name)
             if not can_deploy(actor, dag):
@@ -194,6 +205,8 @@ class ControlPlane:
         check_secret_name(name)
         if not value:
             raise Invalid("a secret value cannot be empty")
+        if len(value.encode()) > MAX_SECRET_BYTES:
+            raise Invalid(f"a secret value is at most {MAX_SECRET_BYTES} bytes")
         if use_roles is not None:
             _check_roles(use_roles)
             use_roles = sorted(set(use_roles))
