@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -14,7 +15,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from trace_platform.db.embedded import EmbeddedPostgres, EmbeddedPostgresError, find_bindir
+from trace_platform.config import Settings
+from trace_platform.db.embedded import (
+    _SERVING,
+    EmbeddedPostgres,
+    EmbeddedPostgresError,
+    find_bindir,
+)
+from trace_platform.db.migrate import migrate
+from trace_platform.db.pool import sink_dsn
 
 
 @pytest.fixture
@@ -204,3 +213,81 @@ def test_the_reader_login_is_not_privileged(root: Path) -> None:
     # The password never went to the server in clear: not in its log either.
     info = pg.info()
     assert info is not None and info.reader_password not in pg.log_file.read_text()
+
+
+def test_the_sink_login_is_not_privileged(root: Path) -> None:
+    pg = EmbeddedPostgres(root, durable=False)
+    pg.start()
+    migrate(pg.dsn())
+    with psycopg.connect(pg.sink_dsn(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT current_user, rolsuper, rolcreaterole, rolcreatedb, rolreplication,"
+            " rolbypassrls, pg_has_role('trace_sink_write', 'USAGE'),"
+            " pg_has_role('pg_write_server_files', 'USAGE'),"
+            " pg_has_role('pg_execute_server_program', 'USAGE'),"
+            " has_database_privilege(current_database(), 'CREATE')"
+            " FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        assert row == ("trace_sink", False, False, False, False, False, True, False, False, False)
+        for stmt in (
+            "SELECT * FROM public.secrets",
+            "SELECT * FROM public.api_keys",
+            "SELECT * FROM public.task_registry",
+            "CREATE TABLE public.t (x int)",
+            "CREATE SCHEMA trace",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+        # What the sink does: a dataset schema through 0010's function, a table of its own, a
+        # published view; the Query Service's login reads both (0009's event trigger).
+        schema = f"dataset_{'ab' * 16}"
+        conn.execute("SELECT trace_sink_ddl.ensure_schema(%s)", [schema])
+        conn.execute(f"CREATE TABLE {schema}.v_1 AS SELECT 7 AS x")
+        conn.execute(f"CREATE OR REPLACE VIEW published.seven AS SELECT * FROM {schema}.v_1")
+    with psycopg.connect(pg.reader_dsn(), autocommit=True) as conn:
+        assert conn.execute(f"SELECT x FROM {schema}.v_1").fetchone() == (7,)
+        assert conn.execute("SELECT x FROM published.seven").fetchone() == (7,)
+    info = pg.info()
+    assert info is not None and info.sink_password not in pg.log_file.read_text()
+
+
+def test_a_worker_finds_the_sink_login_of_the_state_dsn(
+    root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker is a process of its own: it gets the superuser's DSN and finds the cluster's
+    cluster.json through the server's data directory (and only when the password matches)."""
+    pg = EmbeddedPostgres(root, durable=False)
+    info = pg.start()
+    migrate(pg.dsn("postgres"))
+    monkeypatch.delitem(_SERVING, info.port)  # as in another process
+    settings = Settings(state_dsn=pg.dsn("postgres"), home=root.parent / "home")
+    got = psycopg.conninfo.conninfo_to_dict(sink_dsn(settings, pg.dsn("postgres")))
+    assert (got["user"], got["dbname"], got["port"]) == ("trace_sink", "postgres", str(info.port))
+    with psycopg.connect(sink_dsn(settings, pg.dsn("postgres"))) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("trace_sink",)
+    explicit = "postgresql://mine:pw@db.example/data"
+    assert sink_dsn(Settings(data_dsn=explicit, state_dsn=pg.dsn()), pg.dsn()) == explicit
+    # Not the superuser, or not this cluster's password: no cluster.json is trusted.
+    wrong = pg.dsn().replace(info.password, "not-the-password")
+    for dsn in (pg.reader_dsn(), wrong):
+        assert EmbeddedPostgres.logins_of(dsn) is None
+        with caplog.at_level(logging.WARNING):
+            assert sink_dsn(settings, dsn) == dsn
+        assert "TRACE_DATA_DSN" in caplog.text
+
+
+def test_an_older_cluster_json_gets_a_sink_login(root: Path) -> None:
+    pg = EmbeddedPostgres(root, durable=False)
+    pg.start()
+    pg.stop()
+    raw = json.loads(pg.info_file.read_text())
+    pg.info_file.write_text(
+        json.dumps({k: raw[k] for k in ("port", "password", "reader_password")})
+    )
+    again = EmbeddedPostgres(root, durable=False)
+    info = again.start()
+    assert info.sink_password and info.reader_password == raw["reader_password"]
+    assert json.loads(pg.info_file.read_text())["sink_password"] == info.sink_password
+    assert pg.info_file.stat().st_mode & 0o777 == 0o600
+    with psycopg.connect(again.sink_dsn()) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("trace_sink",)

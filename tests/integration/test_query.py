@@ -20,9 +20,11 @@ from tests.support.dags import admin, user
 from tests.support.datasets import commit_parquet, current, load_hot, version_location
 from trace_platform.config import ObjectStoreBackend, Settings
 from trace_platform.db import migrate as mig
-from trace_platform.db.embedded import READER, EmbeddedPostgres, free_port
+from trace_platform.db.embedded import READER, SINK, EmbeddedPostgres, free_port
+from trace_platform.db.pool import sink_dsn
 from trace_platform.lite.stack import ApiServer
 from trace_platform.objectstore import make_store
+from trace_platform.operators.hot_window import load_range
 from trace_platform.query.engine import Engine
 from trace_platform.services import Services
 
@@ -247,6 +249,135 @@ def test_published_tables_of_an_upgraded_database_become_readable(
             for t in (f"{other}x.t", "public.later_state"):  # not a dataset schema: not granted
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(f"SELECT * FROM {t}")
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def sink_login(services: Services) -> str:
+    """The worker's resolution, here: the harness's cluster runs in this process."""
+    dsn = sink_dsn(services.settings, services.dsn)
+    assert psycopg.conninfo.conninfo_to_dict(dsn)["user"] == SINK
+    return dsn
+
+
+def load_as_sink(services: Services, name: str, table: pa.Table, start: int, end: int) -> int:
+    location = version_location(services, current(services, name)["current_version"])
+    return load_range(sink_login(services), location, name, table, start, end, 1000)
+
+
+@embedded_only
+def test_the_sink_login_loads_the_window_and_the_reader_reads_it(chain: Services) -> None:
+    assert load_as_sink(chain, "blocks_hot", blocks(90, 99, "hot"), 90, 100) == 10
+    assert load_as_sink(chain, "blocks_hot", blocks(90, 109, "hot"), 90, 110) == 20  # replaces
+    location = version_location(chain, current(chain, "blocks_hot")["current_version"])
+    schema, _, table = location.partition(".")
+    # Made by the sink's login (its own), read by the Query Service's, through 0009's grants.
+    assert query_login(chain)["user"] == READER
+    assert q(chain, "SELECT count(*), max(block_number) FROM blocks_hot") == [[20, 109]]
+    with psycopg.connect(chain.query.pg_dsn, autocommit=True) as conn:
+        hot = sql.Identifier(schema, table)
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(hot)).fetchone() == (20,)
+        assert conn.execute("SELECT count(*) FROM published.blocks_hot").fetchone() == (20,)
+    with chain.pool.connection() as conn:
+        owners = conn.execute(
+            "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE (n.nspname = %s AND c.relname = %s)"
+            " OR (n.nspname = 'published' AND c.relname = 'blocks_hot')",
+            [schema, table],
+        ).fetchall()
+        schema_owner = conn.execute(
+            "SELECT pg_get_userbyid(nspowner) AS o FROM pg_namespace WHERE nspname = %s", [schema]
+        ).fetchone()["o"]
+    assert sorted(r["owner"] for r in owners) == [SINK, SINK]
+    assert schema_owner == "trace"  # made for the sink by migration 0010's function
+
+
+@embedded_only
+def test_the_sink_login_reaches_no_state(chain: Services) -> None:
+    load_as_sink(chain, "blocks_hot", blocks(90, 99, "hot"), 90, 100)
+    with chain.pool.connection() as conn:
+        partition = conn.execute(
+            "SELECT format('%I.%I', n.nspname, c.relname) AS p FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE i.inhparent = 'task_registry'::regclass LIMIT 1"
+        ).fetchone()["p"]
+    with psycopg.connect(sink_login(chain), autocommit=True) as conn:
+        role = conn.execute(
+            "SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls,"
+            " pg_has_role('trace_sink_write', 'USAGE'), pg_has_role('pg_read_all_data', 'USAGE'),"
+            " pg_has_role('pg_write_all_data', 'USAGE'), pg_has_role('trace', 'USAGE'),"
+            " has_database_privilege(current_database(), 'CREATE')"
+            " FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        assert role == (False, False, False, False, False, True, False, False, False, False)
+        refused = [
+            *(
+                f"SELECT * FROM public.{t}"
+                for t in (
+                    "secrets",
+                    "api_keys",
+                    "users",
+                    "task_registry",
+                    "outbox",
+                    "datasets",
+                    "dataset_versions",
+                    "schema_migrations",
+                )
+            ),
+            f"SELECT * FROM {partition}",
+            "UPDATE public.datasets SET location = 'x'",
+            "CREATE TABLE public.evil (x int)",
+            "CREATE SCHEMA evil",
+            "CREATE SCHEMA trace",  # the superuser's "$user": it would shadow public for it
+            "SELECT trace_sink_ddl.ensure_schema('trace')",
+            "SELECT trace_sink_ddl.ensure_schema('dataset_x')",
+            "SELECT trace_sink_ddl.ensure_schema('public')",
+            "DROP SCHEMA published CASCADE",
+            "CREATE FUNCTION trace_sink_ddl.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+            "SELECT pg_read_file('/etc/passwd')",
+            "COPY (SELECT 1) TO PROGRAM 'id'",
+            "COPY (SELECT 1) TO '/tmp/trace-sink-copy'",
+            "SET ROLE trace",
+            "ALTER ROLE trace_sink SUPERUSER",
+            "CREATE ROLE evil",
+        ]
+        for stmt in refused:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+        for t in ("secrets", "api_keys", "task_registry"):  # unqualified: not even visible
+            with pytest.raises(
+                (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege)
+            ):
+                conn.execute(f"SELECT * FROM {t}")
+
+
+@embedded_only
+def test_an_upgraded_window_stays_loadable_by_the_sink_login(
+    pg_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables and views a sink made with the state login before 0010 go to the sink's group."""
+    cluster = EmbeddedPostgres.serving(pg_server)
+    assert cluster is not None
+    name = f"u_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    location = f"dataset_{uuid.uuid4().hex}.v_{uuid.uuid4().hex}"
+    try:
+        every = mig.available()
+        monkeypatch.setattr(mig, "available", lambda: [m for m in every if m.version < "0010"])
+        mig.migrate(dsn)
+        assert load_range(dsn, location, "old_hot", blocks(0, 9), 0, 10, 100) == 10
+        monkeypatch.setattr(mig, "available", lambda: every)
+        mig.migrate(dsn)
+        wider = blocks(0, 9).append_column("extra", pa.array(list(range(10)), pa.int32()))
+        assert load_range(cluster.sink_dsn(name), location, "old_hot", wider, 0, 10, 100) == 10
+        with psycopg.connect(cluster.reader_dsn(name), autocommit=True) as conn:
+            assert conn.execute("SELECT sum(extra) FROM published.old_hot").fetchone() == (45,)
     finally:
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(

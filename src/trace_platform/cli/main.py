@@ -168,8 +168,11 @@ def worker(
         _fail(str(e))
     dsn = state_dsn(settings)
     driver = make_driver(settings, dsn)
-    # Trusted sinks (and only they) get Postgres data access, for the task's run only.
-    data_dsn = settings.data_dsn.get_secret_value() if settings.data_dsn else dsn
+    # Trusted sinks (and only they) get Postgres data access, for the task's run only, as the
+    # least-privilege sink login (TRACE_DATA_DSN, else the embedded cluster's trace_sink).
+    from trace_platform.db.pool import sink_dsn
+
+    data_dsn = sink_dsn(settings, dsn)
     token = internal_token(settings)
     if token is None:
         _fail(

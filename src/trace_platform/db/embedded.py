@@ -9,9 +9,12 @@ start), the socket directory is 0700 and owned by the server user, and the clust
 root-owned 0710 with the server user's group (0700 when not run as root), so that only root and
 the server user get in; `cluster.json` (the passwords) is 0600 and owned by the invoking user.
 
-Besides the superuser the cluster has `trace_query`, the Query Service's login: a member of the
-NOLOGIN group `trace_published_read` (migration 0009 grants it SELECT on the published data
-only), read-only by default, with its own random password.
+Besides the superuser the cluster has two least-privilege logins, each with its own random
+password: `trace_query`, the Query Service's, in the NOLOGIN group `trace_published_read`
+(migration 0009 grants it SELECT on the published data only), read-only by default; and
+`trace_sink`, the hot_window sink's, in the NOLOGIN group `trace_sink_write` (migration 0010:
+it may make `dataset_<hex>` schemas through one function, create tables in them and views in
+`published`, and own what it creates; nothing of the state tables, no CREATE on the database).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psycopg
@@ -42,6 +45,9 @@ DB_NAME = "trace"
 SUPERUSER = "trace"
 READER = "trace_query"  # the Query Service's login
 READ_GROUP = "trace_published_read"  # NOLOGIN; its grants come from migration 0009
+SINK = "trace_sink"  # the hot_window sink's data login
+SINK_GROUP = "trace_sink_write"  # NOLOGIN; its grants come from migration 0010
+_LEAST = "NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
 
 # pg_hba methods that let a local user in without a password.
 _WEAK_METHODS = {"trust", "peer", "ident"}
@@ -58,7 +64,7 @@ _HBA_METHODS = _WEAK_METHODS | {
     "cert",
 }
 
-# Clusters this process started, by port: lets a DSN to one of them find its reader login.
+# Clusters this process started, by port: lets a DSN to one of them find its other logins.
 _SERVING: dict[int, EmbeddedPostgres] = {}
 
 
@@ -117,6 +123,11 @@ def port_free(port: int) -> bool:
         return True
 
 
+def _local(params: dict[str, object]) -> bool:
+    """A DSN (as a dict) to this machine's loopback, where the embedded clusters listen."""
+    return str(params.get("host") or params.get("hostaddr") or "") in ("127.0.0.1", "localhost")
+
+
 def scram_verifier(password: str, iterations: int = 4096) -> str:
     """The SCRAM-SHA-256 verifier Postgres stores for a password (RFC 5802/7677), so the
     password itself never reaches the server (nor its log)."""
@@ -152,6 +163,40 @@ class ClusterInfo:
     port: int
     password: str
     reader_password: str = ""  # empty in a cluster.json written by an older Trace
+    sink_password: str = ""  # likewise
+
+    @staticmethod
+    def read(path: Path) -> ClusterInfo | None:
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        return ClusterInfo(
+            port=int(raw["port"]),
+            password=raw["password"],
+            reader_password=raw.get("reader_password", ""),
+            sink_password=raw.get("sink_password", ""),
+        )
+
+    def login_dsn(self, user: str, password: str, dbname: str) -> str:
+        return psycopg.conninfo.make_conninfo(
+            host="127.0.0.1",
+            port=self.port,
+            dbname=dbname,
+            user=user,
+            password=password,
+            connect_timeout=10,
+        )
+
+    def superuser_of(self, dsn: str) -> bool:
+        """`dsn` is this cluster's superuser login (same local port, same password)."""
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        if not _local(params):
+            return False
+        return (
+            str(params.get("port") or 5432) == str(self.port)
+            and str(params.get("user") or "") == SUPERUSER
+            and hmac.compare_digest(str(params.get("password") or ""), self.password)
+        )
 
 
 class EmbeddedPostgres:
@@ -260,19 +305,17 @@ class EmbeddedPostgres:
 
     # -- lifecycle ---------------------------------------------------------------------
     def info(self) -> ClusterInfo | None:
-        if not self.info_file.exists():
-            return None
-        raw = json.loads(self.info_file.read_text())
-        return ClusterInfo(
-            port=int(raw["port"]),
-            password=raw["password"],
-            reader_password=raw.get("reader_password", ""),
-        )
+        return ClusterInfo.read(self.info_file)
 
     def _write_info(self, info: ClusterInfo) -> None:
         """Written whole (a temp file renamed over), 0600 from the first byte."""
         data = json.dumps(
-            {"port": info.port, "password": info.password, "reader_password": info.reader_password}
+            {
+                "port": info.port,
+                "password": info.password,
+                "reader_password": info.reader_password,
+                "sink_password": info.sink_password,
+            }
         )
         tmp = self.root / f".cluster.json.{os.getpid()}"
         tmp.unlink(missing_ok=True)
@@ -338,7 +381,10 @@ class EmbeddedPostgres:
             f.write("\n".join(conf) + "\n")
         self._write_info(
             ClusterInfo(
-                port=free_port(), password=password, reader_password=secrets.token_urlsafe(24)
+                port=free_port(),
+                password=password,
+                reader_password=secrets.token_urlsafe(24),
+                sink_password=secrets.token_urlsafe(24),
             )
         )
 
@@ -368,8 +414,12 @@ class EmbeddedPostgres:
             self._secure_dirs()
             info = self.info()
             assert info is not None
-            if not info.reader_password:  # cluster.json of an older Trace
-                info = ClusterInfo(info.port, info.password, secrets.token_urlsafe(24))
+            if not info.reader_password or not info.sink_password:  # an older cluster.json
+                info = replace(
+                    info,
+                    reader_password=info.reader_password or secrets.token_urlsafe(24),
+                    sink_password=info.sink_password or secrets.token_urlsafe(24),
+                )
                 self._write_info(info)
             hba_changed = self._harden_hba()
             if self.running():
@@ -383,7 +433,7 @@ class EmbeddedPostgres:
 
     def _start_server(self, info: ClusterInfo) -> ClusterInfo:
         if not port_free(info.port):  # someone took our port while we were down
-            info = ClusterInfo(free_port(), info.password, info.reader_password)
+            info = replace(info, port=free_port())
             self._write_info(info)
         if not self.log_file.exists():
             fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -440,23 +490,24 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError(
                 f"No reader login in {self.root} yet: start the cluster once with this version"
             )
-        return psycopg.conninfo.make_conninfo(
-            host="127.0.0.1",
-            port=info.port,
-            dbname=dbname,
-            user=READER,
-            password=info.reader_password,
-            connect_timeout=10,
-        )
+        return info.login_dsn(READER, info.reader_password, dbname)
+
+    def sink_dsn(self, dbname: str = DB_NAME) -> str:
+        """The hot_window sink's login: it makes `dataset_<hex>` schemas through migration
+        0010's function only, tables in them and views in `published`, and owns what it makes;
+        it cannot reach the state tables of `dbname` (the grants are per database)."""
+        info = self.info()
+        if info is None or not info.sink_password:
+            raise EmbeddedPostgresError(
+                f"No sink login in {self.root} yet: start the cluster once with this version"
+            )
+        return info.login_dsn(SINK, info.sink_password, dbname)
 
     @staticmethod
     def serving(dsn: str) -> EmbeddedPostgres | None:
         """The cluster this process started that `dsn` points at (any database of it), if any."""
         params = psycopg.conninfo.conninfo_to_dict(dsn)
-        if str(params.get("host") or params.get("hostaddr") or "") not in (
-            "127.0.0.1",
-            "localhost",
-        ):
+        if not _local(params):
             return None
         try:
             port = int(params.get("port") or 5432)
@@ -465,6 +516,29 @@ class EmbeddedPostgres:
         pg = _SERVING.get(port)
         info = pg.info() if pg is not None else None
         return pg if info is not None and info.port == port else None
+
+    @staticmethod
+    def logins_of(dsn: str) -> ClusterInfo | None:
+        """The logins (cluster.json) of the embedded cluster whose superuser login `dsn` is: one
+        this process started, else the one the server says it runs from (its data directory;
+        only a superuser may ask), when this process can read that cluster.json and it holds the
+        same port and superuser password. None otherwise (another server, another login)."""
+        pg = EmbeddedPostgres.serving(dsn)
+        info = pg.info() if pg is not None else None
+        if info is not None:
+            return info
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        if str(params.get("user") or "") != SUPERUSER or not params.get("password"):
+            return None
+        if not _local(params):
+            return None
+        try:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+            info = ClusterInfo.read(Path(str(row[0])).parent / "cluster.json") if row else None
+        except (psycopg.Error, OSError, ValueError, KeyError, TypeError):
+            return None
+        return info if info is not None and info.superuser_of(dsn) else None
 
     def _ensure_database(self, info: ClusterInfo) -> None:
         deadline = time.monotonic() + 30
@@ -478,7 +552,7 @@ class EmbeddedPostgres:
                         conn.execute(f'CREATE DATABASE "{DB_NAME}"')
                     # Temporary tables are a PUBLIC default: the reader gets none of them.
                     conn.execute(f'REVOKE TEMPORARY ON DATABASE "{DB_NAME}" FROM PUBLIC')
-                    self._ensure_reader(conn, info)
+                    self._ensure_logins(conn, info)
                     return
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
@@ -486,29 +560,34 @@ class EmbeddedPostgres:
                 time.sleep(0.1)
 
     @staticmethod
-    def _ensure_reader(conn: psycopg.Connection[tuple[object, ...]], info: ClusterInfo) -> None:
-        """The NOLOGIN group (also created by migration 0009, whichever runs first) and the
-        Query Service's login in it, with the password in cluster.json. Roles are cluster-wide."""
-        for role, kind in ((READ_GROUP, sql.SQL("NOLOGIN")), (READER, sql.SQL("LOGIN"))):
-            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
-                continue
-            # A migration on another connection may create it meanwhile.
-            with suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
-                conn.execute(sql.SQL("CREATE ROLE {} {}").format(sql.Identifier(role), kind))
-        least = sql.SQL("NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS")
-        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN {}").format(sql.Identifier(READ_GROUP), least))
-        conn.execute(
-            sql.SQL("ALTER ROLE {} LOGIN INHERIT {} PASSWORD {}").format(
-                sql.Identifier(READER), least, sql.Literal(scram_verifier(info.reader_password))
+    def _ensure_logins(conn: psycopg.Connection[tuple[object, ...]], info: ClusterInfo) -> None:
+        """The NOLOGIN groups (also created by migrations 0009 and 0010, whichever runs first)
+        and the least-privilege logins in them, with the passwords in cluster.json: the Query
+        Service's (read-only by default) and the sink's. Roles are cluster-wide."""
+        least = sql.SQL(_LEAST)
+        for group, login, password in (
+            (READ_GROUP, READER, info.reader_password),
+            (SINK_GROUP, SINK, info.sink_password),
+        ):
+            for role, kind in ((group, sql.SQL("NOLOGIN")), (login, sql.SQL("LOGIN"))):
+                if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+                    continue
+                # A migration on another connection may create it meanwhile.
+                with suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                    conn.execute(sql.SQL("CREATE ROLE {} {}").format(sql.Identifier(role), kind))
+            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN {}").format(sql.Identifier(group), least))
+            conn.execute(
+                sql.SQL("ALTER ROLE {} LOGIN INHERIT {} PASSWORD {}").format(
+                    sql.Identifier(login), least, sql.Literal(scram_verifier(password))
+                )
             )
-        )
+            conn.execute(
+                sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(login))
+            )
         conn.execute(
             sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(
                 sql.Identifier(READER)
             )
-        )
-        conn.execute(
-            sql.SQL("GRANT {} TO {}").format(sql.Identifier(READ_GROUP), sql.Identifier(READER))
         )
 
     def status(self) -> dict[str, object]:

@@ -9,7 +9,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
-from trace_platform.db.embedded import DB_NAME, EmbeddedPostgres
+from trace_platform.db.embedded import DB_NAME, SINK, EmbeddedPostgres
 from trace_platform.db.migrate import migrate
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,28 @@ def query_dsn(settings: Settings, data_dsn: str) -> str:
         "in the role trace_published_read (SELECT on the published data only)"
     )
     return data_dsn
+
+
+def sink_dsn(settings: Settings, dsn: str) -> str:
+    """The hot_window sink's Postgres login, for the worker's trusted host: TRACE_DATA_DSN when
+    set (an external server: a login in the group `trace_sink_write`, migration 0010); else,
+    when `dsn` (the state DSN) is an embedded cluster's superuser login (Lite's own, or one this
+    process started or whose cluster.json it can read, as in the test harness), that cluster's
+    `trace_sink` login on the same database; else, with a warning, `dsn` itself."""
+    if settings.data_dsn is not None:
+        return settings.data_dsn.get_secret_value()
+    info = EmbeddedPostgres.logins_of(dsn)
+    if info is not None and info.sink_password:
+        return info.login_dsn(SINK, info.sink_password, _dbname(dsn))
+    log.warning(
+        "The hot_window sink writes Postgres data with the state login: set TRACE_DATA_DSN to a "
+        "login in the role trace_sink_write (dataset schemas and published views only)"
+    )
+    return dsn
+
+
+def _dbname(dsn: str) -> str:
+    return str(conninfo_to_dict(dsn).get("dbname") or DB_NAME)
 
 
 def make_pool(

@@ -4,7 +4,9 @@ Each task loads one range of one input (the one whose event woke it) into the ma
 UUID-named table with COPY, in one transaction: the range's old rows go first (so a re-run
 replaces rather than adds), rows below the window are never loaded, and rows that fell out of the
 window are trimmed. A `published.<name>` view follows the table. Only the worker gives this
-operator a data DSN (`TRACE_SINK_DSN`), and only as runtime ecs_platform."""
+operator a data DSN (`TRACE_SINK_DSN`), and only as runtime ecs_platform: on the embedded cluster
+the least-privilege login `trace_sink` (migration 0010), which has no CREATE on the database and
+makes a dataset's schema through `trace_sink_ddl.ensure_schema` only."""
 
 from __future__ import annotations
 
@@ -77,6 +79,20 @@ def _read_range(ctx: OperatorContext, location: str, start: int, end: int) -> pa
         if o.key.endswith(".parquet")
     ]
     return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def _ensure_schema(conn: psycopg.Connection[Any], name: str) -> None:
+    """The schema `name`, made if missing: through migration 0010's function where the database
+    has it (the sink's login may not CREATE SCHEMA itself), else directly (a data database that
+    never ran Trace's migrations)."""
+    has_function = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'trace_sink_ddl' AND p.proname = 'ensure_schema')"
+    ).fetchone()
+    if has_function and has_function[0]:
+        conn.execute("SELECT trace_sink_ddl.ensure_schema(%s)", [name])
+    else:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(name)))
 
 
 def _cell(v: Any) -> Any:
@@ -158,7 +174,7 @@ def load_range(
     loaded = 0
     with psycopg.connect(dsn) as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [location])
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema_name)))
+        _ensure_schema(conn, schema_name)
         if data is None:
             return 0
         cols = sql.SQL(", ").join(
@@ -197,7 +213,7 @@ def load_range(
                     copy.write_row([_cell(v) for v in row])
         conn.execute(sql.SQL("DELETE FROM {} WHERE {} < %s").format(table, k), [floor])
         if dataset_name:
-            conn.execute("CREATE SCHEMA IF NOT EXISTS published")
+            _ensure_schema(conn, "published")
             conn.execute(
                 sql.SQL("CREATE OR REPLACE VIEW {} AS SELECT * FROM {}").format(
                     sql.Identifier("published", dataset_name), table
