@@ -279,4 +279,4 @@ DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task
 -- name: state_conflicts
 -- Attempts lost to a concurrent state save: they do not count against max_attempts.
 SELECT count(*) AS n FROM task_attempts
-WHERE task_id = %(task_id)s AND outcome = 'failed' AND error = %(error)s;
+WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND outcome = 'state_conflict';

@@ -1,0 +1,126 @@
+"""What a running attempt reports: events (deduplicated; each new one creates the tasks it
+starts, in the same transaction) and output commits. A task speaks only for its own outputs."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher.dag_tasks import tasks_for_event
+from trace_platform.dispatcher.errors import Forbidden, Invalid
+from trace_platform.dispatcher.fencing import fenced, reject_finished
+from trace_platform.dispatcher.intents import Intents
+
+_Q = Queries("dispatcher")
+
+
+def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> dict[str, Any]:
+    """A task speaks only for the datasets its own job produces in its dag_version (fixed
+    when the task was created); a task with no outputs can emit and commit nothing."""
+    outputs = {o["dataset_uuid"]: o for o in st["outputs"]}
+    for ds in dataset_uuids:
+        if str(ds) not in outputs:
+            raise Forbidden(
+                f"{what} names dataset {ds}, which task {st['task_id']} does not produce "
+                f"(its outputs: {', '.join(outputs) or 'none'})"
+            )
+    return outputs
+
+
+def commit_outputs(
+    conn: Connection[Any], st: dict[str, Any], attempt: int, commits: list[m.OutputCommit]
+) -> int:
+    outputs = check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
+    for c in commits:
+        version = c.dataset_version or (outputs.get(str(c.dataset_uuid)) or {}).get(
+            "dataset_version"
+        )
+        if version is None:
+            raise Invalid(f"output commit for dataset {c.dataset_uuid} needs a dataset_version")
+        conn.execute(
+            _Q.insert_commit,
+            {
+                "commit_id": uuid.uuid4(),
+                "dataset_uuid": c.dataset_uuid,
+                "dataset_version": version,
+                "task_id": st["task_id"],
+                "attempt": attempt,
+                "scope": c.scope,
+                "partition_key": c.partition_key,
+                "range_start": c.range.start if c.range else None,
+                "range_end": c.range.end if c.range else None,
+                "location": c.location,
+                "row_count": c.row_count,
+                "byte_count": c.byte_count,
+            },
+        )
+    return len(commits)
+
+
+class Emitter:
+    """Stores an attempt's events; each new one creates the tasks it starts."""
+
+    def __init__(self, pool: ConnectionPool, intents: Intents) -> None:
+        self.pool = pool
+        self.intents = intents
+
+    def insert(
+        self, conn: Connection[Any], st: dict[str, Any], attempt: int, events: list[m.EventIn]
+    ) -> tuple[list[UUID], int, int]:
+        """Stores new events and, in the same transaction, creates the tasks they start."""
+        if not events:
+            return [], 0, 0
+        check_outputs(st, [e.dataset_uuid for e in events], "an event")
+        params = [
+            {
+                "event_id": uuid.uuid4(),
+                "start_day": st["start_day"],
+                "org_id": st["org_id"],
+                "task_id": st["task_id"],
+                "attempt": attempt,
+                "dataset_uuid": ev.dataset_uuid,
+                "dedupe_key": ev.dedupe_key,
+                "cursor": ev.cursor,
+                "partition_key": ev.partition_key,
+                "range_start": ev.range.start if ev.range else None,
+                "range_end": ev.range.end if ev.range else None,
+                "payload": Jsonb(ev.payload),
+            }
+            for ev in events
+        ]
+        accepted: list[UUID] = []
+        created = 0
+        with conn.cursor() as cur:
+            cur.executemany(_Q.insert_event, params, returning=True)
+            rows = []
+            while True:
+                rows.append(cur.fetchone())
+                if not cur.nextset():
+                    break
+        for ev, row in zip(events, rows, strict=True):
+            if row is None:  # a duplicate returns nothing and starts nothing
+                continue
+            accepted.append(row["event_id"])
+            for spec in tasks_for_event(
+                conn, org_id=st["org_id"], producer=st, event_id=row["event_id"], event=ev
+            ):
+                self.intents.create_task(spec, conn)
+                created += 1
+        return accepted, len(events) - len(accepted), created
+
+    def emit(self, req: m.EventsRequest) -> m.EventsResponse:
+        """Events reported while the attempt runs (`/internal/events`)."""
+        with self.pool.connection() as conn, conn.transaction():
+            st = fenced(conn, req)
+            reject_finished(st, req)
+            ids, dups, created = self.insert(conn, st, req.attempt, req.events)
+        return m.EventsResponse(
+            accepted=len(ids), duplicates=dups, event_ids=ids, tasks_created=created
+        )

@@ -1,0 +1,46 @@
+"""Fencing: a worker's call counts only if it speaks for the task's current attempt and holds
+that attempt's lease token; an older attempt is refused once a newer one started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import Connection
+
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher.errors import Conflict, NotFound
+
+_Q = Queries("dispatcher")
+
+
+def fenced(conn: Connection[Any], ref: m.LeaseRef) -> dict[str, Any]:
+    """Locks the status row and checks the caller speaks for the current attempt."""
+    return check_lease(conn.execute(_Q.status_for_update, {"task_id": ref.task_id}).fetchone(), ref)
+
+
+def check_lease(row: dict[str, Any] | None, ref: m.LeaseRef) -> dict[str, Any]:
+    if row is None:
+        raise NotFound(f"task {ref.task_id} does not exist")
+    if ref.attempt != row["attempt"]:
+        raise Conflict(
+            "stale_attempt",
+            f"attempt {ref.attempt} of task {ref.task_id} is stale: "
+            f"attempt {row['attempt']} has started",
+            current_attempt=row["attempt"],
+        )
+    if row["lease_token"] is None or ref.lease_token != row["lease_token"]:
+        raise Conflict(
+            "wrong_lease",
+            f"the lease token does not hold attempt {ref.attempt} of task {ref.task_id}",
+        )
+    return row
+
+
+def reject_finished(st: dict[str, Any], ref: m.LeaseRef) -> None:
+    if st["status"] in ("succeeded", "canceled"):
+        raise Conflict(
+            "task_finished",
+            f"task {ref.task_id} is already {st['status']}; nothing more is accepted",
+            status=st["status"],
+        )

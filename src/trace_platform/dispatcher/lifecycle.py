@@ -1,0 +1,326 @@
+"""The task state machine: every transition is one Postgres transaction.
+
+queued -> running(attempt n, lease) -> succeeded | failed | canceled; a failed or reaped attempt
+goes back to queued with capped, jittered backoff until max_attempts. Each attempt ends with an
+outcome: succeeded, failed, canceled, state_conflict (completion), lease_expired or timed_out
+(reaper). Every wake-up is an outbox row written in the same transaction as the state change.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from trace_platform.config import Settings
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher import state
+from trace_platform.dispatcher.commits import Emitter, commit_outputs
+from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
+from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished
+from trace_platform.dispatcher.intents import Intents
+from trace_platform.dispatcher.slots import Slots
+
+_Q = Queries("dispatcher")
+
+
+def backoff_seconds(
+    attempt: int, base: float, cap: float, rng: random.Random | None = None
+) -> float:
+    """Exponential in the attempt, capped, with jitter in [delay/2, delay] to spread retries."""
+    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    return (rng or random).uniform(delay / 2, delay)
+
+
+def _finish_attempt(
+    conn: Connection[Any], st: dict[str, Any], attempt: int, outcome: str, error: str | None
+) -> None:
+    conn.execute(
+        _Q.finish_attempt,
+        {
+            "task_id": st["task_id"],
+            "start_day": st["start_day"],
+            "attempt": attempt,
+            "outcome": outcome,
+            "error": error,
+        },
+    )
+
+
+def _set_terminal(conn: Connection[Any], task_id: UUID, status: str, error: str | None) -> None:
+    conn.execute(_Q.set_terminal, {"task_id": task_id, "status": status, "error": error})
+
+
+class Lifecycle:
+    # The operator-state compare-and-set, looked up on the class at each completion (a test
+    # slows it down to hold many completions inside the race window at once).
+    _state_moved = staticmethod(state.moved)
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        settings: Settings,
+        intents: Intents,
+        slots: Slots,
+        emitter: Emitter,
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.intents = intents
+        self.slots = slots
+        self.emitter = emitter
+
+    # -- claim ---------------------------------------------------------------------------
+    def claim(self, req: m.ClaimRequest) -> m.Claim:
+        """Leases a queued task: one statement for a task without a worker pool; with one, the
+        same statement plus a slot in one transaction (no slot, no claim)."""
+        params = {
+            "task_id": req.task_id,
+            "worker_id": req.worker_id,
+            "lease": self.settings.lease_seconds,
+            "pooled": False,
+        }
+        with self.pool.connection() as conn:
+            row = conn.execute(_Q.claim, params).fetchone()
+        if row is not None:
+            return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(_Q.claim, {**params, "pooled": True}).fetchone()
+            if row is None:
+                raise self._not_claimable(conn, req.task_id)
+            slot = self.slots.lease(conn, req.task_id)  # raises (rolling back the claim) if none
+        return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot)
+
+    @staticmethod
+    def _not_claimable(conn: Connection[Any], task_id: UUID) -> Exception:
+        st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
+        if st is None:
+            return NotFound(f"task {task_id} does not exist")
+        if st["status"] == "queued" and st["cancel_requested"]:
+            reason = "cancel was requested"
+        elif st["status"] == "queued":
+            reason = f"it is backing off until {st['next_attempt_at'].isoformat()}"
+        else:
+            reason = f"it is {st['status']} (attempt {st['attempt']})"
+        return Conflict(
+            "not_claimable",
+            f"task {task_id} cannot be claimed: {reason}",
+            status=st["status"],
+            attempt=st["attempt"],
+        )
+
+    # -- task-fetch and heartbeat -----------------------------------------------------------
+    def fetch(self, ref: m.LeaseRef) -> m.TaskPayload:
+        with self.pool.connection() as conn:
+            view = check_lease(conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone(), ref)
+            slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
+            operator_state, revision = state.read(conn, view)
+        status = "canceled" if view["cancel_requested"] else view["status"]
+        return m.TaskPayload(
+            task_id=view["task_id"],
+            attempt=view["attempt"],
+            start_day=view["start_day"],
+            status=status,
+            cancel_requested=view["cancel_requested"],
+            org_id=view["org_id"],
+            dag_id=view["dag_id"],
+            dag_version=view["dag_version"],
+            job=view["job"],
+            operator=view["operator"],
+            runtime=view["runtime"],
+            config=view["config"],
+            parent_task_id=view["parent_task_id"],
+            input_event=view["input_event"],
+            inputs=[m.DatasetRef(**r) for r in view["input_versions"]],
+            outputs=[m.DatasetRef(**r) for r in view["outputs"]],
+            run_id=view["run_id"],
+            worker_pool=view["worker_pool"],
+            slot_index=slot["slot_index"] if slot else None,
+            slot_env=slot["env"] if slot else {},
+            slot_secret_names=sorted(slot["secrets"]) if slot else [],
+            operator_state=operator_state,
+            operator_state_revision=revision,
+            idempotency=m.IdempotencyContext(
+                producer_task_id=view["task_id"], attempt=view["attempt"]
+            ),
+            timeout_seconds=view["timeout_seconds"],
+            deadline_at=view["deadline_at"],
+            lease_until=view["lease_until"],
+            heartbeat_seconds=self.settings.heartbeat_seconds,
+        )
+
+    def heartbeat(self, req: m.HeartbeatRequest) -> m.HeartbeatResponse:
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                _Q.heartbeat,
+                {
+                    "task_id": req.task_id,
+                    "attempt": req.attempt,
+                    "lease_token": req.lease_token,
+                    "lease": self.settings.lease_seconds,
+                },
+            ).fetchone()
+            if row is not None:
+                return m.HeartbeatResponse(**row)
+            st = fenced(conn, req)
+            raise Conflict(
+                "lease_lost",
+                f"attempt {req.attempt} of task {req.task_id} no longer holds its lease "
+                f"(task is {st['status']})",
+                status=st["status"],
+            )
+
+    # -- completion ----------------------------------------------------------------------
+    def complete(self, req: m.CompleteRequest) -> m.CompleteResponse:
+        """Accepted only for the current attempt of a task not succeeded/canceled; a late
+        report of the current attempt (after its lease expired) is accepted too."""
+        if (
+            req.outcome == "succeeded"
+            and not req.final_events
+            and not req.outputs
+            and req.operator_state is None
+        ):
+            fast = {"task_id": req.task_id, "attempt": req.attempt, "lease_token": req.lease_token}
+            with self.pool.connection() as conn:
+                if conn.execute(_Q.complete_fast, fast).fetchone() is not None:
+                    return m.CompleteResponse(
+                        task_id=req.task_id, attempt=req.attempt, status="succeeded"
+                    )
+        with self.pool.connection() as conn, conn.transaction():
+            st = fenced(conn, req)
+            if st["status"] in ("succeeded", "canceled"):
+                if st["status"] == req.outcome:  # the same report again: idempotent
+                    return m.CompleteResponse(
+                        task_id=req.task_id, attempt=req.attempt, status=st["status"]
+                    )
+                reject_finished(st, req)
+            req, conflict = self._compare_state(conn, st, req)
+            ids, dups, created = self.emitter.insert(conn, st, req.attempt, req.final_events)
+            committed = commit_outputs(conn, st, req.attempt, req.outputs)
+            self.slots.release(conn, req.task_id)
+            status, next_at = self._settle(conn, st, req, conflict)
+        return m.CompleteResponse(
+            task_id=req.task_id,
+            attempt=req.attempt,
+            status=status,
+            next_attempt_at=next_at,
+            events_accepted=len(ids),
+            events_duplicate=dups,
+            tasks_created=created,
+            outputs_committed=committed,
+        )
+
+    def _compare_state(
+        self, conn: Connection[Any], st: dict[str, Any], req: m.CompleteRequest
+    ) -> tuple[m.CompleteRequest, bool]:
+        """A success that saves operator state, checked against the revision it read. If another
+        run of the job saved since, nothing of this attempt lands (its report becomes a
+        retryable failure with no events, outputs or state) and True says it lost the race."""
+        if req.outcome != "succeeded" or req.operator_state is None:
+            return req, False
+        if st["dag_id"] is None:
+            raise Invalid("operator state is kept per DAG job; this task has no DAG")
+        if not self._state_moved(conn, st, req.operator_state_revision):
+            return req, False
+        lost = {
+            "outcome": "failed",
+            "retryable": True,
+            "error": state.STATE_CONFLICT,
+            "final_events": [],
+            "outputs": [],
+            "operator_state": None,
+        }
+        return req.model_copy(update=lost), True
+
+    def _settle(
+        self, conn: Connection[Any], st: dict[str, Any], req: m.CompleteRequest, conflict: bool
+    ) -> tuple[str, datetime | None]:
+        """Ends the attempt with its outcome and moves the task on: the new status, and when
+        a retry is next claimable."""
+        if req.outcome == "succeeded":
+            conn.execute(_Q.set_succeeded, {"task_id": req.task_id})
+            if req.operator_state is not None:
+                state.save(conn, st, req.operator_state)
+            _finish_attempt(conn, st, req.attempt, "succeeded", None)
+            return "succeeded", None
+        if req.outcome == "canceled":
+            _set_terminal(conn, req.task_id, "canceled", None)
+            _finish_attempt(conn, st, req.attempt, "canceled", None)
+            return "canceled", None
+        error = req.error or "operator failed without a message"
+        _finish_attempt(conn, st, req.attempt, state.OUTCOME if conflict else "failed", error)
+        if st["status"] != "running":
+            # A late failure report: the reaper already decided this attempt's fate.
+            return st["status"], None
+        if conflict and not st["cancel_requested"]:
+            # Someone else made progress: not this task's failure, so it costs no retry
+            # budget and waits only a moment (jittered, so racers spread out).
+            return "queued", self._schedule_retry(conn, st, error, random.uniform(0.05, 0.5))
+        if (
+            req.retryable
+            and not st["cancel_requested"]
+            and req.attempt - state.conflicts(conn, st) < st["max_attempts"]
+        ):
+            return "queued", self._schedule_retry(conn, st, error)
+        final = "canceled" if st["cancel_requested"] else "failed"
+        _set_terminal(conn, req.task_id, final, error)
+        return final, None
+
+    # -- retries and the reaper ----------------------------------------------------------
+    def _schedule_retry(
+        self, conn: Connection[Any], st: dict[str, Any], error: str, delay: float | None = None
+    ) -> datetime:
+        if delay is None:
+            delay = backoff_seconds(
+                st["attempt"], st["retry_backoff_seconds"], st["retry_backoff_max_seconds"]
+            )
+        row = conn.execute(
+            _Q.set_retry, {"task_id": st["task_id"], "error": error, "backoff": delay}
+        ).fetchone()
+        assert row is not None
+        self.intents.wake(conn, st["task_id"], st["start_day"], delay)
+        return row["next_attempt_at"]
+
+    def reap(self, limit: int = 100) -> int:
+        """Fails attempts whose lease or deadline expired; retries or finishes their tasks.
+        Safe to run in many processes at once (SKIP LOCKED)."""
+        with self.pool.connection() as conn, conn.transaction():
+            rows = conn.execute(_Q.expired_leases, {"limit": limit}).fetchall()
+            for st in rows:
+                outcome = "timed_out" if st["timed_out"] else "lease_expired"
+                error = (
+                    f"attempt {st['attempt']} exceeded its timeout"
+                    if st["timed_out"]
+                    else f"attempt {st['attempt']} lost its lease (missed heartbeats)"
+                )
+                _finish_attempt(conn, st, st["attempt"], outcome, error)
+                self.slots.release(conn, st["task_id"])
+                if st["cancel_requested"]:
+                    _set_terminal(conn, st["task_id"], "canceled", error)
+                elif st["attempt"] < st["max_attempts"]:
+                    self._schedule_retry(conn, st, error)
+                else:
+                    _set_terminal(conn, st["task_id"], "failed", error)
+        return len(rows)
+
+    # -- cancel --------------------------------------------------------------------------
+    def cancel(self, task_id: UUID) -> m.CancelResponse:
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(_Q.request_cancel, {"task_id": task_id}).fetchone()
+            if row is not None:
+                return m.CancelResponse(task_id=task_id, **row)
+            st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
+            if st is None:
+                raise NotFound(f"task {task_id} does not exist")
+            if st["status"] == "canceled":
+                return m.CancelResponse(task_id=task_id, status="canceled", cancel_requested=True)
+            raise Conflict(
+                "task_finished",
+                f"task {task_id} already {st['status']}; it cannot be canceled",
+                status=st["status"],
+            )

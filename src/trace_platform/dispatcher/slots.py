@@ -1,0 +1,100 @@
+"""Worker-pool slots: a pooled task runs only while it holds one slot of its job's pool, within
+min(max_concurrency, pool size); every terminal path and every retry frees the slot and wakes a
+task waiting for it. A slot's secrets are opened for the wrapper of the task holding it."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from trace_platform.config import Settings
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import models as m
+from trace_platform.dispatcher.errors import Conflict, Forbidden
+from trace_platform.dispatcher.fencing import fenced
+from trace_platform.dispatcher.intents import Intents
+from trace_platform.identity import Actor
+from trace_platform.identity.vault import can_use_secret, vault_for
+
+_Q = Queries("dispatcher")
+
+
+class Slots:
+    def __init__(self, pool: ConnectionPool, settings: Settings, intents: Intents) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.intents = intents
+
+    def lease(self, conn: Connection[Any], task_id: UUID) -> m.SlotLease | None:
+        """One slot of the job's pool, within min(max_concurrency, pool size)."""
+        t = conn.execute(_Q.task_pool, {"task_id": task_id}).fetchone()
+        if t is None or t["worker_pool"] is None:
+            return None
+        key = {"dag_id": t["dag_id"], "pool": t["worker_pool"], "job": t["job"]}
+        conn.execute(_Q.lock_pool, key)  # serialises slot accounting per pool, not claims at large
+        usage = conn.execute(_Q.pool_usage, key).fetchone()
+        assert usage is not None
+        if usage["job_running"] >= (t["max_concurrency"] or 1) or usage["free_slot"] is None:
+            why = (
+                f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
+                if usage["free_slot"] is not None
+                else f"every slot of worker pool '{t['worker_pool']}' is in use"
+            )
+            raise Conflict(
+                "waiting_for_slot", f"task {task_id} waits for a slot: {why}", pool=t["worker_pool"]
+            )
+        conn.execute(_Q.lease_slot, {**key, "task_id": task_id, "slot_index": usage["free_slot"]})
+        return m.SlotLease(pool=t["worker_pool"], slot_index=usage["free_slot"])
+
+    def release(self, conn: Connection[Any], task_id: UUID) -> None:
+        """Every terminal path (and every retry) frees the slot and wakes a waiting task."""
+        freed = conn.execute(_Q.release_slot, {"task_id": task_id}).fetchone()
+        if freed is None:
+            return
+        for w in conn.execute(_Q.waiting_for_pool, {**freed, "limit": 2}).fetchall():
+            if w["task_id"] != task_id:
+                self.intents.wake(conn, w["task_id"], w["start_day"])
+
+    def secrets(self, ref: m.LeaseRef) -> dict[str, str]:
+        """The secret env of the task's slot, for the wrapper only (never logged). Each secret
+        is checked again against the user who deployed the task's DAG version, as they are now
+        (a revoked use_role refuses here, naming the secret); values are decrypted only here."""
+        vault = vault_for(self.settings)
+        with self.pool.connection() as conn:
+            st = fenced(conn, ref)
+            if st["status"] != "running":
+                raise Conflict("lease_lost", f"task {ref.task_id} is {st['status']}")
+            key = {"task_id": ref.task_id, "org_id": st["org_id"]}
+            rows = conn.execute(_Q.slot_secret_values, key).fetchall()
+            if not rows:
+                return {}
+            if any(r["legacy"] for r in rows):  # stored before 0008 and not yet sealed
+                vault.seal_legacy(conn)
+                rows = conn.execute(_Q.slot_secret_values, key).fetchall()
+            who = conn.execute(
+                _Q.task_deployer, {"task_id": ref.task_id, "start_day": st["start_day"]}
+            ).fetchone()
+        deployer = (
+            Actor(
+                who["user_id"], who["org_id"], who["name"], who["is_admin"], frozenset(who["roles"])
+            )
+            if who
+            else None
+        )
+        values: dict[str, str] = {}
+        for r in rows:
+            if r["org_id"] is None:
+                raise Forbidden(
+                    f"secret '{r['name']}' named by the task's worker pool slot is not set"
+                )
+            if deployer is None or not can_use_secret(deployer, r):
+                by = f"'{deployer.name}'" if deployer else "the task's deployer"
+                raise Forbidden(
+                    f"{by} (who deployed this DAG version) may no longer use secret "
+                    f"'{r['name']}': not its owner, an admin, or in its use_roles"
+                )
+            values[r["env_var"]] = vault.open(r["org_id"], r["name"], r["ciphertext"])
+        return values

@@ -1,0 +1,56 @@
+"""Operator state per (org, dag, job), saved by compare-and-set: a success carries the revision
+its attempt read, and lands only if no other run of the job saved since. An attempt that lost
+that race ends with its own outcome, `state_conflict`: someone else made progress, so it runs
+again on the newer state and costs no retry budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+
+from trace_platform.db.queries import Queries
+
+_Q = Queries("dispatcher")
+
+OUTCOME = "state_conflict"
+STATE_CONFLICT = (
+    "operator state changed while this attempt ran (another run of the job saved first); "
+    "retrying on the newer state"
+)
+
+
+def _key(task: dict[str, Any]) -> dict[str, Any]:
+    return {"org_id": task["org_id"], "dag_id": task["dag_id"], "job": task["job"]}
+
+
+def read(conn: Connection[Any], task: dict[str, Any]) -> tuple[Any, int]:
+    """The job's state and its revision (None and 0 before the first save, or with no DAG)."""
+    if task["dag_id"] is None:
+        return None, 0
+    row = conn.execute(_Q.operator_state, _key(task)).fetchone()
+    return (row["state"], row["revision"]) if row else (None, 0)
+
+
+def moved(conn: Connection[Any], st: dict[str, Any], read_revision: int) -> bool:
+    """Takes the job's state lock (held to the end of the transaction) and tells whether another
+    run saved since `read_revision` was read."""
+    key = _key(st)
+    conn.execute(_Q.lock_operator_state, key)
+    row = conn.execute(_Q.operator_state, key).fetchone()
+    return (row["revision"] if row else 0) != read_revision
+
+
+def save(conn: Connection[Any], st: dict[str, Any], state: Any) -> None:
+    conn.execute(
+        _Q.save_operator_state, {**_key(st), "state": Jsonb(state), "task_id": st["task_id"]}
+    )
+
+
+def conflicts(conn: Connection[Any], st: dict[str, Any]) -> int:
+    """How many of the task's attempts lost a state race (they do not count as tries)."""
+    row = conn.execute(
+        _Q.state_conflicts, {"task_id": st["task_id"], "start_day": st["start_day"]}
+    ).fetchone()
+    return int(row["n"]) if row else 0
