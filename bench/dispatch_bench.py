@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 
 from trace_platform.config import Settings
+from trace_platform.contract import ClaimRequest, CompleteRequest, TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict
+from trace_platform.errors import Conflict
 from trace_platform.identity import lite_admin
 from trace_platform.lite.stack import LiteStack
 from trace_platform.services import Services
@@ -126,7 +126,7 @@ def core_throughput(svc: Services, n: int, threads: int, batch: int) -> float:
     for start in range(0, n, 500):
         with svc.pool.connection() as conn, conn.transaction():
             for _ in range(min(500, n - start)):
-                d.create_task(m.TaskSpec(job="bench", operator="noop"), conn)
+                d.create_task(TaskSpec(job="bench", operator="noop"), conn)
     done = 0
     lock = threading.Lock()
     publisher_done = threading.Event()
@@ -150,11 +150,11 @@ def core_throughput(svc: Services, n: int, threads: int, batch: int) -> float:
             for msg in msgs:
                 tid = uuid.UUID(msg.payload["task_id"])
                 try:
-                    c = d.claim(m.ClaimRequest(task_id=tid, worker_id="bench"))
+                    c = d.claim(ClaimRequest(task_id=tid, worker_id="bench"))
                 except Conflict:
                     continue
                 d.complete(
-                    m.CompleteRequest(
+                    CompleteRequest(
                         task_id=tid,
                         attempt=c.attempt,
                         lease_token=c.lease_token,
@@ -181,7 +181,7 @@ def stack_throughput(stack: LiteStack, n: int) -> float:
     t0 = time.perf_counter()
     with svc.pool.connection() as conn, conn.transaction():
         for _ in range(n):
-            svc.dispatcher.create_task(m.TaskSpec(job="bench_e2e", operator="noop"), conn)
+            svc.dispatcher.create_task(TaskSpec(job="bench_e2e", operator="noop"), conn)
 
     def finished() -> bool:
         with svc.pool.connection() as conn:

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from trace_platform.config import Settings
+from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
-from trace_platform.dispatcher import models as m
 from trace_platform.identity import lite_admin
 from trace_platform.lite.stack import LiteStack
 
@@ -55,7 +55,7 @@ def wait_done(stack: LiteStack, ids: list[uuid.UUID], timeout: float = 900) -> N
 def ran_as(stack: LiteStack) -> int:
     """The uid operators run as in this stack (the probe reports it in its failure)."""
     d = stack.services.dispatcher
-    ref = d.create_task(m.TaskSpec(job="probe", operator="probe", max_attempts=1))
+    ref = d.create_task(TaskSpec(job="probe", operator="probe", max_attempts=1))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         v = d.get_task(ref.task_id)
@@ -69,11 +69,11 @@ def ran_as(stack: LiteStack) -> int:
 def noop_throughput(stack: LiteStack, n: int) -> float:
     d = stack.services.dispatcher
     job = f"bench_{uuid.uuid4().hex[:8]}"
-    warm = d.create_task(m.TaskSpec(job=job + "_warm", operator="noop")).task_id
+    warm = d.create_task(TaskSpec(job=job + "_warm", operator="noop")).task_id
     wait_done(stack, [warm])  # the host is up before the clock starts
     t0 = time.perf_counter()
     with stack.services.pool.connection() as conn, conn.transaction():
-        ids = [d.create_task(m.TaskSpec(job=job, operator="noop"), conn).task_id for _ in range(n)]
+        ids = [d.create_task(TaskSpec(job=job, operator="noop"), conn).task_id for _ in range(n)]
     wait_done(stack, ids)
     return (time.perf_counter() - t0) / n * 1000
 

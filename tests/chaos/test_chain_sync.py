@@ -15,9 +15,9 @@ import pytest
 from tests.support.dags import admin, finished_run
 from tests.support.invariants import assert_invariants
 from tests.support.wait import wait_for
+from trace_platform.chain import Rpc
 from trace_platform.config import Settings
 from trace_platform.devnet import ChainSpec, Devnet
-from trace_platform.devnet.rpc import Rpc
 from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import list_all, make_store
 

@@ -12,10 +12,10 @@ import pytest
 
 from tests.support.dags import admin, finished_run
 from tests.support.invariants import assert_datasets_complete, assert_invariants
+from trace_platform.chain import Rpc, calldata
 from trace_platform.config import Settings
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import STAKING_ADDRESS
-from trace_platform.devnet.rpc import Rpc, calldata
 from trace_platform.lite.demo import saved_rows
 from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import list_all, make_store

@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 from tests.support.dags import admin, user
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
-from trace_platform.dispatcher.models import TaskSpec
+from trace_platform.contract import TaskSpec
 from trace_platform.lite.stack import LiteStack
 
 PROJECT = Path(__file__).resolve().parents[2]

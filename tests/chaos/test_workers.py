@@ -18,7 +18,7 @@ from tests.support.invariants import assert_invariants
 from tests.support.sandbox import bind_env, record_dir
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
-from trace_platform.dispatcher.models import TERMINAL, DatasetRef, TaskSpec
+from trace_platform.contract import TERMINAL, DatasetRef, TaskSpec
 from trace_platform.lite.stack import LiteStack
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,15 @@ import pytest
 
 from tests.support.dags import admin
 from tests.support.wait import wait_for
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict
+from trace_platform.contract import (
+    ClaimRequest,
+    CompleteRequest,
+    EventIn,
+    LeaseRef,
+    RangeSpec,
+    TaskPayload,
+)
+from trace_platform.errors import Conflict
 from trace_platform.services import Services
 
 DAG = """
@@ -32,20 +39,20 @@ jobs:
 """
 
 
-def _lease(d: Any, task_id: Any) -> tuple[dict[str, Any], m.TaskPayload]:
-    c = d.claim(m.ClaimRequest(task_id=task_id, worker_id="w"))
+def _lease(d: Any, task_id: Any) -> tuple[dict[str, Any], TaskPayload]:
+    c = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
     lease = {"task_id": task_id, "attempt": c.attempt, "lease_token": c.lease_token}
-    return lease, d.fetch(m.LeaseRef(**lease))
+    return lease, d.fetch(LeaseRef(**lease))
 
 
-def _try_lease(d: Any, task_id: Any) -> tuple[dict[str, Any], m.TaskPayload] | None:
+def _try_lease(d: Any, task_id: Any) -> tuple[dict[str, Any], TaskPayload] | None:
     try:
         return _lease(d, task_id)
     except Conflict:  # still backing off (a jittered moment after a state conflict)
         return None
 
 
-def _src_tasks(services: Services, n: int) -> tuple[list[Any], m.TaskPayload]:
+def _src_tasks(services: Services, n: int) -> tuple[list[Any], TaskPayload]:
     """Runs `src`, emitting n range events: each wakes `windows` (and never `reader`)."""
     cp, d = services.control, services.dispatcher
     cp.deploy(admin(services), DAG)
@@ -53,10 +60,9 @@ def _src_tasks(services: Services, n: int) -> tuple[list[Any], m.TaskPayload]:
     lease, payload = _lease(d, src_id)
     out = payload.outputs[0].dataset_uuid
     events = [
-        m.EventIn(dataset_uuid=out, range=m.RangeSpec(start=i * 50, end=(i + 1) * 50))
-        for i in range(n)
+        EventIn(dataset_uuid=out, range=RangeSpec(start=i * 50, end=(i + 1) * 50)) for i in range(n)
     ]
-    done = d.complete(m.CompleteRequest(**lease, outcome="succeeded", final_events=events))
+    done = d.complete(CompleteRequest(**lease, outcome="succeeded", final_events=events))
     assert done.tasks_created == n
     with services.pool.connection() as conn:
         rows = conn.execute(
@@ -71,9 +77,9 @@ def test_a_read_only_input_is_pinned_but_does_not_start_the_job(services: Servic
     tasks, src_payload = _src_tasks(services, 1)
     lease, payload = _lease(d, tasks[0])
     win = payload.outputs[0].dataset_uuid
-    ev = m.EventIn(dataset_uuid=win, range=m.RangeSpec(start=0, end=100))
+    ev = EventIn(dataset_uuid=win, range=RangeSpec(start=0, end=100))
     assert (
-        d.complete(m.CompleteRequest(**lease, outcome="succeeded", final_events=[ev])).tasks_created
+        d.complete(CompleteRequest(**lease, outcome="succeeded", final_events=[ev])).tasks_created
         == 1
     )
     with services.pool.connection() as conn:
@@ -91,9 +97,9 @@ def test_operator_state_is_saved_by_compare_and_set(services: Services) -> None:
     (la, pa), (lb, pb) = _lease(d, tasks[0]), _lease(d, tasks[1])
     assert pa.operator_state_revision == pb.operator_state_revision == 0
     win = pa.outputs[0].dataset_uuid
-    ev = m.EventIn(dataset_uuid=win, range=m.RangeSpec(start=0, end=100))
+    ev = EventIn(dataset_uuid=win, range=RangeSpec(start=0, end=100))
     first = d.complete(
-        m.CompleteRequest(
+        CompleteRequest(
             **la,
             outcome="succeeded",
             operator_state={"covered": [[0, 50]]},
@@ -104,7 +110,7 @@ def test_operator_state_is_saved_by_compare_and_set(services: Services) -> None:
     # Both read revision 0: the second save would lose the first range, so it is refused and
     # its attempt retried; nothing it reported lands.
     second = d.complete(
-        m.CompleteRequest(
+        CompleteRequest(
             **lb,
             outcome="succeeded",
             final_events=[ev],
@@ -158,7 +164,7 @@ def test_concurrent_first_saves_let_exactly_one_land(
 
     def finish(i: int) -> str:
         lease, payload = leases[i]
-        req = m.CompleteRequest(
+        req = CompleteRequest(
             **lease,
             outcome="succeeded",
             operator_state={"covered": [[i * 50, (i + 1) * 50]]},

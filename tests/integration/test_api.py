@@ -12,8 +12,8 @@ import pytest
 from pydantic import SecretStr
 
 from trace_platform.config import Settings
+from trace_platform.contract import DatasetRef, TaskSpec
 from trace_platform.db.embedded import free_port
-from trace_platform.dispatcher.models import DatasetRef, TaskSpec
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 

@@ -22,11 +22,10 @@ from psycopg import sql
 
 from tests.support.dags import admin, three_jobs, user
 from trace_platform.config import Settings
+from trace_platform.contract import LITE_ORG_ID, ClaimRequest, LeaseRef
 from trace_platform.db import migrate as mig
 from trace_platform.db.embedded import free_port
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Invalid
-from trace_platform.dispatcher.models import LITE_ORG_ID
+from trace_platform.errors import Invalid
 from trace_platform.identity import Actor, Forbidden, create_key, ensure_user, set_roles
 from trace_platform.identity.vault import key_file
 from trace_platform.lite.stack import ApiServer
@@ -261,8 +260,8 @@ def test_deploy_naming_anothers_secret_is_refused_until_granted_and_revoked_at_c
     bob = refreshed(services, bob)
     cp.deploy(bob, dag)
     (task_id,) = cp.trigger(bob, "bobs")["tasks"]
-    c = d.claim(m.ClaimRequest(task_id=task_id, worker_id="w"))
-    ref = m.LeaseRef(task_id=task_id, attempt=c.attempt, lease_token=c.lease_token)
+    c = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
+    ref = LeaseRef(task_id=task_id, attempt=c.attempt, lease_token=c.lease_token)
     assert d.secrets(ref) == {"TOKEN": "alice-secret-value"}
 
     # Revoked: the next task-secrets call refuses, naming the secret.
@@ -382,8 +381,8 @@ def test_plaintext_secrets_of_an_existing_install_are_sealed_at_start(
         svc.control.deploy(me, POOLED.format(name="old", secret="old_key"))
         (task_id,) = svc.control.trigger(me, "old")["tasks"]
         d = svc.dispatcher
-        c = d.claim(m.ClaimRequest(task_id=task_id, worker_id="w"))
-        ref = m.LeaseRef(task_id=task_id, attempt=c.attempt, lease_token=c.lease_token)
+        c = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
+        ref = LeaseRef(task_id=task_id, attempt=c.attempt, lease_token=c.lease_token)
         assert d.secrets(ref) == {"TOKEN": "old-plaintext"}
     finally:
         svc.close()

@@ -14,9 +14,18 @@ import pytest
 from tests.support.dags import admin, three_jobs, user
 from tests.support.invariants import expire_lease
 from trace_platform.config import Settings
+from trace_platform.contract import (
+    ClaimRequest,
+    CompleteRequest,
+    CompleteResponse,
+    EventIn,
+    EventsRequest,
+    LeaseRef,
+    OutputCommit,
+    RangeSpec,
+)
 from trace_platform.db.embedded import free_port
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict
+from trace_platform.errors import Conflict
 from trace_platform.identity import Forbidden
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
@@ -30,11 +39,11 @@ def q(services: Services, sql: str, *args: Any) -> list[dict[str, Any]]:
 
 def run_task(
     services: Services, task_id: uuid.UUID, outcome: str = "succeeded", **kw: Any
-) -> m.CompleteResponse:
+) -> CompleteResponse:
     d = services.dispatcher
-    c = d.claim(m.ClaimRequest(task_id=task_id, worker_id="w"))
+    c = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
     return d.complete(
-        m.CompleteRequest(
+        CompleteRequest(
             task_id=task_id, attempt=c.attempt, lease_token=c.lease_token, outcome=outcome, **kw
         )
     )
@@ -81,28 +90,26 @@ def test_events_become_tasks_once_with_parent_links(services: Services) -> None:
     cp.deploy(me, three_jobs())
     fired = cp.trigger(me, "hello")
     (source_id,) = fired["tasks"]
-    c = d.claim(m.ClaimRequest(task_id=source_id, worker_id="w"))
-    payload = d.fetch(m.LeaseRef(task_id=source_id, attempt=c.attempt, lease_token=c.lease_token))
+    c = d.claim(ClaimRequest(task_id=source_id, worker_id="w"))
+    payload = d.fetch(LeaseRef(task_id=source_id, attempt=c.attempt, lease_token=c.lease_token))
     out = payload.outputs[0]
     assert payload.run_id == fired["run_id"] and out.dataset_version is not None
-    ev = m.EventIn(dataset_uuid=out.dataset_uuid, cursor="1")
+    ev = EventIn(dataset_uuid=out.dataset_uuid, cursor="1")
     lease = {"task_id": source_id, "attempt": c.attempt, "lease_token": c.lease_token}
-    first = d.events(m.EventsRequest(**lease, events=[ev]))
-    again = d.events(m.EventsRequest(**lease, events=[ev]))  # the same event delivered twice
+    first = d.events(EventsRequest(**lease, events=[ev]))
+    again = d.events(EventsRequest(**lease, events=[ev]))  # the same event delivered twice
     assert (first.tasks_created, again.tasks_created, again.duplicates) == (1, 0, 1)
     # An event for a dataset the task does not produce is refused.
     with pytest.raises(Forbidden, match="does not produce"):
-        d.events(
-            m.EventsRequest(**lease, events=[m.EventIn(dataset_uuid=uuid.uuid4(), cursor="x")])
-        )
+        d.events(EventsRequest(**lease, events=[EventIn(dataset_uuid=uuid.uuid4(), cursor="x")]))
     done = d.complete(
-        m.CompleteRequest(
+        CompleteRequest(
             **lease,
             outcome="succeeded",
-            final_events=[m.EventIn(dataset_uuid=out.dataset_uuid, cursor="2")],
+            final_events=[EventIn(dataset_uuid=out.dataset_uuid, cursor="2")],
             outputs=[
-                m.OutputCommit(
-                    dataset_uuid=out.dataset_uuid, range=m.RangeSpec(start=1, end=2), row_count=10
+                OutputCommit(
+                    dataset_uuid=out.dataset_uuid, range=RangeSpec(start=1, end=2), row_count=10
                 )
             ],
         )
@@ -124,25 +131,25 @@ def test_stale_attempt_events_and_outputs_are_rejected(services: Services) -> No
     cp, me, d = services.control, admin(services), services.dispatcher
     cp.deploy(me, three_jobs())
     (tid,) = cp.trigger(me, "hello")["tasks"]
-    c1 = d.claim(m.ClaimRequest(task_id=tid, worker_id="w"))
-    out = d.fetch(m.LeaseRef(task_id=tid, attempt=1, lease_token=c1.lease_token)).outputs[0]
+    c1 = d.claim(ClaimRequest(task_id=tid, worker_id="w"))
+    out = d.fetch(LeaseRef(task_id=tid, attempt=1, lease_token=c1.lease_token)).outputs[0]
     with services.pool.connection() as conn:
         conn.execute("UPDATE task_status SET lease_until = now() - interval '1 s'")
     d.reap()
     with services.pool.connection() as conn:
         conn.execute("UPDATE task_status SET next_attempt_at = now()")
-    d.claim(m.ClaimRequest(task_id=tid, worker_id="w2"))
+    d.claim(ClaimRequest(task_id=tid, worker_id="w2"))
     stale = {"task_id": tid, "attempt": 1, "lease_token": c1.lease_token}
     with pytest.raises(Conflict, match="stale"):
         d.events(
-            m.EventsRequest(**stale, events=[m.EventIn(dataset_uuid=out.dataset_uuid, cursor="1")])
+            EventsRequest(**stale, events=[EventIn(dataset_uuid=out.dataset_uuid, cursor="1")])
         )
     with pytest.raises(Conflict, match="stale"):
         d.complete(
-            m.CompleteRequest(
+            CompleteRequest(
                 **stale,
                 outcome="succeeded",
-                outputs=[m.OutputCommit(dataset_uuid=out.dataset_uuid, row_count=1)],
+                outputs=[OutputCommit(dataset_uuid=out.dataset_uuid, row_count=1)],
             )
         )
     assert q(services, "SELECT count(*) AS n FROM dataset_commits")[0]["n"] == 0
@@ -189,7 +196,7 @@ def test_pool_slots_bound_concurrency_and_free_on_every_path(services: Services)
     claims = []
     for t in ids:
         try:
-            claims.append(d.claim(m.ClaimRequest(task_id=t, worker_id="w")))
+            claims.append(d.claim(ClaimRequest(task_id=t, worker_id="w")))
         except Conflict as e:
             assert e.code == "waiting_for_slot"
     assert len(claims) == 2 and {c.slot.slot_index for c in claims if c.slot} == {0, 1}
@@ -199,7 +206,7 @@ def test_pool_slots_bound_concurrency_and_free_on_every_path(services: Services)
     # Success frees a slot and wakes a waiting task (no polling).
     c0 = claims[0]
     d.complete(
-        m.CompleteRequest(
+        CompleteRequest(
             task_id=c0.task_id, attempt=1, lease_token=c0.lease_token, outcome="succeeded"
         )
     )
@@ -216,9 +223,9 @@ def test_pool_slots_bound_concurrency_and_free_on_every_path(services: Services)
     # max_concurrency below the pool size is the tighter bound.
     cp.deploy(me, text.replace("max_concurrency: 5", "max_concurrency: 1"))
     extra = [cp.trigger(me, "pooled")["tasks"][0] for _ in range(2)]
-    d.claim(m.ClaimRequest(task_id=extra[0], worker_id="w"))
+    d.claim(ClaimRequest(task_id=extra[0], worker_id="w"))
     with pytest.raises(Conflict, match="max_concurrency"):
-        d.claim(m.ClaimRequest(task_id=extra[1], worker_id="w"))
+        d.claim(ClaimRequest(task_id=extra[1], worker_id="w"))
 
 
 def test_manual_trigger_idempotency_key(services: Services) -> None:

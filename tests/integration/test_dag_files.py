@@ -16,9 +16,16 @@ import httpx
 import pytest
 
 from tests.support.dags import admin, three_jobs
+from trace_platform.contract import (
+    MAX_EVENTS_PER_CALL,
+    ClaimRequest,
+    CompleteRequest,
+    EventIn,
+    EventsRequest,
+    LeaseRef,
+)
 from trace_platform.dag.validate import DagInvalid, parse
 from trace_platform.db.embedded import free_port
-from trace_platform.dispatcher import models as m
 from trace_platform.lite.stack import ApiServer
 from trace_platform.operators.context import OperatorContext
 from trace_platform.operators.ranges import range_splitter
@@ -349,21 +356,21 @@ def test_range_splitter_emits_more_than_one_call_carries_through_the_dispatcher(
     d, me = services.dispatcher, admin(services)
     services.control.deploy(me, SPLIT)
     (task_id,) = services.control.trigger(me, "split")["tasks"]
-    claim = d.claim(m.ClaimRequest(task_id=task_id, worker_id="w"))
+    claim = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
     lease = {"task_id": task_id, "attempt": claim.attempt, "lease_token": claim.lease_token}
-    payload = d.fetch(m.LeaseRef(**lease))
+    payload = d.fetch(LeaseRef(**lease))
     calls = 0
 
     def send(msg: dict[str, Any]) -> None:
         nonlocal calls
         if msg["type"] == "event":
             calls += 1
-            d.events(m.EventsRequest(**lease, events=[m.EventIn.model_validate(msg["event"])]))
+            d.events(EventsRequest(**lease, events=[EventIn.model_validate(msg["event"])]))
 
     ctx = OperatorContext(task=payload, workdir=Path("/nonexistent"), _send=send)
     final = range_splitter(ctx)
-    done = d.complete(m.CompleteRequest(**lease, outcome="succeeded", final_events=final))
-    assert done.status == "succeeded" and calls == 501 and len(final) == m.MAX_EVENTS_PER_CALL
+    done = d.complete(CompleteRequest(**lease, outcome="succeeded", final_events=final))
+    assert done.status == "succeeded" and calls == 501 and len(final) == MAX_EVENTS_PER_CALL
     with services.pool.connection() as conn:
         ranges = conn.execute(
             "SELECT range_start AS s, range_end AS e FROM events WHERE producer_task_id = %s",

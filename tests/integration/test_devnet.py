@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from trace_platform.chain import Rpc, calldata, topic0
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import STAKING_ADDRESS
-from trace_platform.devnet.rpc import Rpc, calldata, topic0
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=11, blocks=240, accounts=40, validators=4, epoch_blocks=50)

@@ -9,29 +9,42 @@ from typing import Any
 import pytest
 
 from tests.support.invariants import assert_invariants, expire_lease
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict, Forbidden, NotFound
+from trace_platform.contract import (
+    Claim,
+    ClaimRequest,
+    CompleteRequest,
+    CompleteResponse,
+    DatasetRef,
+    EventIn,
+    EventsRequest,
+    HeartbeatRequest,
+    LeaseRef,
+    OutputCommit,
+    RangeSpec,
+    TaskSpec,
+)
+from trace_platform.errors import Conflict, Forbidden, NotFound
 from trace_platform.services import Services
 
 Q = "tasks"
 
 
-def spec(**kw: Any) -> m.TaskSpec:
-    return m.TaskSpec(**{"job": "j", "operator": "noop", **kw})
+def spec(**kw: Any) -> TaskSpec:
+    return TaskSpec(**{"job": "j", "operator": "noop", **kw})
 
 
-def claim(services: Services, task_id: uuid.UUID, worker: str = "w1") -> m.Claim:
-    return services.dispatcher.claim(m.ClaimRequest(task_id=task_id, worker_id=worker))
+def claim(services: Services, task_id: uuid.UUID, worker: str = "w1") -> Claim:
+    return services.dispatcher.claim(ClaimRequest(task_id=task_id, worker_id=worker))
 
 
-def ref(c: m.Claim) -> dict[str, Any]:
+def ref(c: Claim) -> dict[str, Any]:
     return {"task_id": c.task_id, "attempt": c.attempt, "lease_token": c.lease_token}
 
 
 def complete(
-    services: Services, c: m.Claim, outcome: str = "succeeded", **kw: Any
-) -> m.CompleteResponse:
-    return services.dispatcher.complete(m.CompleteRequest(**ref(c), outcome=outcome, **kw))
+    services: Services, c: Claim, outcome: str = "succeeded", **kw: Any
+) -> CompleteResponse:
+    return services.dispatcher.complete(CompleteRequest(**ref(c), outcome=outcome, **kw))
 
 
 def q(services: Services, sql: str, *args: Any) -> list[dict[str, Any]]:
@@ -39,8 +52,8 @@ def q(services: Services, sql: str, *args: Any) -> list[dict[str, Any]]:
         return conn.execute(sql, args).fetchall()
 
 
-def ev(cursor: str, dataset: uuid.UUID | None = None) -> m.EventIn:
-    return m.EventIn(dataset_uuid=dataset or uuid.UUID(int=7), cursor=cursor)
+def ev(cursor: str, dataset: uuid.UUID | None = None) -> EventIn:
+    return EventIn(dataset_uuid=dataset or uuid.UUID(int=7), cursor=cursor)
 
 
 def test_create_writes_intent_and_outbox_never_the_queue(services: Services) -> None:
@@ -93,18 +106,18 @@ def test_fetch_payload(services: Services) -> None:
             parent_task_id=parent,
             input_event={"cursor": "5"},
             input_versions=[
-                m.DatasetRef(dataset_uuid=uuid.UUID(int=1), dataset_version=uuid.UUID(int=2))
+                DatasetRef(dataset_uuid=uuid.UUID(int=1), dataset_version=uuid.UUID(int=2))
             ],
         )
     )
     c = claim(services, r.task_id)
-    p = services.dispatcher.fetch(m.LeaseRef(**ref(c)))
+    p = services.dispatcher.fetch(LeaseRef(**ref(c)))
     assert (p.status, p.attempt, p.config, p.parent_task_id) == ("running", 1, {"a": 1}, parent)
     assert p.inputs[0].dataset_version == uuid.UUID(int=2)
     assert p.idempotency.producer_task_id == r.task_id
     assert p.start_day == r.start_day and p.deadline_at is not None
     with pytest.raises(Conflict) as e:
-        services.dispatcher.fetch(m.LeaseRef(**{**ref(c), "lease_token": uuid.uuid4()}))
+        services.dispatcher.fetch(LeaseRef(**{**ref(c), "lease_token": uuid.uuid4()}))
     assert e.value.code == "wrong_lease"
 
 
@@ -170,7 +183,7 @@ def test_reaper_expires_lost_lease_and_fences_old_attempt(services: Services) ->
     view = services.dispatcher.get_task(r.task_id)
     assert view.status == "queued" and view.attempts[0].outcome == "lease_expired"
     with pytest.raises(Conflict) as e:
-        services.dispatcher.heartbeat(m.HeartbeatRequest(**ref(c1)))
+        services.dispatcher.heartbeat(HeartbeatRequest(**ref(c1)))
     assert e.value.code == "lease_lost"
     time.sleep(0.25)  # past the backoff
     c2 = claim(services, r.task_id)
@@ -180,7 +193,7 @@ def test_reaper_expires_lost_lease_and_fences_old_attempt(services: Services) ->
         complete(services, c1, final_events=[ev("x")])
     assert e.value.code == "stale_attempt"
     with pytest.raises(Conflict):
-        services.dispatcher.events(m.EventsRequest(**ref(c1), events=[ev("y")]))
+        services.dispatcher.events(EventsRequest(**ref(c1), events=[ev("y")]))
     assert q(services, "SELECT count(*) AS n FROM events")[0]["n"] == 0  # nothing leaked in
     assert complete(services, c2).status == "succeeded"
     assert_invariants(services)
@@ -213,7 +226,7 @@ def test_timeout_is_reaped_even_with_heartbeats(services: Services) -> None:
     r = services.dispatcher.create_task(spec(timeout_seconds=1, max_attempts=1))
     c = claim(services, r.task_id)
     time.sleep(1.1)
-    services.dispatcher.heartbeat(m.HeartbeatRequest(**ref(c)))  # the lease is fine …
+    services.dispatcher.heartbeat(HeartbeatRequest(**ref(c)))  # the lease is fine …
     assert services.dispatcher.reap() == 1  # … but the deadline is not
     view = services.dispatcher.get_task(r.task_id)
     assert view.status == "failed" and view.attempts[0].outcome == "timed_out"
@@ -223,10 +236,10 @@ def test_timeout_is_reaped_even_with_heartbeats(services: Services) -> None:
 def test_heartbeat_extends_lease(services: Services) -> None:
     r = services.dispatcher.create_task(spec())
     c = claim(services, r.task_id)
-    hb = services.dispatcher.heartbeat(m.HeartbeatRequest(**ref(c)))
+    hb = services.dispatcher.heartbeat(HeartbeatRequest(**ref(c)))
     assert hb.lease_until >= c.lease_until and not hb.cancel_requested
     with pytest.raises(Conflict) as e:
-        services.dispatcher.heartbeat(m.HeartbeatRequest(**{**ref(c), "attempt": 2}))
+        services.dispatcher.heartbeat(HeartbeatRequest(**{**ref(c), "attempt": 2}))
     assert e.value.code == "stale_attempt"
 
 
@@ -241,8 +254,8 @@ def test_cancel_queued_and_running(services: Services) -> None:
     c = claim(services, running.task_id)
     res = services.dispatcher.cancel(running.task_id)
     assert (res.status, res.cancel_requested) == ("running", True)
-    assert services.dispatcher.heartbeat(m.HeartbeatRequest(**ref(c))).cancel_requested
-    assert services.dispatcher.fetch(m.LeaseRef(**ref(c))).status == "canceled"
+    assert services.dispatcher.heartbeat(HeartbeatRequest(**ref(c))).cancel_requested
+    assert services.dispatcher.fetch(LeaseRef(**ref(c))).status == "canceled"
     assert complete(services, c, "canceled").status == "canceled"
 
     done = services.dispatcher.create_task(spec())
@@ -263,12 +276,12 @@ def test_canceled_running_task_whose_lease_expires_is_not_retried(services: Serv
 
 
 def test_events_are_deduplicated_and_final_events_atomic(services: Services) -> None:
-    outputs = [m.DatasetRef(dataset_uuid=uuid.UUID(int=i)) for i in (7, 8)]
+    outputs = [DatasetRef(dataset_uuid=uuid.UUID(int=i)) for i in (7, 8)]
     r = services.dispatcher.create_task(spec(outputs=outputs))
     c = claim(services, r.task_id)
     d = services.dispatcher
-    first = d.events(m.EventsRequest(**ref(c), events=[ev("1"), ev("2")]))
-    again = d.events(m.EventsRequest(**ref(c), events=[ev("2"), ev("3")]))
+    first = d.events(EventsRequest(**ref(c), events=[ev("1"), ev("2")]))
+    again = d.events(EventsRequest(**ref(c), events=[ev("2"), ev("3")]))
     assert (first.accepted, first.duplicates, again.accepted, again.duplicates) == (2, 0, 1, 1)
     other = uuid.UUID(int=8)
     res = complete(
@@ -277,7 +290,7 @@ def test_events_are_deduplicated_and_final_events_atomic(services: Services) -> 
         final_events=[
             ev("3"),
             ev("3", other),
-            m.EventIn(dataset_uuid=other, range=m.RangeSpec(start=1, end=9)),
+            EventIn(dataset_uuid=other, range=RangeSpec(start=1, end=9)),
         ],
     )
     assert (res.events_accepted, res.events_duplicate) == (2, 1)
@@ -294,11 +307,11 @@ def test_events_are_deduplicated_and_final_events_atomic(services: Services) -> 
 
 def test_event_identity_validation() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        m.EventIn(dataset_uuid=uuid.uuid4())
+        EventIn(dataset_uuid=uuid.uuid4())
     with pytest.raises(ValueError, match="exactly one"):
-        m.EventIn(dataset_uuid=uuid.uuid4(), cursor="1", partition_key="p")
+        EventIn(dataset_uuid=uuid.uuid4(), cursor="1", partition_key="p")
     with pytest.raises(ValueError, match="before start"):
-        m.RangeSpec(start=5, end=1)
+        RangeSpec(start=5, end=1)
 
 
 def test_partitions_created_ahead(services: Services) -> None:
@@ -357,12 +370,12 @@ def test_a_task_speaks_only_for_its_own_outputs(services: Services) -> None:
     """No outputs: nothing may be emitted or committed; a foreign dataset: refused (403), and
     nothing of the call is stored (the first, legal event in the same call included)."""
     d = services.dispatcher
-    for outputs in ([], [m.DatasetRef(dataset_uuid=uuid.UUID(int=7))]):
+    for outputs in ([], [DatasetRef(dataset_uuid=uuid.UUID(int=7))]):
         c = claim(services, d.create_task(spec(outputs=outputs)).task_id)
         foreign = ev("1", uuid.UUID(int=99))
         legal = [ev("0")] if outputs else []
         with pytest.raises(Forbidden, match="does not produce"):
-            d.events(m.EventsRequest(**ref(c), events=[*legal, foreign]))
+            d.events(EventsRequest(**ref(c), events=[*legal, foreign]))
         with pytest.raises(Forbidden, match="does not produce"):
             complete(services, c, final_events=[foreign])
         with pytest.raises(Forbidden, match="does not produce"):
@@ -370,7 +383,7 @@ def test_a_task_speaks_only_for_its_own_outputs(services: Services) -> None:
                 services,
                 c,
                 outputs=[
-                    m.OutputCommit(
+                    OutputCommit(
                         dataset_uuid=uuid.UUID(int=99),
                         dataset_version=uuid.uuid4(),
                         partition_key="all",

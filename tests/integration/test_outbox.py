@@ -9,7 +9,7 @@ import threading
 from collections import Counter
 
 from tests.support.wait import wait_for
-from trace_platform.dispatcher import models as m
+from trace_platform.contract import TaskSpec
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.services import Services
 
@@ -34,7 +34,7 @@ def _queued_ids(services: Services) -> Counter[str]:
 
 def test_publisher_killed_between_publish_and_mark_sent(services: Services, dsn: str) -> None:
     ids = {
-        str(services.dispatcher.create_task(m.TaskSpec(job="j", operator="noop")).task_id)
+        str(services.dispatcher.create_task(TaskSpec(job="j", operator="noop")).task_id)
         for _ in range(5)
     }
     proc = subprocess.run(
@@ -67,7 +67,7 @@ def test_publisher_killed_between_publish_and_mark_sent(services: Services, dsn:
 def test_concurrent_publishers_publish_each_row_once(services: Services) -> None:
     with services.pool.connection() as conn, conn.transaction():
         for _ in range(600):
-            services.dispatcher.create_task(m.TaskSpec(job="j", operator="noop"), conn=conn)
+            services.dispatcher.create_task(TaskSpec(job="j", operator="noop"), conn=conn)
     pubs = [OutboxPublisher(services.pool, services.driver, batch_size=50) for _ in range(4)]
     threads = [threading.Thread(target=p.drain) for p in pubs]
     for t in threads:
@@ -84,7 +84,7 @@ def test_publish_failure_keeps_rows_pending(services: Services) -> None:
         def publish_many(self, *a: object, **k: object) -> None:
             raise ConnectionError("queue unreachable")
 
-    services.dispatcher.create_task(m.TaskSpec(job="j", operator="noop"))
+    services.dispatcher.create_task(TaskSpec(job="j", operator="noop"))
     broken = OutboxPublisher(services.pool, Down())  # type: ignore[arg-type]
     assert broken.publish_once() == 0
     with services.pool.connection() as conn:
@@ -96,7 +96,7 @@ def test_publish_failure_keeps_rows_pending(services: Services) -> None:
 def test_intent_rolled_back_leaves_no_outbox_row(services: Services) -> None:
     try:
         with services.pool.connection() as conn, conn.transaction():
-            services.dispatcher.create_task(m.TaskSpec(job="j", operator="noop"), conn=conn)
+            services.dispatcher.create_task(TaskSpec(job="j", operator="noop"), conn=conn)
             raise RuntimeError("caller fails after creating the task")
     except RuntimeError:
         pass

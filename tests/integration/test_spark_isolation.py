@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import trace_platform.spark as tspark
-from trace_platform.dispatcher.models import DatasetRef, TaskPayload
+from trace_platform.contract import DatasetRef, TaskPayload
 from trace_platform.objectstore.local import LocalStore
 from trace_platform.operators.context import OperatorContext, PermanentError
 from trace_platform.operators.sql_transform import sql_transform

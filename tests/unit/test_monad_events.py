@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from trace_platform.chain import calldata, selector, topic0, word
 from trace_platform.devnet.chain import compile_contract
-from trace_platform.devnet.rpc import calldata, selector, topic0, word
 
 MONAD = {
     "ValidatorCreated(uint64,address,uint256)": "0x6f8045cd38e512b8f12f6f02947c632e5f25af03aad132890ecf50015d97c1b2",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_platform.dispatcher.models import TaskPayload
+from trace_platform.contract import TaskPayload
 from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, check_upstream
 from trace_platform.sandbox.hostdir import HostDir, host_env
@@ -79,7 +79,7 @@ def test_production_cannot_load_the_test_operators(monkeypatch: pytest.MonkeyPat
 
 
 def test_names_with_a_trailing_newline_are_refused() -> None:
-    from trace_platform.dispatcher.errors import Invalid
+    from trace_platform.errors import Invalid
     from trace_platform.identity.vault import check_secret_name
 
     with pytest.raises(Invalid, match="secret name"):

@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
+from trace_platform.contract import (
+    MAX_EVENTS_PER_CALL,
+    CompleteRequest,
+    DatasetRef,
+    EventIn,
+    EventsRequest,
+    TaskPayload,
+)
 from trace_platform.dag.validate import DagInvalid, parse
-from trace_platform.dispatcher import models as m
 from trace_platform.operators import CONFIGS, REGISTRY, TESTING, config_model
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, PermanentError
@@ -163,7 +170,7 @@ def context(
     outputs: int = 1,
     send: Any = None,
 ) -> OperatorContext:
-    task = m.TaskPayload.model_construct(
+    task = TaskPayload.model_construct(
         task_id=uuid.uuid4(),
         attempt=1,
         job="j",
@@ -171,7 +178,7 @@ def context(
         config=config,
         input_event=input_event,
         inputs=[],
-        outputs=[m.DatasetRef(dataset_uuid=uuid.uuid4()) for _ in range(outputs)],
+        outputs=[DatasetRef(dataset_uuid=uuid.uuid4()) for _ in range(outputs)],
         operator_state=None,
     )
     return OperatorContext(task=task, workdir=tmp_path, _send=send or (lambda msg: None))
@@ -214,16 +221,16 @@ def test_range_splitter_batches_what_one_call_cannot_carry(tmp_path: Path) -> No
     (the wrapper forwards a mid-task event as one call; the completion carries the rest). The
     same through a real Dispatcher: tests/integration/test_dag_files.py."""
     lease = {"task_id": uuid.uuid4(), "attempt": 1, "lease_token": uuid.uuid4()}
-    calls: list[m.EventsRequest] = []
+    calls: list[EventsRequest] = []
 
     def send(msg: dict[str, Any]) -> None:
         if msg["type"] == "event":  # validated as the wrapper and the Dispatcher do
-            calls.append(m.EventsRequest(**lease, events=[m.EventIn(**msg["event"])]))
+            calls.append(EventsRequest(**lease, events=[EventIn(**msg["event"])]))
 
     cfg = {"from_block": 0, "to_block": 1500, "chunk_size": 1}
     final = range_splitter(context("range_splitter", cfg, tmp_path, send=send))
-    done = m.CompleteRequest(**lease, outcome="succeeded", final_events=final)
-    assert len(done.final_events) == m.MAX_EVENTS_PER_CALL
+    done = CompleteRequest(**lease, outcome="succeeded", final_events=final)
+    assert len(done.final_events) == MAX_EVENTS_PER_CALL
     mid = [e for c in calls for e in c.events]
     ranges = [(e.range.start, e.range.end) for e in [*mid, *done.final_events] if e.range]
     assert ranges == [(i, i + 1) for i in range(1501)]  # each once, in order

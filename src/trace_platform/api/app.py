@@ -16,9 +16,23 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from trace_platform.api.errors import LastResort, install_error_handlers
 from trace_platform.api.gateway import MAX_BODY_BYTES, BodyLimit, InternalToken, TraceRoute
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Unauthorized
+from trace_platform.contract import (
+    Claim,
+    ClaimRequest,
+    CompleteRequest,
+    CompleteResponse,
+    EventsRequest,
+    EventsResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRef,
+    TaskPayload,
+    TaskRef,
+    TaskSpec,
+)
+from trace_platform.dispatcher.models import CancelResponse, TaskView
 from trace_platform.dispatcher.reaper import run_reaper
+from trace_platform.errors import Unauthorized
 from trace_platform.identity import Actor, authenticate, lite_admin
 from trace_platform.query import formats, saved
 from trace_platform.services import Services
@@ -97,7 +111,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
 
     # -- internal: the worker wrapper only -----------------------------------------------
     @app.post("/internal/claim", dependencies=internal)
-    def claim(body: m.ClaimRequest) -> m.Claim:
+    def claim(body: ClaimRequest) -> Claim:
         return d.claim(body)
 
     @app.get("/internal/task-fetch", dependencies=internal)
@@ -105,8 +119,8 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
         task_id: UUID,
         attempt: Annotated[int, Query(gt=0)],
         x_lease_token: Annotated[UUID, Header()],
-    ) -> m.TaskPayload:
-        return d.fetch(m.LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
+    ) -> TaskPayload:
+        return d.fetch(LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
 
     @app.get("/internal/task-secrets", dependencies=internal)
     def task_secrets(
@@ -114,18 +128,18 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
         attempt: Annotated[int, Query(gt=0)],
         x_lease_token: Annotated[UUID, Header()],
     ) -> dict[str, str]:
-        return d.secrets(m.LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
+        return d.secrets(LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
 
     @app.post("/internal/heartbeat", dependencies=internal)
-    def heartbeat(body: m.HeartbeatRequest) -> m.HeartbeatResponse:
+    def heartbeat(body: HeartbeatRequest) -> HeartbeatResponse:
         return d.heartbeat(body)
 
     @app.post("/internal/events", dependencies=internal)
-    def events(body: m.EventsRequest) -> m.EventsResponse:
+    def events(body: EventsRequest) -> EventsResponse:
         return d.events(body)
 
     @app.post("/internal/task-complete", dependencies=internal)
-    def task_complete(body: m.CompleteRequest) -> m.CompleteResponse:
+    def task_complete(body: CompleteRequest) -> CompleteResponse:
         return d.complete(body)
 
     # -- user-facing: every call acts as a user ---------------------------------------------
@@ -146,7 +160,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     cp = services.control
 
     @app.post("/v1/tasks", status_code=201)
-    def create_task(body: m.TaskSpec, user: Actor = Depends(actor)) -> m.TaskRef:
+    def create_task(body: TaskSpec, user: Actor = Depends(actor)) -> TaskRef:
         return cp.create_task(user, body)
 
     @app.get("/v1/tasks")
@@ -156,11 +170,11 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
         return cp.list_tasks(user, limit)
 
     @app.get("/v1/tasks/{task_id}")
-    def get_task(task_id: UUID, user: Actor = Depends(actor)) -> m.TaskView:
+    def get_task(task_id: UUID, user: Actor = Depends(actor)) -> TaskView:
         return cp.get_task(user, task_id)
 
     @app.post("/v1/tasks/{task_id}/cancel")
-    def cancel_task(task_id: UUID, user: Actor = Depends(actor)) -> m.CancelResponse:
+    def cancel_task(task_id: UUID, user: Actor = Depends(actor)) -> CancelResponse:
         return cp.cancel_task(user, task_id)
 
     @app.post("/v1/dags", status_code=201)

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trace_platform.dag.validate import DagInvalid
-from trace_platform.dispatcher.errors import DispatcherError
+from trace_platform.errors import TraceError
 
 log = logging.getLogger("trace_platform.api")
 
@@ -80,8 +80,8 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, list[str]]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(DispatcherError)
-    async def dispatcher_error(_: Request, exc: DispatcherError) -> JSONResponse:
+    @app.exception_handler(TraceError)
+    async def trace_error(_: Request, exc: TraceError) -> JSONResponse:
         return error_response(exc.status_code, exc.code, exc.message, exc.detail)
 
     @app.exception_handler(DagInvalid)

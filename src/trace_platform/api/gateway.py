@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trace_platform.api.errors import error_response, shorten
 from trace_platform.dag.schema import NAME
-from trace_platform.dispatcher.errors import Invalid
+from trace_platform.errors import Invalid
 from trace_platform.identity.vault import SECRET_NAME
 
 MAX_BODY_BYTES = 2 * 1024 * 1024

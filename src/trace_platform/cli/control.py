@@ -19,7 +19,7 @@ from rich.tree import Tree
 from trace_platform.config import get_settings
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import DagInvalid, load
-from trace_platform.dispatcher.errors import DispatcherError
+from trace_platform.errors import TraceError
 from trace_platform.identity import Actor, authenticate, set_roles
 from trace_platform.lite.bootstrap import key_file
 from trace_platform.services import Services
@@ -85,7 +85,7 @@ def run_op(fn: Any, *args: Any, **kw: Any) -> Any:
         for p in e.problems:
             console.print("  " + p.render(e.source), highlight=False)
         raise typer.Exit(1) from None
-    except DispatcherError as e:
+    except TraceError as e:
         fail(e.message)
 
 

@@ -18,11 +18,12 @@ from trace_platform.cli.control import dag_app, datasets_app, runs_app, secrets_
 from trace_platform.cli.devnet import devnet_app
 from trace_platform.cli.query import query
 from trace_platform.config import Settings, get_settings, shown
+from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
 from trace_platform.db.pool import embedded_cluster, make_pool, state_dsn
-from trace_platform.dispatcher.errors import DispatcherError
-from trace_platform.dispatcher.models import TaskSpec, TaskView
+from trace_platform.dispatcher.models import TaskView
+from trace_platform.errors import TraceError
 
 app = typer.Typer(
     help="Trace: a Postgres-centred data platform for chain data.", no_args_is_help=True
@@ -332,7 +333,7 @@ def task_create(
                 max_attempts=max_attempts,
             ),
         )
-    except DispatcherError as e:
+    except TraceError as e:
         _fail(e.message)
     except ValueError as e:
         _fail(str(e))
@@ -359,7 +360,7 @@ def task_show(task_id: UUID) -> None:
     cp, actor = _as_me()
     try:
         print_task(cp.get_task(actor, task_id))
-    except DispatcherError as e:
+    except TraceError as e:
         _fail(e.message)
 
 
@@ -369,7 +370,7 @@ def task_cancel(task_id: UUID) -> None:
     cp, actor = _as_me()
     try:
         res = cp.cancel_task(actor, task_id)
-    except DispatcherError as e:
+    except TraceError as e:
         _fail(e.message)
     console.print(
         f"task {task_id}: {res.status}" + (" (cancel requested)" if res.status == "running" else "")
@@ -382,7 +383,7 @@ def task_list(limit: Annotated[int, typer.Option()] = 20) -> None:
     cp, actor = _as_me()
     try:
         rows = cp.list_tasks(actor, limit)
-    except DispatcherError as e:
+    except TraceError as e:
         _fail(e.message)
     table = Table("task", "job", "operator", "status", "attempt", "created", "last error")
     for r in rows:

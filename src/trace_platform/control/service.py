@@ -9,13 +9,14 @@ from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
+from trace_platform.contract import TaskRef, TaskSpec
 from trace_platform.dag.schema import NAME
 from trace_platform.dag.validate import parse
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
-from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
+from trace_platform.dispatcher.models import CancelResponse, TaskView
+from trace_platform.errors import Conflict, Invalid, NotFound
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read_row, require_admin
 from trace_platform.identity.vault import (
     can_manage_secret,
@@ -261,7 +262,7 @@ class ControlPlane:
         if not visible:
             raise NotFound(f"task {task_id} does not exist")
 
-    def create_task(self, actor: Actor, spec: m.TaskSpec) -> m.TaskRef:
+    def create_task(self, actor: Actor, spec: TaskSpec) -> TaskRef:
         """An ad-hoc task (no DAG) in the user's org: org admins only."""
         require_admin(actor, "create ad-hoc tasks")
         given = sorted(f for f in _DAG_ONLY if f in spec.model_fields_set)
@@ -297,11 +298,11 @@ class ControlPlane:
         with self.pool.connection() as conn:
             return conn.execute(_K.org_tasks, {"org_id": actor.org_id, "limit": limit}).fetchall()
 
-    def get_task(self, actor: Actor, task_id: UUID) -> m.TaskView:
+    def get_task(self, actor: Actor, task_id: UUID) -> TaskView:
         self._visible_task(actor, task_id)
         return self.dispatcher.get_task(task_id)
 
-    def cancel_task(self, actor: Actor, task_id: UUID) -> m.CancelResponse:
+    def cancel_task(self, actor: Actor, task_id: UUID) -> CancelResponse:
         self._visible_task(actor, task_id)
         return self.dispatcher.cancel(task_id)
 

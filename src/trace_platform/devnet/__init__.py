@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from trace_platform.chain import Rpc
 from trace_platform.devnet.chain import ChainInfo, ChainSpec, Generator
 from trace_platform.devnet.node import AnvilNode, DevnetError, NodeInfo
-from trace_platform.devnet.rpc import Rpc
 
 __all__ = ["ChainInfo", "ChainSpec", "Devnet", "DevnetError"]
 

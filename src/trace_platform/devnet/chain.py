@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any
 
-from trace_platform.devnet.rpc import Rpc, calldata
+from trace_platform.chain import Rpc, calldata
 
 STAKING_ADDRESS = "0x0000000000000000000000000000000000001000"
 DEPLOYER = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"  # anvil's first unlocked account

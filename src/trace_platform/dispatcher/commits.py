@@ -11,12 +11,12 @@ from psycopg import Connection
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from trace_platform.contract import EventIn, EventsRequest, EventsResponse, OutputCommit
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
 from trace_platform.dispatcher.dag_tasks import tasks_for_event
-from trace_platform.dispatcher.errors import Forbidden, Invalid
 from trace_platform.dispatcher.fencing import fenced, reject_finished
 from trace_platform.dispatcher.intents import Intents
+from trace_platform.errors import Forbidden, Invalid
 
 _Q = Queries("dispatcher")
 
@@ -35,7 +35,7 @@ def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> d
 
 
 def commit_outputs(
-    conn: Connection[Any], st: dict[str, Any], attempt: int, commits: list[m.OutputCommit]
+    conn: Connection[Any], st: dict[str, Any], attempt: int, commits: list[OutputCommit]
 ) -> int:
     outputs = check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
     for c in commits:
@@ -72,7 +72,7 @@ class Emitter:
         self.intents = intents
 
     def insert(
-        self, conn: Connection[Any], st: dict[str, Any], attempt: int, events: list[m.EventIn]
+        self, conn: Connection[Any], st: dict[str, Any], attempt: int, events: list[EventIn]
     ) -> tuple[list[UUID], int, int]:
         """Stores new events and, in the same transaction, creates the tasks they start."""
         if not events:
@@ -115,12 +115,12 @@ class Emitter:
                 created += 1
         return accepted, len(events) - len(accepted), created
 
-    def emit(self, req: m.EventsRequest) -> m.EventsResponse:
+    def emit(self, req: EventsRequest) -> EventsResponse:
         """Events reported while the attempt runs (`/internal/events`)."""
         with self.pool.connection() as conn, conn.transaction():
             st = fenced(conn, req)
             reject_finished(st, req)
             ids, dups, created = self.insert(conn, st, req.attempt, req.events)
-        return m.EventsResponse(
+        return EventsResponse(
             accepted=len(ids), duplicates=dups, event_ids=ids, tasks_created=created
         )

@@ -15,14 +15,15 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
+from trace_platform.contract import EventsRequest, EventsResponse, LeaseRef, TaskRef, TaskSpec
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
 from trace_platform.dispatcher.commits import Emitter
-from trace_platform.dispatcher.errors import NotFound
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.lifecycle import Lifecycle, backoff_seconds
+from trace_platform.dispatcher.models import AttemptView, TaskView
 from trace_platform.dispatcher.slots import Slots
 from trace_platform.dispatcher.state import STATE_CONFLICT
+from trace_platform.errors import NotFound
 
 __all__ = ["STATE_CONFLICT", "Dispatcher", "backoff_seconds"]
 
@@ -41,7 +42,7 @@ class Dispatcher(Lifecycle):
         )
         self.queue = settings.task_queue
 
-    def create_task(self, spec: m.TaskSpec, conn: Connection[Any] | None = None) -> m.TaskRef:
+    def create_task(self, spec: TaskSpec, conn: Connection[Any] | None = None) -> TaskRef:
         """Task intent and its wake-up in one transaction (the caller's, if given)."""
         return self.intents.create_task(spec, conn)
 
@@ -49,16 +50,16 @@ class Dispatcher(Lifecycle):
         """Anti-entropy: a fresh wake-up for queued tasks left untouched for `after_seconds`."""
         return self.intents.rewake(after_seconds, limit)
 
-    def secrets(self, ref: m.LeaseRef) -> dict[str, str]:
+    def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged)."""
         return self.slots.secrets(ref)
 
-    def events(self, req: m.EventsRequest) -> m.EventsResponse:
+    def events(self, req: EventsRequest) -> EventsResponse:
         """Events reported while the attempt runs; each new one creates the tasks it starts."""
         return self.emitter.emit(req)
 
     # -- user-facing views ---------------------------------------------------------------
-    def get_task(self, task_id: UUID) -> m.TaskView:
+    def get_task(self, task_id: UUID) -> TaskView:
         with self.pool.connection() as conn:
             v = conn.execute(_Q.task_view, {"task_id": task_id}).fetchone()
             if v is None:
@@ -66,9 +67,9 @@ class Dispatcher(Lifecycle):
             key = {"task_id": task_id, "start_day": v["start_day"]}
             attempts = conn.execute(_Q.task_attempts, key).fetchall()
             n_events = conn.execute(_Q.task_event_count, key).fetchone()
-        return m.TaskView(
-            **{k: v[k] for k in m.TaskView.model_fields if k in v},
-            attempts=[m.AttemptView(**a) for a in attempts],
+        return TaskView(
+            **{k: v[k] for k in TaskView.model_fields if k in v},
+            attempts=[AttemptView(**a) for a in attempts],
             events=n_events["n"] if n_events else 0,
         )
 

@@ -13,16 +13,16 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from trace_platform.contract import DatasetRef, EventIn, TaskSpec
 from trace_platform.dag.schema import JobSpec
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
 
 _Q = Queries("dag_tasks")
 
 
-def _refs(rows: list[dict[str, Any]]) -> list[m.DatasetRef]:
+def _refs(rows: list[dict[str, Any]]) -> list[DatasetRef]:
     return [
-        m.DatasetRef(
+        DatasetRef(
             dataset_uuid=r["dataset_uuid"],
             dataset_version=r["dataset_version"],
             dataset_name=r["dataset_name"],
@@ -46,9 +46,9 @@ def job_task(
     parent_task_id: UUID | None = None,
     input_event_id: UUID | None = None,
     input_event: dict[str, Any] | None = None,
-) -> m.TaskSpec:
+) -> TaskSpec:
     key = {"dag_id": dag_id, "version": version, "job": job_name}
-    return m.TaskSpec(
+    return TaskSpec(
         job=job_name,
         operator=job.operator,
         runtime=job.runtime,
@@ -81,13 +81,13 @@ def tasks_for_event(
     org_id: UUID,
     producer: dict[str, Any],
     event_id: UUID,
-    event: m.EventIn,
-) -> list[m.TaskSpec]:
+    event: EventIn,
+) -> list[TaskSpec]:
     """One task for every job (of an active DAG version) that reads the event's dataset."""
     subs = conn.execute(
         _Q.subscribers, {"dataset_uuid": event.dataset_uuid, "org_id": org_id}
     ).fetchall()
-    specs: list[m.TaskSpec] = []
+    specs: list[TaskSpec] = []
     cache: dict[tuple[UUID, int], dict[str, JobSpec]] = {}
     input_event = {
         "event_id": str(event_id),
@@ -127,7 +127,7 @@ def fire(
     fire_key: str,
     config: dict[str, Any],
     fired_by: UUID | None,
-) -> tuple[UUID, list[m.TaskSpec]]:
+) -> tuple[UUID, list[TaskSpec]]:
     """Records the firing (once per (dag, trigger, fire_key)) and returns the source-job tasks
     to create; an already-recorded firing returns its run and no tasks."""
     run_id = uuid.uuid4()

@@ -7,19 +7,19 @@ from typing import Any
 
 from psycopg import Connection
 
+from trace_platform.contract import LeaseRef
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict, NotFound
+from trace_platform.errors import Conflict, NotFound
 
 _Q = Queries("dispatcher")
 
 
-def fenced(conn: Connection[Any], ref: m.LeaseRef) -> dict[str, Any]:
+def fenced(conn: Connection[Any], ref: LeaseRef) -> dict[str, Any]:
     """Locks the status row and checks the caller speaks for the current attempt."""
     return check_lease(conn.execute(_Q.status_for_update, {"task_id": ref.task_id}).fetchone(), ref)
 
 
-def check_lease(row: dict[str, Any] | None, ref: m.LeaseRef) -> dict[str, Any]:
+def check_lease(row: dict[str, Any] | None, ref: LeaseRef) -> dict[str, Any]:
     if row is None:
         raise NotFound(f"task {ref.task_id} does not exist")
     if ref.attempt != row["attempt"]:
@@ -37,7 +37,7 @@ def check_lease(row: dict[str, Any] | None, ref: m.LeaseRef) -> dict[str, Any]:
     return row
 
 
-def reject_finished(st: dict[str, Any], ref: m.LeaseRef) -> None:
+def reject_finished(st: dict[str, Any], ref: LeaseRef) -> None:
     if st["status"] in ("succeeded", "canceled"):
         raise Conflict(
             "task_finished",

@@ -14,9 +14,9 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
+from trace_platform.contract import MAX_CONFIG_BYTES, TaskRef, TaskSpec
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Invalid
+from trace_platform.errors import Invalid
 from trace_platform.queue import payloads
 
 _Q = Queries("dispatcher")
@@ -39,14 +39,14 @@ class Intents:
             },
         )
 
-    def create_task(self, spec: m.TaskSpec, conn: Connection[Any] | None = None) -> m.TaskRef:
+    def create_task(self, spec: TaskSpec, conn: Connection[Any] | None = None) -> TaskRef:
         """Task intent and its wake-up in one transaction (the caller's, if given)."""
-        if len(json.dumps(spec.config, default=str)) > m.MAX_CONFIG_BYTES:
-            raise Invalid(f"task config is larger than {m.MAX_CONFIG_BYTES} bytes")
+        if len(json.dumps(spec.config, default=str)) > MAX_CONFIG_BYTES:
+            raise Invalid(f"task config is larger than {MAX_CONFIG_BYTES} bytes")
         task_id = uuid.uuid4()
         params = self._registry_row(task_id, spec)
 
-        def write(c: Connection[Any]) -> m.TaskRef:
+        def write(c: Connection[Any]) -> TaskRef:
             row = c.execute(_Q.insert_registry, params).fetchone()
             assert row is not None
             start_day = row["start_day"]
@@ -54,14 +54,14 @@ class Intents:
                 _Q.insert_status, {"task_id": task_id, "start_day": start_day, "status": "queued"}
             )
             self.wake(c, task_id, start_day)
-            return m.TaskRef(task_id=task_id, start_day=start_day, status="queued")
+            return TaskRef(task_id=task_id, start_day=start_day, status="queued")
 
         if conn is not None:
             return write(conn)
         with self.pool.connection() as c, c.transaction():
             return write(c)
 
-    def _registry_row(self, task_id: UUID, spec: m.TaskSpec) -> dict[str, Any]:
+    def _registry_row(self, task_id: UUID, spec: TaskSpec) -> dict[str, Any]:
         """The spec with the settings' defaults filled in, as `insert_registry` takes it."""
         s = self.settings
         return {

@@ -17,14 +17,26 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
+from trace_platform.contract import (
+    Claim,
+    ClaimRequest,
+    CompleteRequest,
+    CompleteResponse,
+    DatasetRef,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    IdempotencyContext,
+    LeaseRef,
+    TaskPayload,
+)
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
 from trace_platform.dispatcher import state
 from trace_platform.dispatcher.commits import Emitter, commit_outputs
-from trace_platform.dispatcher.errors import Conflict, Invalid, NotFound
 from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished
 from trace_platform.dispatcher.intents import Intents
+from trace_platform.dispatcher.models import CancelResponse
 from trace_platform.dispatcher.slots import Slots
+from trace_platform.errors import Conflict, Invalid, NotFound
 
 _Q = Queries("dispatcher")
 
@@ -76,7 +88,7 @@ class Lifecycle:
         self.emitter = emitter
 
     # -- claim ---------------------------------------------------------------------------
-    def claim(self, req: m.ClaimRequest) -> m.Claim:
+    def claim(self, req: ClaimRequest) -> Claim:
         """Leases a queued task: one statement for a task without a worker pool; with one, the
         same statement plus a slot in one transaction (no slot, no claim)."""
         params = {
@@ -88,13 +100,13 @@ class Lifecycle:
         with self.pool.connection() as conn:
             row = conn.execute(_Q.claim, params).fetchone()
         if row is not None:
-            return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
+            return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
         with self.pool.connection() as conn, conn.transaction():
             row = conn.execute(_Q.claim, {**params, "pooled": True}).fetchone()
             if row is None:
                 raise self._not_claimable(conn, req.task_id)
             slot = self.slots.lease(conn, req.task_id)  # raises (rolling back the claim) if none
-        return m.Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot)
+        return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot)
 
     @staticmethod
     def _not_claimable(conn: Connection[Any], task_id: UUID) -> Exception:
@@ -115,13 +127,13 @@ class Lifecycle:
         )
 
     # -- task-fetch and heartbeat -----------------------------------------------------------
-    def fetch(self, ref: m.LeaseRef) -> m.TaskPayload:
+    def fetch(self, ref: LeaseRef) -> TaskPayload:
         with self.pool.connection() as conn:
             view = check_lease(conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone(), ref)
             slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
             operator_state, revision = state.read(conn, view)
         status = "canceled" if view["cancel_requested"] else view["status"]
-        return m.TaskPayload(
+        return TaskPayload(
             task_id=view["task_id"],
             attempt=view["attempt"],
             start_day=view["start_day"],
@@ -136,8 +148,8 @@ class Lifecycle:
             config=view["config"],
             parent_task_id=view["parent_task_id"],
             input_event=view["input_event"],
-            inputs=[m.DatasetRef(**r) for r in view["input_versions"]],
-            outputs=[m.DatasetRef(**r) for r in view["outputs"]],
+            inputs=[DatasetRef(**r) for r in view["input_versions"]],
+            outputs=[DatasetRef(**r) for r in view["outputs"]],
             run_id=view["run_id"],
             worker_pool=view["worker_pool"],
             slot_index=slot["slot_index"] if slot else None,
@@ -145,7 +157,7 @@ class Lifecycle:
             slot_secret_names=sorted(slot["secrets"]) if slot else [],
             operator_state=operator_state,
             operator_state_revision=revision,
-            idempotency=m.IdempotencyContext(
+            idempotency=IdempotencyContext(
                 producer_task_id=view["task_id"], attempt=view["attempt"]
             ),
             timeout_seconds=view["timeout_seconds"],
@@ -154,7 +166,7 @@ class Lifecycle:
             heartbeat_seconds=self.settings.heartbeat_seconds,
         )
 
-    def heartbeat(self, req: m.HeartbeatRequest) -> m.HeartbeatResponse:
+    def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
         with self.pool.connection() as conn, conn.transaction():
             row = conn.execute(
                 _Q.heartbeat,
@@ -166,7 +178,7 @@ class Lifecycle:
                 },
             ).fetchone()
             if row is not None:
-                return m.HeartbeatResponse(**row)
+                return HeartbeatResponse(**row)
             st = fenced(conn, req)
             raise Conflict(
                 "lease_lost",
@@ -176,7 +188,7 @@ class Lifecycle:
             )
 
     # -- completion ----------------------------------------------------------------------
-    def complete(self, req: m.CompleteRequest) -> m.CompleteResponse:
+    def complete(self, req: CompleteRequest) -> CompleteResponse:
         """Accepted only for the current attempt of a task not succeeded/canceled; a late
         report of the current attempt (after its lease expired) is accepted too."""
         if (
@@ -188,14 +200,14 @@ class Lifecycle:
             fast = {"task_id": req.task_id, "attempt": req.attempt, "lease_token": req.lease_token}
             with self.pool.connection() as conn:
                 if conn.execute(_Q.complete_fast, fast).fetchone() is not None:
-                    return m.CompleteResponse(
+                    return CompleteResponse(
                         task_id=req.task_id, attempt=req.attempt, status="succeeded"
                     )
         with self.pool.connection() as conn, conn.transaction():
             st = fenced(conn, req)
             if st["status"] in ("succeeded", "canceled"):
                 if st["status"] == req.outcome:  # the same report again: idempotent
-                    return m.CompleteResponse(
+                    return CompleteResponse(
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 reject_finished(st, req)
@@ -204,7 +216,7 @@ class Lifecycle:
             committed = commit_outputs(conn, st, req.attempt, req.outputs)
             self.slots.release(conn, req.task_id)
             status, next_at = self._settle(conn, st, req, conflict)
-        return m.CompleteResponse(
+        return CompleteResponse(
             task_id=req.task_id,
             attempt=req.attempt,
             status=status,
@@ -216,8 +228,8 @@ class Lifecycle:
         )
 
     def _compare_state(
-        self, conn: Connection[Any], st: dict[str, Any], req: m.CompleteRequest
-    ) -> tuple[m.CompleteRequest, bool]:
+        self, conn: Connection[Any], st: dict[str, Any], req: CompleteRequest
+    ) -> tuple[CompleteRequest, bool]:
         """A success that saves operator state, checked against the revision it read. If another
         run of the job saved since, nothing of this attempt lands (its report becomes a
         retryable failure with no events, outputs or state) and True says it lost the race."""
@@ -238,7 +250,7 @@ class Lifecycle:
         return req.model_copy(update=lost), True
 
     def _settle(
-        self, conn: Connection[Any], st: dict[str, Any], req: m.CompleteRequest, conflict: bool
+        self, conn: Connection[Any], st: dict[str, Any], req: CompleteRequest, conflict: bool
     ) -> tuple[str, datetime | None]:
         """Ends the attempt with its outcome and moves the task on: the new status, and when
         a retry is next claimable."""
@@ -309,16 +321,16 @@ class Lifecycle:
         return len(rows)
 
     # -- cancel --------------------------------------------------------------------------
-    def cancel(self, task_id: UUID) -> m.CancelResponse:
+    def cancel(self, task_id: UUID) -> CancelResponse:
         with self.pool.connection() as conn, conn.transaction():
             row = conn.execute(_Q.request_cancel, {"task_id": task_id}).fetchone()
             if row is not None:
-                return m.CancelResponse(task_id=task_id, **row)
+                return CancelResponse(task_id=task_id, **row)
             st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
             if st is None:
                 raise NotFound(f"task {task_id} does not exist")
             if st["status"] == "canceled":
-                return m.CancelResponse(task_id=task_id, status="canceled", cancel_requested=True)
+                return CancelResponse(task_id=task_id, status="canceled", cancel_requested=True)
             raise Conflict(
                 "task_finished",
                 f"task {task_id} already {st['status']}; it cannot be canceled",

@@ -11,11 +11,11 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
+from trace_platform.contract import LeaseRef, SlotLease
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import models as m
-from trace_platform.dispatcher.errors import Conflict, Forbidden
 from trace_platform.dispatcher.fencing import fenced
 from trace_platform.dispatcher.intents import Intents
+from trace_platform.errors import Conflict, Forbidden
 from trace_platform.identity import Actor
 from trace_platform.identity.vault import can_use_secret, vault_for
 
@@ -28,7 +28,7 @@ class Slots:
         self.settings = settings
         self.intents = intents
 
-    def lease(self, conn: Connection[Any], task_id: UUID) -> m.SlotLease | None:
+    def lease(self, conn: Connection[Any], task_id: UUID) -> SlotLease | None:
         """One slot of the job's pool, within min(max_concurrency, pool size)."""
         t = conn.execute(_Q.task_pool, {"task_id": task_id}).fetchone()
         if t is None or t["worker_pool"] is None:
@@ -47,7 +47,7 @@ class Slots:
                 "waiting_for_slot", f"task {task_id} waits for a slot: {why}", pool=t["worker_pool"]
             )
         conn.execute(_Q.lease_slot, {**key, "task_id": task_id, "slot_index": usage["free_slot"]})
-        return m.SlotLease(pool=t["worker_pool"], slot_index=usage["free_slot"])
+        return SlotLease(pool=t["worker_pool"], slot_index=usage["free_slot"])
 
     def release(self, conn: Connection[Any], task_id: UUID) -> None:
         """Every terminal path (and every retry) frees the slot and wakes a waiting task."""
@@ -58,7 +58,7 @@ class Slots:
             if w["task_id"] != task_id:
                 self.intents.wake(conn, w["task_id"], w["start_day"])
 
-    def secrets(self, ref: m.LeaseRef) -> dict[str, str]:
+    def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret
         is checked again against the user who deployed the task's DAG version, as they are now
         (a revoked use_role refuses here, naming the secret); values are decrypted only here."""

@@ -11,9 +11,9 @@ from uuid import UUID
 
 from psycopg import Connection
 
+from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher.errors import Forbidden, Invalid
-from trace_platform.dispatcher.models import LITE_ORG_ID
+from trace_platform.errors import Forbidden, Invalid
 
 _Q = Queries("identity")
 LITE_ADMIN = "admin"

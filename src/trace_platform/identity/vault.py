@@ -23,7 +23,7 @@ from psycopg import Connection
 
 from trace_platform.config import Profile, Settings
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher.errors import DispatcherError, Invalid
+from trace_platform.errors import Invalid, TraceError
 from trace_platform.identity import Actor
 
 _Q = Queries("secrets")
@@ -33,7 +33,7 @@ SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 SECRET_NAME_RULE = "must match ^[A-Za-z_][A-Za-z0-9_.-]{0,127}$ (letters, digits, _ . -)"
 
 
-class SecretsUnavailable(DispatcherError):
+class SecretsUnavailable(TraceError):
     """No usable key: the aws profile without TRACE_SECRETS_KEY, a malformed key, or a value
     sealed under a key this install no longer has."""
 

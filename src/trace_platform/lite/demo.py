@@ -18,8 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from trace_platform.config import Settings
+from trace_platform.contract import TERMINAL
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher.models import TERMINAL
 from trace_platform.identity import Actor, lite_admin
 from trace_platform.lite.stack import LiteStack
 from trace_platform.query import saved
@@ -359,7 +359,7 @@ def _devnet_plan(
 
 
 def _chain_plan(url: str, token: str, a: int, b: int, chunk: int) -> DemoPlan:
-    from trace_platform.devnet.rpc import Rpc
+    from trace_platform.chain import Rpc
 
     rpc = Rpc(url)
     try:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_platform.dispatcher.models import EventIn, OutputCommit, TaskPayload
+from trace_platform.contract import EventIn, OutputCommit, TaskPayload
 from trace_platform.objectstore import ObjectStore
 
 

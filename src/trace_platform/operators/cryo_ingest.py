@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
+from trace_platform.contract import EventIn, OutputCommit, RangeSpec
 from trace_platform.objectstore import delete_prefix
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import (

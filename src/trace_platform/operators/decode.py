@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import Field
 
-from trace_platform.devnet.rpc import topic0
-from trace_platform.dispatcher.models import RangeSpec
+from trace_platform.chain import topic0
+from trace_platform.contract import RangeSpec
 from trace_platform.objectstore import list_all
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError

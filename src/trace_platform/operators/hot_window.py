@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 from psycopg import sql
 from pydantic import Field
 
+from trace_platform.contract import EventIn, OutputCommit, RangeSpec
 from trace_platform.dag.schema import NAME_RE
-from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
 from trace_platform.objectstore import list_all
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError

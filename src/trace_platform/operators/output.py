@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from trace_platform.dispatcher.models import EventIn, OutputCommit, RangeSpec
+from trace_platform.contract import EventIn, OutputCommit, RangeSpec
 from trace_platform.objectstore import delete_prefix
 from trace_platform.operators.context import OperatorContext, OperatorResult
 

@@ -16,7 +16,7 @@ from typing import Any, Self
 
 from pydantic import Field, model_validator
 
-from trace_platform.dispatcher.models import MAX_EVENTS_PER_CALL, EventIn, RangeSpec
+from trace_platform.contract import MAX_EVENTS_PER_CALL, EventIn, RangeSpec
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 
@@ -160,7 +160,7 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
     is speculative; `finalized` is used when the node has it). Config: `chunk_size`,
     `start_block`, `safety_blocks`, `rpc_url` (else the slot's RPC_URL). A run emits at most
     MAX_RANGES_PER_REQUEST ranges; the next run goes on from there."""
-    from trace_platform.devnet.rpc import Rpc, RpcError
+    from trace_platform.chain import Rpc, RpcError
 
     cfg = ChainTipConfig.from_ctx(ctx)
     size = cfg.chunk_size

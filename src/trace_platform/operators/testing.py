@@ -16,7 +16,7 @@ from typing import Any, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from trace_platform.dispatcher.models import EventIn
+from trace_platform.contract import EventIn
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorError, PermanentError
 

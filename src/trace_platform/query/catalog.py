@@ -8,7 +8,7 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher.errors import NotFound
+from trace_platform.errors import NotFound
 from trace_platform.identity import Actor, can_read_row
 from trace_platform.objectstore import ObjectStore, list_all
 from trace_platform.query.pins import Pin

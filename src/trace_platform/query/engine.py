@@ -22,7 +22,7 @@ import duckdb_extensions
 import psycopg
 import pyarrow as pa
 
-from trace_platform.dispatcher.errors import Invalid
+from trace_platform.errors import Invalid
 from trace_platform.query.errors import LimitExceeded
 from trace_platform.query.pins import Pin
 

@@ -7,7 +7,7 @@ died under the query for a reason that is not one of its limits, is 503 (try aga
 
 from __future__ import annotations
 
-from trace_platform.dispatcher.errors import DispatcherError
+from trace_platform.errors import TraceError
 
 # What to do instead, per kind of limit: an interactive query that is too big goes to --export
 # (its own, larger limits) or to a batch job; an export that is too big goes to a batch job.
@@ -26,7 +26,7 @@ def human_size(n: int) -> str:
     return f"{size:.4g} {unit}"
 
 
-class LimitExceeded(DispatcherError):
+class LimitExceeded(TraceError):
     """An interactive (or export) limit was hit; the message names it and points at the next
     step (`--export`, a `sql_transform` job)."""
 
@@ -71,28 +71,28 @@ class LimitExceeded(DispatcherError):
         return cls(text, limit=limit, value=value)
 
 
-class QueryFailed(DispatcherError):
+class QueryFailed(TraceError):
     """DuckDB rejected or failed the statement (bad column, type error, …)."""
 
     status_code = 400
     code = "query_failed"
 
 
-class TooManyQueries(DispatcherError):
+class TooManyQueries(TraceError):
     """The caller already has as many queries running as one user may."""
 
     status_code = 429
     code = "too_many_queries"
 
 
-class QueryServiceBusy(DispatcherError):
+class QueryServiceBusy(TraceError):
     """Every query worker stayed busy for as long as the query may wait."""
 
     status_code = 503
     code = "query_service_busy"
 
 
-class WorkerDied(DispatcherError):
+class WorkerDied(TraceError):
     """The query's worker process ended under it for a reason that is not one of its limits
     (killed from outside, crashed). It has been replaced; the API process never saw a result."""
 

@@ -36,7 +36,7 @@ import duckdb
 import duckdb_extensions
 import pyarrow as pa
 
-from trace_platform.dispatcher.errors import DispatcherError
+from trace_platform.errors import TraceError
 from trace_platform.query import formats, wire
 from trace_platform.query.engine import Engine, Limits, S3Access, duck_message, run
 from trace_platform.query.errors import LimitExceeded
@@ -169,7 +169,7 @@ class Worker:
             }, b""
         except duckdb.Error as e:
             return {"ok": False, "kind": "query_failed", "message": duck_message(e)}, b""
-        except DispatcherError as e:
+        except TraceError as e:
             return {
                 "ok": False,
                 "kind": "invalid",

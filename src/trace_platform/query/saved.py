@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_platform.dispatcher.errors import Invalid, NotFound
+from trace_platform.errors import Invalid, NotFound
 
 SAVED_DIR = Path(__file__).with_name("saved")
 _PARAM = re.compile(r"^--\s*param:\s*([a-z_][a-z0-9_]*)\s*=\s*(.*?)\s*$")

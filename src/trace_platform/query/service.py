@@ -26,7 +26,7 @@ import pyarrow as pa
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import ObjectStoreBackend, Settings
-from trace_platform.dispatcher.errors import Invalid
+from trace_platform.errors import Invalid
 from trace_platform.identity import Actor
 from trace_platform.objectstore import ObjectStore
 from trace_platform.query import catalog, formats, guard

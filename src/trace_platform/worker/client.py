@@ -9,7 +9,19 @@ from uuid import UUID
 import httpx
 from pydantic import BaseModel
 
-from trace_platform.dispatcher import models as m
+from trace_platform.contract import (
+    Claim,
+    ClaimRequest,
+    CompleteRequest,
+    CompleteResponse,
+    EventIn,
+    EventsRequest,
+    EventsResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    OutputCommit,
+    TaskPayload,
+)
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -58,20 +70,20 @@ class DispatcherClient:
                 raise ApiError(r.status_code, "error", r.text) from None
         return out.model_validate(r.json())
 
-    def claim(self, task_id: UUID, worker_id: str, start_day: int | None = None) -> m.Claim:
-        body = m.ClaimRequest(task_id=task_id, worker_id=worker_id, start_day=start_day)
-        return self._call("POST", "/internal/claim", m.Claim, content=body.model_dump_json())
+    def claim(self, task_id: UUID, worker_id: str, start_day: int | None = None) -> Claim:
+        body = ClaimRequest(task_id=task_id, worker_id=worker_id, start_day=start_day)
+        return self._call("POST", "/internal/claim", Claim, content=body.model_dump_json())
 
-    def fetch(self, claim: m.Claim) -> m.TaskPayload:
+    def fetch(self, claim: Claim) -> TaskPayload:
         return self._call(
             "GET",
             "/internal/task-fetch",
-            m.TaskPayload,
+            TaskPayload,
             params={"task_id": str(claim.task_id), "attempt": claim.attempt},
             headers={"X-Lease-Token": str(claim.lease_token)},
         )
 
-    def secrets(self, claim: m.Claim) -> dict[str, str]:
+    def secrets(self, claim: Claim) -> dict[str, str]:
         r = self.http.get(
             "/internal/task-secrets",
             params={"task_id": str(claim.task_id), "attempt": claim.attempt},
@@ -82,33 +94,31 @@ class DispatcherClient:
             raise ApiError(r.status_code, body.get("error", "error"), body.get("message", r.text))
         return dict(r.json())
 
-    def heartbeat(
-        self, claim: m.Claim, progress: dict[str, Any] | None = None
-    ) -> m.HeartbeatResponse:
-        body = m.HeartbeatRequest(**_ref(claim), progress=progress)
+    def heartbeat(self, claim: Claim, progress: dict[str, Any] | None = None) -> HeartbeatResponse:
+        body = HeartbeatRequest(**_ref(claim), progress=progress)
         return self._call(
-            "POST", "/internal/heartbeat", m.HeartbeatResponse, content=body.model_dump_json()
+            "POST", "/internal/heartbeat", HeartbeatResponse, content=body.model_dump_json()
         )
 
-    def events(self, claim: m.Claim, events: list[m.EventIn]) -> m.EventsResponse:
-        body = m.EventsRequest(**_ref(claim), events=events)
+    def events(self, claim: Claim, events: list[EventIn]) -> EventsResponse:
+        body = EventsRequest(**_ref(claim), events=events)
         return self._call(
-            "POST", "/internal/events", m.EventsResponse, content=body.model_dump_json()
+            "POST", "/internal/events", EventsResponse, content=body.model_dump_json()
         )
 
     def complete(
         self,
-        claim: m.Claim,
+        claim: Claim,
         outcome: str,
         *,
         error: str | None = None,
         retryable: bool = True,
-        final_events: list[m.EventIn] | None = None,
-        outputs: list[m.OutputCommit] | None = None,
+        final_events: list[EventIn] | None = None,
+        outputs: list[OutputCommit] | None = None,
         operator_state: dict[str, Any] | None = None,
         operator_state_revision: int = 0,
-    ) -> m.CompleteResponse:
-        body = m.CompleteRequest(
+    ) -> CompleteResponse:
+        body = CompleteRequest(
             **_ref(claim),
             outcome=outcome,
             error=error,
@@ -119,14 +129,14 @@ class DispatcherClient:
             operator_state_revision=operator_state_revision,
         )
         return self._call(
-            "POST", "/internal/task-complete", m.CompleteResponse, content=body.model_dump_json()
+            "POST", "/internal/task-complete", CompleteResponse, content=body.model_dump_json()
         )
 
     def close(self) -> None:
         self.http.close()
 
 
-def _ref(claim: m.Claim) -> dict[str, Any]:
+def _ref(claim: Claim) -> dict[str, Any]:
     return {
         "task_id": claim.task_id,
         "attempt": claim.attempt,

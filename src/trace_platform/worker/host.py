@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from trace_platform.dispatcher.models import TaskPayload
+from trace_platform.contract import TaskPayload
 from trace_platform.operators import OperatorContext, OperatorResult, resolve
 from trace_platform.worker.store_proxy import RemoteStore
 

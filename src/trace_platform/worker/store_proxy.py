@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trace_platform.dispatcher.models import TaskPayload
+from trace_platform.contract import TaskPayload
 from trace_platform.objectstore import (
     NoSuchKey,
     ObjectInfo,

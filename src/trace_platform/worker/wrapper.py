@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from psycopg.conninfo import conninfo_to_dict
 
 from trace_platform.config import Settings
-from trace_platform.dispatcher import models as m
+from trace_platform.contract import Claim, EventIn, OutputCommit, TaskPayload
 from trace_platform.objectstore import ObjectStore
 from trace_platform.operators import TRUSTED_OPERATORS
 from trace_platform.queue import payloads
@@ -154,7 +154,7 @@ class OperatorHost:
         assert self.proc is not None
         write_msg(self.proc, msg, timeout)
 
-    def new_task(self, task: m.TaskPayload) -> TaskDirs:
+    def new_task(self, task: TaskPayload) -> TaskDirs:
         assert self.dir is not None
         return self.dir.new_task(f"{task.task_id}-{task.attempt}")
 
@@ -287,7 +287,7 @@ class Wrapper:
         self.driver.ack(self.queue_name, msg.receipt)
 
     # -- one attempt ---------------------------------------------------------------------
-    def _report(self, claim: m.Claim, outcome: str, **kw: Any) -> None:
+    def _report(self, claim: Claim, outcome: str, **kw: Any) -> None:
         if isinstance(kw.get("error"), str):  # operator text: no NULs (Postgres refuses them)
             kw["error"] = kw["error"].replace("\x00", "\\0")
         try:
@@ -306,7 +306,7 @@ class Wrapper:
             if outcome == "succeeded":
                 self._report(claim, "failed", error=f"completion invalid: {e}", retryable=False)
 
-    def _run_claimed(self, claim: m.Claim, msg: Message, stop: threading.Event) -> None:
+    def _run_claimed(self, claim: Claim, msg: Message, stop: threading.Event) -> None:
         task = self.client.fetch(claim)
         if task.status == "canceled":
             self._report(claim, "canceled")
@@ -358,10 +358,10 @@ class Wrapper:
     def _egress(
         self,
         host: OperatorHost,
-        task: m.TaskPayload,
+        task: TaskPayload,
         env: dict[str, str],
         gateways: list[Gateway],
-    ) -> tuple[m.TaskPayload, dict[str, str]]:
+    ) -> tuple[TaskPayload, dict[str, str]]:
         """Every RPC URL the task may use (slot env and secrets, config.rpc_url) is checked;
         in the sandbox each becomes a gateway on the host's own loopback."""
         urls = {v for v in env.values() if is_url(v)}
@@ -410,10 +410,10 @@ class Wrapper:
 
     def _supervise(
         self,
-        claim: m.Claim,
+        claim: Claim,
         msg: Message,
         stop: threading.Event,
-        task: m.TaskPayload,
+        task: TaskPayload,
         host: OperatorHost,
         scoped: ScopedStore,
     ) -> None:
@@ -473,7 +473,7 @@ class Wrapper:
                 progress = out["progress"]
             elif kind == "event":
                 try:
-                    self.client.events(claim, [m.EventIn.model_validate(out["event"])])
+                    self.client.events(claim, [EventIn.model_validate(out["event"])])
                 except ApiError as e:
                     log.warning("event refused for %s: %s; stopping operator", claim.task_id, e)
                     host.kill()
@@ -483,8 +483,8 @@ class Wrapper:
                     )
                     return
             elif kind == "done":
-                finals = [m.EventIn.model_validate(e) for e in out["final_events"]]
-                outputs = [m.OutputCommit.model_validate(o) for o in out.get("outputs", [])]
+                finals = [EventIn.model_validate(e) for e in out["final_events"]]
+                outputs = [OutputCommit.model_validate(o) for o in out.get("outputs", [])]
                 self._report(
                     claim,
                     "succeeded",

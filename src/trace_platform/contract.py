@@ -1,0 +1,248 @@
+"""The wire contract: the bodies the gateway, the dispatcher, the worker and the operators exchange.
+
+A task is submitted as a `TaskSpec` (answered by a `TaskRef`); a worker claims it (`ClaimRequest`,
+`Claim`), fetches its `TaskPayload`, speaks for its attempt with a `LeaseRef` (heartbeats,
+events, completion) and reports what it produced as `EventIn`s and `OutputCommit`s. The
+limits every side enforces the same way live here too."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, Self
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LITE_ORG_ID = UUID("00000000-0000-0000-0000-000000000001")
+
+TaskStatus = Literal["queued", "running", "succeeded", "failed", "canceled", "buffered"]
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
+
+MAX_EVENTS_PER_CALL = 1000
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetRef(_Body):
+    """A dataset pinned to one version for the whole task (an input, or an output to write)."""
+
+    dataset_uuid: UUID
+    dataset_version: UUID | None = None
+    dataset_name: str | None = None
+    backend: Literal["parquet", "postgres"] | None = None
+    location: str | None = None
+    output_index: int | None = None
+
+
+class TaskSpec(_Body):
+    job: str = Field(min_length=1, max_length=200)
+    operator: str = Field(min_length=1, max_length=200)
+    runtime: str = Field(default="ecs_platform", pattern=r"^(ecs_[a-z][a-z0-9_]*|lambda)$")
+    config: dict[str, Any] = Field(default_factory=dict)
+    org_id: UUID = LITE_ORG_ID
+    dag_id: UUID | None = None
+    dag_version: int | None = None
+    parent_task_id: UUID | None = None
+    input_event_id: UUID | None = None
+    input_event: dict[str, Any] | None = None
+    input_versions: list[DatasetRef] = Field(default_factory=list)
+    outputs: list[DatasetRef] = Field(default_factory=list)
+    run_id: UUID | None = None
+    worker_pool: str | None = None
+    max_concurrency: int | None = Field(default=None, gt=0)
+    timeout_seconds: int | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    max_attempts: int | None = Field(default=None, gt=0, le=100)
+    retry_backoff_seconds: float | None = Field(default=None, ge=0)
+    retry_backoff_max_seconds: float | None = Field(default=None, ge=0)
+
+
+class TaskRef(BaseModel):
+    task_id: UUID
+    start_day: int
+    status: TaskStatus
+
+
+class ClaimRequest(_Body):
+    task_id: UUID
+    worker_id: str = Field(min_length=1, max_length=200)
+    start_day: int | None = None
+
+
+class SlotLease(BaseModel):
+    pool: str
+    slot_index: int
+
+
+class Claim(BaseModel):
+    task_id: UUID
+    start_day: int
+    attempt: int
+    lease_token: UUID
+    lease_until: datetime
+    heartbeat_seconds: float
+    slot: SlotLease | None = None
+
+
+class LeaseRef(_Body):
+    """Every fenced call names the attempt it speaks for and proves it holds that lease."""
+
+    task_id: UUID
+    attempt: int = Field(gt=0)
+    lease_token: UUID
+    start_day: int | None = None
+
+
+class HeartbeatRequest(LeaseRef):
+    progress: dict[str, Any] | None = None
+
+
+class HeartbeatResponse(BaseModel):
+    status: TaskStatus
+    lease_until: datetime
+    cancel_requested: bool
+
+
+class RangeSpec(_Body):
+    start: int
+    end: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.end < self.start:
+            raise ValueError(f"range end {self.end} is before start {self.start}")
+        return self
+
+
+def scope_key(partition_key: str | None, rng: RangeSpec | None) -> str:
+    """One spelling of a data scope, shared by event identity and output commits."""
+    if partition_key is not None:
+        return f"partition:{partition_key}"
+    if rng is not None:
+        return f"range:{rng.start}-{rng.end}"
+    return "all"
+
+
+class EventIn(_Body):
+    """An event names exactly one of cursor, partition_key or range: that is its identity."""
+
+    dataset_uuid: UUID
+    cursor: str | None = Field(default=None, max_length=512)
+    partition_key: str | None = Field(default=None, max_length=512)
+    range: RangeSpec | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> Self:
+        given = [n for n in ("cursor", "partition_key", "range") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "an event needs exactly one of cursor, partition_key or range"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def dedupe_key(self) -> str:
+        if self.cursor is not None:
+            return f"cursor:{self.cursor}"
+        return scope_key(self.partition_key, self.range)
+
+
+class OutputCommit(_Body):
+    """A committed piece of an output dataset version: a partition, a range, or all of it."""
+
+    dataset_uuid: UUID
+    dataset_version: UUID | None = None  # default: the version the task was given
+    partition_key: str | None = Field(default=None, max_length=512)
+    range: RangeSpec | None = None
+    location: str | None = Field(default=None, max_length=2048)
+    row_count: int | None = Field(default=None, ge=0)
+    byte_count: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> Self:
+        if self.partition_key is not None and self.range is not None:
+            raise ValueError("an output commit names a partition_key or a range, not both")
+        return self
+
+    @property
+    def scope(self) -> str:
+        return scope_key(self.partition_key, self.range)
+
+
+class EventsRequest(LeaseRef):
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_CALL)
+
+
+class EventsResponse(BaseModel):
+    accepted: int
+    duplicates: int
+    event_ids: list[UUID]
+    tasks_created: int = 0
+
+
+class CompleteRequest(LeaseRef):
+    outcome: Literal["succeeded", "failed", "canceled"]
+    error: str | None = Field(default=None, max_length=20_000)
+    retryable: bool = True
+    final_events: list[EventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
+    outputs: list[OutputCommit] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
+    # Saved with a successful completion, in the same transaction as its events, only if the
+    # stored state is still at the revision this attempt read (compare-and-set).
+    operator_state: dict[str, Any] | None = None
+    operator_state_revision: int = 0
+
+
+class CompleteResponse(BaseModel):
+    task_id: UUID
+    attempt: int
+    status: TaskStatus
+    next_attempt_at: datetime | None = None
+    events_accepted: int = 0
+    events_duplicate: int = 0
+    tasks_created: int = 0
+    outputs_committed: int = 0
+
+
+class IdempotencyContext(BaseModel):
+    """What an operator needs to make its writes idempotent across retries."""
+
+    producer_task_id: UUID
+    attempt: int
+    dedupe_key_shape: str = "(producer_task_id, dataset_uuid, cursor|partition_key|range)"
+
+
+class TaskPayload(BaseModel):
+    """The task-fetch payload: everything a worker needs, defined once (decisions note, open item)."""
+
+    task_id: UUID
+    attempt: int
+    start_day: int
+    status: TaskStatus  # `canceled` tells the wrapper to exit without running the operator
+    cancel_requested: bool
+    org_id: UUID
+    dag_id: UUID | None
+    dag_version: int | None
+    job: str
+    operator: str
+    runtime: str
+    config: dict[str, Any]
+    parent_task_id: UUID | None
+    input_event: dict[str, Any] | None
+    inputs: list[DatasetRef]
+    outputs: list[DatasetRef]
+    run_id: UUID | None
+    worker_pool: str | None
+    slot_index: int | None
+    slot_env: dict[str, str]
+    slot_secret_names: list[str]  # values come only from /internal/task-secrets
+    operator_state: dict[str, Any] | None = None  # the job's durable state, if it keeps one
+    operator_state_revision: int = 0  # what a state saved by this attempt must build on
+    idempotency: IdempotencyContext
+    timeout_seconds: int
+    deadline_at: datetime | None
+    lease_until: datetime | None
+    heartbeat_seconds: float
