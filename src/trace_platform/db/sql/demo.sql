@@ -15,3 +15,9 @@ SELECT count(*) AS n
 FROM task_status s JOIN task_registry r USING (task_id, start_day)
 WHERE r.dag_id = (SELECT dag_id FROM dags WHERE name = %(dag)s)
   AND s.status NOT IN ('succeeded', 'failed', 'canceled');
+
+-- name: rows_now
+-- Query Service SQL (DuckDB, not the state store): what a published dataset holds now.
+-- {dataset} is formatted in as a table name (a published dataset name); the Query Service's
+-- guard accepts it only as such.
+SELECT count(*) FROM {dataset}

@@ -1,0 +1,58 @@
+"""What the stores already hold for the demo: coverage of the current dataset versions (named
+queries in db/sql/demo.sql), rows of saved queries and of the hot window through the Query
+Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trace_platform.db.queries import Queries
+from trace_platform.identity import Actor, lite_admin
+from trace_platform.lite.demo.dag import DAG_NAME
+from trace_platform.lite.demo.plan import DemoPlan
+from trace_platform.query import saved
+from trace_platform.services import Services
+
+_Q = Queries("demo")
+RAW = ("blocks", "transactions", "logs", "traces")
+ANALYTICS = ("token_supply", "token_balances", "validator_stake", "staking_concentration")
+
+
+def admin(svc: Services) -> Actor:
+    with svc.pool.connection() as conn:
+        return lite_admin(conn)
+
+
+def coverage(svc: Services, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    with svc.pool.connection() as conn:
+        rows = conn.execute(_Q.current_coverage, {"names": list(names)}).fetchall()
+    return {r["dataset_name"]: r for r in rows}
+
+
+def complete(svc: Services, plan: DemoPlan) -> bool:
+    """The current versions already hold the whole range and the analytics over it."""
+    found = coverage(svc, RAW + ANALYTICS)
+    with svc.pool.connection() as conn:
+        busy = conn.execute(_Q.unfinished_tasks, {"dag": DAG_NAME}).fetchone()
+    if busy and busy["n"]:
+        return False
+    for name in RAW:
+        r = found.get(name)
+        if r is None or r["commits"] != plan.ranges:
+            return False
+        if r["lo"] != plan.from_block or r["hi"] != plan.to_block + 1:
+            return False
+    return all(found.get(n) and found[n]["commits"] for n in ANALYTICS)
+
+
+def saved_rows(svc: Services, me: Actor, name: str, **params: Any) -> list[dict[str, Any]]:
+    q = saved.load(name)
+    out = svc.query.query(me, q.sql, q.params(params)).as_json()
+    cols = [c["name"] for c in out["columns"]]
+    return [dict(zip(cols, r, strict=True)) for r in out["rows"]]
+
+
+def rows_now(svc: Services, me: Actor, dataset: str) -> int:
+    """What a published dataset holds now, through the Query Service (for a window: not what
+    passed through it)."""
+    return int(svc.query.query(me, _Q.rows_now.format(dataset=dataset)).table[0][0].as_py())

@@ -1,0 +1,107 @@
+"""`trace demo`: plan, start the Lite stack, deploy, backfill unless the data is complete,
+report."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trace_platform.config import Settings
+from trace_platform.lite.demo.backfill import backfill
+from trace_platform.lite.demo.dag import DEMO_DAG, dag_text
+from trace_platform.lite.demo.data import admin, complete
+from trace_platform.lite.demo.plan import (
+    chain_plan,
+    devnet_plan,
+    keep_boundaries,
+    last_run,
+    save_run,
+)
+from trace_platform.lite.demo.report import analytics, where
+from trace_platform.lite.stack import LiteStack
+
+
+def run_demo(
+    settings: Settings,
+    *,
+    rpc_url: str | None = None,
+    token: str | None = None,
+    from_block: int | None = None,
+    to_block: int | None = None,
+    chunk_size: int | None = None,
+    workers: int = 2,
+    console: Console | None = None,
+) -> int:
+    console = console or Console()
+    if not console.is_terminal:  # logs and CI: wide enough for the tables
+        console.width = max(console.width, 160)
+    t0 = time.monotonic()
+    state_file = settings.home / "demo" / "last.json"
+    devnet = None
+    previous = last_run(state_file)
+    if rpc_url is None:
+        plan = devnet_plan(from_block, to_block, chunk_size or 500, state_file)
+    else:
+        if token is None or from_block is None or to_block is None:
+            console.print("[red]error:[/red] --rpc-url needs --token, --from-block and --to-block")
+            return 2
+        plan = chain_plan(rpc_url, token, from_block, to_block, chunk_size or 500)
+    refused = keep_boundaries(plan, previous, chunk_size)
+    if refused:
+        console.print(f"[red]error:[/red] {refused}")
+        return 2
+    console.print(
+        "[bold]Starting Trace Lite[/bold] (embedded Postgres, object store, API, workers)…"
+    )
+    with LiteStack(settings, workers=workers) as stack:
+        svc = stack.services
+        console.print(f"API at {stack.url}; objects under {settings.object_store_root}")
+        svc.control.deploy(admin(svc), dag_text(plan), str(DEMO_DAG))
+        if complete(svc, plan):
+            console.print(
+                f"[green]Blocks {plan.from_block}-{plan.to_block} are already synced and analysed[/green]: reusing them."
+            )
+        else:
+            if rpc_url is None:
+                devnet, plan.rpc_url, plan.token = _start_devnet(settings, console)
+                # 8545 may have been taken: point the pool at the node's real URL (pool env is
+                # not materialization, so the dataset versions stay).
+                svc.control.deploy(admin(svc), dag_text(plan), str(DEMO_DAG))
+            console.print(
+                f"[bold]Backfilling blocks {plan.from_block}-{plan.to_block}[/bold] from {plan.rpc_url} "
+                f"in {plan.ranges} ranges of {plan.chunk_size}…"
+            )
+            if not backfill(svc, plan, console):
+                return 1
+        save_run(state_file, plan)
+        analytics(svc, plan, settings.home / "demo", console)
+        where(svc, plan, console)
+        svc.publisher.drain()
+        dead = svc.driver.dead_letters(settings.task_queue)
+        console.print(f"outbox pending: {svc.publisher.pending()}; dead letters: {len(dead)}")
+    if devnet is not None:
+        devnet.down()
+    console.print(f"[bold green]done[/bold green] in {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def _start_devnet(settings: Settings, console: Console) -> tuple[Any, str, str]:
+    from trace_platform.devnet import ChainSpec, Devnet
+
+    devnet = Devnet(settings.home)
+    spec = ChainSpec()
+    with Progress(
+        TextColumn("devnet: generating blocks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("blocks", total=spec.blocks)
+        info, chain = devnet.up(spec, lambda n: bar.update(task, completed=n))
+        bar.update(task, completed=spec.blocks)
+    console.print(f"devnet at {info.url}: token {chain.token}, staking {chain.staking}")
+    return devnet, info.url, chain.token
