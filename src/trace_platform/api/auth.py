@@ -1,0 +1,49 @@
+"""Who is calling. `/internal/*` is the worker wrapper, proven by the platform's internal token;
+every `/v1/*` call acts as a user, named by an API key (or Lite's admin when auth is
+permissive and no key is given)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Header
+
+from trace_platform.errors import Unauthorized
+from trace_platform.identity import Actor, authenticate, lite_admin
+from trace_platform.services import Services
+
+ActorDependency = Callable[..., Actor]
+
+
+def internal_token_dependency(token: str) -> Callable[..., None]:
+    """A dependency refusing any call without `token` in `X-Internal-Token`."""
+
+    def internal_auth(x_internal_token: Annotated[str | None, Header()] = None) -> None:
+        if x_internal_token is None or not secrets.compare_digest(
+            x_internal_token.encode(), token.encode()
+        ):
+            raise Unauthorized("internal endpoints need the platform's internal token")
+
+    return internal_auth
+
+
+def actor_dependency(services: Services) -> ActorDependency:
+    """A dependency answering the Actor a call acts as (401 when there is none)."""
+
+    def actor(authorization: Annotated[str | None, Header()] = None) -> Actor:
+        key = authorization.removeprefix("Bearer ").strip() if authorization else None
+        with services.pool.connection() as conn:
+            found = authenticate(conn, key)
+            if found is not None:
+                return found
+            if key is None and services.settings.auth == "permissive":
+                return lite_admin(conn)
+        raise Unauthorized(
+            "an API key is required (Authorization: Bearer <key>)"
+            if key is None
+            else "unknown or revoked API key"
+        )
+
+    return actor

@@ -1,0 +1,62 @@
+"""The loops an API process may run beside its routes: the outbox publisher, the reaper and
+the cron scheduler, each a daemon thread started and stopped by the app's lifespan."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import FastAPI
+
+from trace_platform.dispatcher.reaper import run_reaper
+from trace_platform.services import Services
+from trace_platform.triggers.cron import run_scheduler
+
+
+def background_threads(services: Services, stop: threading.Event) -> list[threading.Thread]:
+    """The publisher, reaper and scheduler threads (not started), all ending when `stop` is set."""
+    s = services.settings
+    return [
+        threading.Thread(
+            target=services.publisher.run,
+            args=(stop, services.dsn, s.queue_poll_seconds),
+            name="outbox-publisher",
+            daemon=True,
+        ),
+        threading.Thread(
+            target=run_reaper,
+            args=(services.dispatcher, stop, s.reaper_interval_seconds),
+            name="reaper",
+            daemon=True,
+        ),
+        threading.Thread(
+            target=run_scheduler,
+            args=(services.dispatcher, stop, s.scheduler_interval_seconds),
+            name="scheduler",
+            daemon=True,
+        ),
+    ]
+
+
+def lifespan(
+    services: Services, *, background: bool
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: with `background`, the loops run while the app serves; on shutdown
+    they are told to stop and given five seconds each."""
+
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    @asynccontextmanager
+    async def run(_: FastAPI) -> AsyncIterator[None]:
+        if background:
+            threads.extend(background_threads(services, stop))
+            for t in threads:
+                t.start()
+        yield
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+
+    return run

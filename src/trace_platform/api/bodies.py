@@ -1,0 +1,61 @@
+"""Request bodies of the user-facing API (the internal ones are the wire contract,
+`trace_platform.contract`). Each refuses fields it does not know."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from trace_platform.query import saved
+
+
+class DeployBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    yaml: str = Field(max_length=1024 * 1024)
+    source: str | None = None
+
+
+class TriggerBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    add: list[str] = Field(default_factory=list)
+    remove: list[str] = Field(default_factory=list)
+
+
+class QueryBody(BaseModel):
+    """Exactly one of `sql` or `saved` (a saved query's name, with `params`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sql: str | None = Field(default=None, max_length=100_000)
+    saved: str | None = None
+    params: dict[str, str | int] = Field(default_factory=dict)
+    format: Literal["json", "csv", "parquet"] = "json"
+    export: bool = False
+    max_rows: int | None = Field(default=None, gt=0)
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_statement(self) -> QueryBody:
+        if (self.sql is None) == (self.saved is None):
+            raise ValueError("give exactly one of sql or saved")
+        return self
+
+    def statement(self) -> tuple[str, dict[str, Any]]:
+        if self.saved is not None:
+            q = saved.load(self.saved)
+            return q.sql, q.params(self.params)
+        assert self.sql is not None
+        return self.sql, dict(self.params)
+
+
+class SecretBody(BaseModel):
+    """`use_roles` replaces the secret's use_roles; omitted, they are kept (none when new)."""
+
+    model_config = ConfigDict(extra="forbid")
+    value: SecretStr
+    use_roles: list[str] | None = None

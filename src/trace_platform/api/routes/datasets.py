@@ -1,0 +1,32 @@
+"""`/v1/datasets`: datasets listed and shown, and who may read them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from trace_platform.api.auth import ActorDependency
+from trace_platform.api.bodies import RolesBody
+from trace_platform.api.routes import trace_router
+from trace_platform.identity import Actor
+from trace_platform.services import Services
+
+
+def router(services: Services, actor: ActorDependency) -> APIRouter:
+    cp = services.control
+    r = trace_router()
+
+    @r.get("/v1/datasets")
+    def list_datasets(user: Actor = Depends(actor)) -> list[dict[str, Any]]:
+        return cp.list_datasets(user)
+
+    @r.get("/v1/datasets/{name}")
+    def show_dataset(name: str, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.show_dataset(user, name)
+
+    @r.post("/v1/datasets/{name}/read-roles")
+    def dataset_roles(name: str, body: RolesBody, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return {"read_roles": cp.set_read_roles(user, name, body.add, body.remove)}
+
+    return r

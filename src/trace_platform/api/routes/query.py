@@ -1,0 +1,48 @@
+"""`/v1/query` (SQL or a saved query, answered as JSON, CSV or Parquet, or exported) and
+`/v1/queries` (the saved queries)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
+
+from trace_platform.api.auth import ActorDependency
+from trace_platform.api.bodies import QueryBody
+from trace_platform.api.routes import trace_router
+from trace_platform.identity import Actor
+from trace_platform.query import formats, saved
+from trace_platform.services import Services
+
+
+def router(services: Services, actor: ActorDependency) -> APIRouter:
+    r = trace_router()
+
+    @r.post("/v1/query", response_model=None)
+    def run_query(body: QueryBody, user: Actor = Depends(actor)) -> Any:
+        sql, params = body.statement()
+        qs = services.query
+        if body.export:
+            return qs.export(user, sql, params, body.format if body.format != "json" else "parquet")
+        result = qs.query(
+            user, sql, params, max_rows=body.max_rows, timeout_seconds=body.timeout_seconds
+        )
+        if body.format == "json":  # already JSON-safe: skip FastAPI's per-value encoder
+            return JSONResponse(result.as_json())
+        return Response(
+            formats.encode(result.table, body.format),
+            media_type=formats.MEDIA_TYPES[body.format],
+            headers={"X-Trace-Pinned": json.dumps(result.plan.versions)},
+        )
+
+    @r.get("/v1/queries")
+    def saved_queries(user: Actor = Depends(actor)) -> list[dict[str, Any]]:
+        out = []
+        for name in saved.names():
+            q = saved.load(name)
+            out.append({"name": q.name, "description": q.description, "params": q.defaults})
+        return out
+
+    return r
