@@ -305,7 +305,7 @@ jobs:
 def test_a_relative_trace_home_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`make demo` runs with the default home `.trace`, relative to the project."""
     from trace_platform.sandbox import resolve
-    from trace_platform.worker.wrapper import OperatorHost
+    from trace_platform.worker.operator_host import OperatorHost
 
     monkeypatch.chdir(tmp_path)
     settings = Settings(home=Path(".trace"), state_dsn="postgresql://unused/db")

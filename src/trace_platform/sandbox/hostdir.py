@@ -135,7 +135,7 @@ def host_command(
     """The host's argv and the extra env that carries the sandbox plan to `enter.py` (in the
     environment of its root-owned PID 1, which the sandbox cannot read; not on argv, which
     /proc shows to anyone)."""
-    host = [sys.executable, "-m", "trace_platform.worker.host"]
+    host = [sys.executable, "-m", "trace_platform.worker.host_main"]
     if not hd.policy.isolated:
         return host, {}
     hide = [str(p) for p in (_project_root(), trace_home.resolve()) if p is not None]

@@ -9,12 +9,9 @@ is acknowledged and dropped.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue as stdqueue
-import select
-import signal
 import socket
 import subprocess
 import threading
@@ -34,9 +31,9 @@ from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, is_url
-from trace_platform.sandbox.hostdir import HostDir, TaskDirs, host_command, host_env
-from trace_platform.sandbox.netns import listen_in
+from trace_platform.sandbox.hostdir import HostDir, TaskDirs
 from trace_platform.worker.client import ApiError, DispatcherClient
+from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
 from trace_platform.worker.store_proxy import ScopedStore
 
 log = logging.getLogger(__name__)
@@ -52,143 +49,6 @@ def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int
         with contextlib.suppress(Exception):
             ports.add(int(conninfo_to_dict(dsn).get("port") or 5432))
     return ports
-
-
-MAX_LINE = 16 * 1024 * 1024  # one host message (a task's final events fit many times over)
-
-
-class HostUnresponsive(RuntimeError):
-    pass
-
-
-def write_msg(proc: subprocess.Popen[bytes], msg: dict[str, Any], timeout: float = 30.0) -> None:
-    """One message to a host; a host that stops reading for `timeout` is unresponsive."""
-    assert proc.stdin is not None
-    fd = proc.stdin.fileno()
-    view = memoryview((json.dumps(msg) + "\n").encode())
-    deadline = time.monotonic() + timeout
-    while view:
-        _, ready, _ = select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise HostUnresponsive("the operator host stopped reading its input")
-        view = view[os.write(fd, view) :]
-
-
-class OperatorHost:
-    """One child process running operators for one tenant (org, DAG) at a time: restarted
-    when it dies, is killed, or the next task belongs to another tenant, so nothing of one
-    user's task (process state, Spark JVM, files) is there for another's."""
-
-    def __init__(
-        self,
-        home: Path,
-        name: str,
-        policy: Policy,
-        *,
-        extra_env: dict[str, str] | None = None,
-        extra_binds: list[Path] | None = None,
-    ) -> None:
-        self.home = home.resolve()
-        self.name = name
-        self.policy = policy
-        self.log_path = home / "logs" / f"worker-{name}.log"
-        self.extra_env = extra_env or {}
-        self.extra_binds = extra_binds or []
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.dir: HostDir | None = None
-        self.tenant: tuple[Any, ...] | None = None
-        self.messages: stdqueue.Queue[dict[str, Any]] = stdqueue.Queue()
-        self.starts = 0
-
-    def ensure(self, tenant: tuple[Any, ...]) -> None:
-        if self.proc is not None and self.proc.poll() is None and self.tenant == tenant:
-            return
-        self.kill()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.dir = HostDir.create(self.home / "sandbox", self.name, self.policy)
-        self.messages = stdqueue.Queue()
-        argv, plan = host_command(self.dir, self.home, self.extra_binds)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=fd,
-                env={**host_env(self.dir, self.extra_env), **plan},
-                cwd=self.dir.home,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            os.close(fd)
-        assert self.proc.stdin is not None
-        os.set_blocking(self.proc.stdin.fileno(), False)  # writes have a deadline (send)
-        self.tenant = tenant
-        self.starts += 1
-        threading.Thread(target=self._read, args=(self.proc, self.messages), daemon=True).start()
-        ready = self.messages.get(timeout=60)
-        if ready.get("type") != "ready":
-            raise RuntimeError(f"operator host did not start: {ready}\n{self.log_tail()}")
-
-    @staticmethod
-    def _read(proc: subprocess.Popen[bytes], out: stdqueue.Queue[dict[str, Any]]) -> None:
-        """Host messages into `out`. A line over MAX_LINE bytes, or one that is not a JSON
-        object, is a protocol error: reading stops there (nothing unbounded is buffered)."""
-        assert proc.stdout is not None
-        while line := proc.stdout.readline(MAX_LINE + 1):
-            if len(line) > MAX_LINE:
-                out.put({"type": "protocol_error", "error": f"a message over {MAX_LINE} bytes"})
-                break
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                msg = None
-            if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-                out.put({"type": "protocol_error", "error": "a message that is not a JSON object"})
-                break
-            out.put(msg)
-        out.put({"type": "exit", "returncode": proc.wait()})
-
-    def send(self, msg: dict[str, Any], timeout: float = 30.0) -> None:
-        assert self.proc is not None
-        write_msg(self.proc, msg, timeout)
-
-    def new_task(self, task: TaskPayload) -> TaskDirs:
-        assert self.dir is not None
-        return self.dir.new_task(f"{task.task_id}-{task.attempt}")
-
-    def listen(self) -> socket.socket:
-        """A loopback listener inside the host's network namespace (sandboxed hosts only)."""
-        assert self.proc is not None and self.policy.isolated
-        return listen_in(self.proc.pid)
-
-    def kill(self, grace: float = 3.0) -> None:
-        """Stop whatever runs now: SIGTERM to the process group, SIGKILL after `grace`."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            except ProcessLookupError:
-                pass
-        if self.proc is not None and self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-        self.proc = None
-        self.tenant = None
-        if self.dir is not None:
-            self.dir.remove()
-            self.dir = None
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 class Wrapper:

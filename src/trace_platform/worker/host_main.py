@@ -1,4 +1,5 @@
-"""The operator host: a child process that runs operators, one task at a time.
+"""The operator host's child program (`python -m trace_platform.worker.host_main`, started by
+`worker/operator_host.OperatorHost`): runs operators, one task at a time.
 
 It holds no lease token, no internal credential and no store or database credentials: its
 environment is built from an allowlist, and in the sandbox it runs as its own user in its own
