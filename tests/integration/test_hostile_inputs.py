@@ -50,14 +50,6 @@ triggers:
 NORMAL_QUERY = "SELECT count(*) AS n, max(block_number) AS top FROM mallory_blocks"
 NORMAL_ROWS = [[10, 9]]
 
-# -- the documented outcomes that rest on a piece landing alongside this table --------------
-ALLOWLIST = "query guard allowlist (query/guard.py)"
-
-
-def pending(reason: str) -> pytest.MarkDecorator:
-    """A row whose expected outcome depends on a piece another change is landing."""
-    return pytest.mark.xfail(strict=False, reason=reason)
-
 
 # -- bodies ------------------------------------------------------------------------------------
 def deep_json(depth: int) -> str:
@@ -184,12 +176,10 @@ TABLE = [
             "not allowed",
             json={"sql": "SELECT which_secret('s3://bucket/x', 's3')"},
         ),
-        pending(ALLOWLIST),
     ),
     row(
         "query-view-definition",
         Row("POST", "/v1/query", 422, "not allowed", json={"sql": "SELECT pg_get_viewdef('x')"}),
-        pending(ALLOWLIST),
     ),
     row(
         "query-binds-sql-text",
@@ -200,7 +190,6 @@ TABLE = [
             "not allowed",
             json={"sql": "SELECT json_serialize_sql('SELECT * FROM duckdb_settings()')"},
         ),
-        pending(ALLOWLIST),
     ),
     row(
         "query-set",
