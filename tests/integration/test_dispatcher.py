@@ -393,3 +393,26 @@ def test_a_task_speaks_only_for_its_own_outputs(services: Services) -> None:
         assert q(services, "SELECT * FROM events") == []
         assert q(services, "SELECT * FROM dataset_commits") == []
         assert d.get_task(c.task_id).status == "running"
+
+
+def test_reaper_does_not_count_state_conflicts_as_tries(services: Services) -> None:
+    """An attempt lost to an operator-state race costs no retry budget, on the reaper's path as
+    on the completion path."""
+    d = services.dispatcher
+    r = d.create_task(spec(max_attempts=2))
+    claim(services, r.task_id)
+    with services.pool.connection() as conn:  # attempt 1 lost a state race, then was retried
+        conn.execute(
+            "UPDATE task_attempts SET outcome = 'state_conflict', finished_at = now() "
+            "WHERE task_id = %s AND attempt = 1",
+            (r.task_id,),
+        )
+        conn.execute(
+            "UPDATE task_status SET status = 'queued', lease_until = NULL, "
+            "next_attempt_at = now() WHERE task_id = %s",
+            (r.task_id,),
+        )
+    assert claim(services, r.task_id).attempt == 2
+    expire_lease(services, r.task_id)
+    d.reap()
+    assert d.get_task(r.task_id).status == "queued"  # one real try of two: retried

@@ -314,7 +314,8 @@ class Lifecycle:
                 self.slots.release(conn, st["task_id"])
                 if st["cancel_requested"]:
                     _set_terminal(conn, st["task_id"], "canceled", error)
-                elif st["attempt"] < st["max_attempts"]:
+                elif st["attempt"] - state.conflicts(conn, st) < st["max_attempts"]:
+                    # Attempts lost to a state race are not tries, here as on completion.
                     self._schedule_retry(conn, st, error)
                 else:
                     _set_terminal(conn, st["task_id"], "failed", error)
