@@ -7,9 +7,6 @@ rest and never listed."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,20 +15,17 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
 
+from tests.support.cli import trace as cli
 from tests.support.dags import admin, three_jobs, user
+from tests.support.servers import empty_database, secured_api
 from trace_platform.config import Settings
 from trace_platform.contract import LITE_ORG_ID, ClaimRequest, LeaseRef
 from trace_platform.db import migrate as mig
-from trace_platform.db.embedded import free_port
 from trace_platform.errors import Invalid
 from trace_platform.identity import Actor, Forbidden, create_key, ensure_user, set_roles
 from trace_platform.identity.vault import key_file
-from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
-
-TRACE = [sys.executable, "-m", "trace_platform.cli.main"]
 
 POOLED = """
 name: {name}
@@ -58,27 +52,10 @@ def refreshed(services: Services, actor: Actor) -> Actor:
     return a
 
 
-def cli(
-    args: list[str], env: dict[str, str], stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*TRACE, *args],
-        env={**os.environ, "COLUMNS": "200", **env},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.fixture
 def secure(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
-    svc = Services.build(settings.model_copy(update={"auth": "required"}), dsn)
-    server = ApiServer(svc, "127.0.0.1", free_port(), background=False)
-    server.start()
-    yield svc, server.url
-    server.stop()
-    svc.close()
+    with secured_api(settings, dsn) as running:
+        yield running
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -320,6 +297,16 @@ def test_secret_values_are_sealed_at_rest_and_never_listed(secure: tuple[Service
         headers=bearer(alice_key),
     )
     assert r.status_code == 422
+    # A huge role list (under the body limit) is refused as a whole, before any role is checked.
+    many = [f"r{i}" for i in range(100_000)]
+    r = httpx.put(
+        f"{url}/v1/secrets/ok_name",
+        json={"value": "v", "use_roles": many},
+        headers=bearer(alice_key),
+        timeout=30,
+    )
+    assert r.status_code == 422 and "at most 100 roles" in r.json()["message"], r.text
+    assert count(svc, "secrets") == 1
 
 
 def test_cli_secrets_set_and_list_show_no_values(dsn: str, tmp_path: Path) -> None:
@@ -339,12 +326,8 @@ def test_cli_secrets_set_and_list_show_no_values(dsn: str, tmp_path: Path) -> No
 # -- plaintext rows of an existing install ------------------------------------------------------
 @pytest.fixture
 def empty_db(pg_server: str) -> Iterator[str]:
-    name = f"e_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield psycopg.conninfo.make_conninfo(pg_server, dbname=name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+    with empty_database(pg_server) as db:
+        yield db
 
 
 def test_plaintext_secrets_of_an_existing_install_are_sealed_at_start(
@@ -386,3 +369,17 @@ def test_plaintext_secrets_of_an_existing_install_are_sealed_at_start(
         assert d.secrets(ref) == {"TOKEN": "old-plaintext"}
     finally:
         svc.close()
+
+
+def test_an_admin_overwrite_takes_back_a_name_a_user_claimed_first(services: Services) -> None:
+    """A no-role user may create any unused secret name; if an admin then writes that name the
+    admin owns it, so the first user can no longer change what the admin's pipelines get."""
+    cp, me = services.control, admin(services)
+    mallory, _ = user(services, "mallory")
+    cp.set_secret(mallory, "rpc_url", "http://mallory.example/")
+    cp.set_secret(me, "rpc_url", "http://node.example/")
+    with pytest.raises(Forbidden, match="may not change secret 'rpc_url'"):
+        cp.set_secret(mallory, "rpc_url", "http://mallory.example/again")
+    (listed,) = [s for s in cp.list_secrets(me) if s["name"] == "rpc_url"]
+    assert listed["owner"] == me.name
+    assert cp.list_secrets(mallory) == []  # no longer hers, and not shared with her

@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-TRACE = [sys.executable, "-m", "trace_platform.cli.main"]
-
-
-def run(
-    args: list[str], env: dict[str, str], timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*TRACE, *args],
-        env={**os.environ, "COLUMNS": "200", **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.support.cli import trace as run
 
 
 def test_config_show_masks_secrets(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.dags import admin, three_jobs, user
 from tests.support.invariants import expire_lease
+from tests.support.servers import secured_api
 from trace_platform.config import Settings
 from trace_platform.contract import (
     ClaimRequest,
@@ -24,10 +25,8 @@ from trace_platform.contract import (
     OutputCommit,
     RangeSpec,
 )
-from trace_platform.db.embedded import free_port
 from trace_platform.errors import Conflict
 from trace_platform.identity import Forbidden
-from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 from trace_platform.triggers.cron import tick
 
@@ -239,12 +238,8 @@ def test_manual_trigger_idempotency_key(services: Services) -> None:
 # -- permissions over HTTP ------------------------------------------------------------------
 @pytest.fixture
 def secure(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
-    svc = Services.build(settings.model_copy(update={"auth": "required"}), dsn)
-    server = ApiServer(svc, "127.0.0.1", free_port(), background=False)
-    server.start()
-    yield svc, server.url
-    server.stop()
-    svc.close()
+    with secured_api(settings, dsn) as running:
+        yield running
 
 
 def test_permissions_and_clear_401_403(secure: tuple[Services, str]) -> None:

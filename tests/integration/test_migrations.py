@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
-from psycopg import sql
 
+from tests.support.servers import empty_database
 from trace_platform.db import migrate as mig
 
 
 @pytest.fixture
 def empty_db(pg_server: str) -> Iterator[str]:
-    name = f"e_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield psycopg.conninfo.make_conninfo(pg_server, dbname=name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+    with empty_database(pg_server) as db:
+        yield db
 
 
 def test_concurrent_migrations_apply_each_once(empty_db: str) -> None:

@@ -14,16 +14,25 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trace_platform.cli.control import dag_app, datasets_app, runs_app, secrets_app, users_app
+from trace_platform.cli.control import (
+    dag_app,
+    datasets_app,
+    fail,
+    me,
+    run_op,
+    runs_app,
+    secrets_app,
+    services,
+    users_app,
+)
 from trace_platform.cli.devnet import devnet_app
 from trace_platform.cli.query import query
 from trace_platform.config import Settings, get_settings, shown
 from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
-from trace_platform.db.pool import embedded_cluster, make_pool, state_dsn
+from trace_platform.db.pool import embedded_cluster, make_pool, sink_dsn, state_dsn
 from trace_platform.dispatcher.models import TaskView
-from trace_platform.errors import TraceError
 
 app = typer.Typer(
     help="Trace: a Postgres-centred data platform for chain data.", no_args_is_help=True
@@ -43,11 +52,6 @@ app.add_typer(devnet_app, name="devnet")
 app.command("query")(query)
 
 console = Console()
-
-
-def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(1)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -78,11 +82,11 @@ def config_show(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
 # -- db ----------------------------------------------------------------------------------
 def _cluster(settings: Settings) -> Any:
     if not settings.uses_embedded_postgres:
-        _fail("TRACE_STATE_DSN is set: the database is external, not managed by trace")
+        fail("TRACE_STATE_DSN is set: the database is external, not managed by trace")
     try:
         return embedded_cluster(settings)
     except EmbeddedPostgresError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @db_app.command("start")
@@ -92,7 +96,7 @@ def db_start() -> None:
     try:
         pg.start()
     except EmbeddedPostgresError as e:
-        _fail(str(e))
+        fail(str(e))
     applied = migrate(pg.dsn())
     console.print(f"embedded Postgres running on 127.0.0.1:{pg.info().port} (data: {pg.root})")
     if applied:
@@ -166,17 +170,15 @@ def worker(
     try:
         policy = resolve(settings)
     except SandboxUnavailable as e:
-        _fail(str(e))
+        fail(str(e))
     dsn = state_dsn(settings)
     driver = make_driver(settings, dsn)
     # Trusted sinks (and only they) get Postgres data access, for the task's run only, as the
     # least-privilege sink login (TRACE_DATA_DSN, else the embedded cluster's trace_sink).
-    from trace_platform.db.pool import sink_dsn
-
     data_dsn = sink_dsn(settings, dsn)
     token = internal_token(settings)
     if token is None:
-        _fail(
+        fail(
             f"no internal token: set TRACE_INTERNAL_TOKEN or start the API once (Lite writes "
             f"{internal_token_file(settings)})"
         )
@@ -246,7 +248,7 @@ def up(
         stack.start()
     except Exception as e:
         stack.stop()
-        _fail(str(e))
+        fail(str(e))
     if stack.services.new_admin_key:
         console.print(
             "[bold yellow]Created the Lite admin API key[/bold yellow] (shown once, saved to "
@@ -268,12 +270,6 @@ def up(
 # -- tasks -------------------------------------------------------------------------------
 # Thin shells over the control plane, acting as the CLI's user (as the API does): the same
 # permission checks, one code path.
-def _as_me() -> tuple[Any, Any]:
-    from trace_platform.cli.control import me, services
-
-    return services().control, me()
-
-
 def print_task(view: TaskView) -> None:
     table = Table(title=f"task {view.task_id}", show_header=False)
     for key in (
@@ -318,30 +314,24 @@ def task_create(
 ) -> None:
     """Create one ad-hoc task (org admins only) and print its id."""
     try:
-        cfg = json.loads(config)
-    except json.JSONDecodeError as e:
-        _fail(f"--config is not valid JSON: {e}")
-    cp, actor = _as_me()
-    try:
-        ref = cp.create_task(
-            actor,
-            TaskSpec(
-                job=job,
-                operator=operator,
-                config=cfg,
-                timeout_seconds=timeout,
-                max_attempts=max_attempts,
-            ),
+        spec = TaskSpec(
+            job=job,
+            operator=operator,
+            config=json.loads(config),
+            timeout_seconds=timeout,
+            max_attempts=max_attempts,
         )
-    except TraceError as e:
-        _fail(e.message)
+    except json.JSONDecodeError as e:
+        fail(f"--config is not valid JSON: {e}")
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
+    cp, actor = services().control, me()
+    ref = run_op(cp.create_task, actor, spec)
     console.print(f"task {ref.task_id} queued")
     if wait:
         last = None
         while True:
-            view = cp.get_task(actor, ref.task_id)
+            view = run_op(cp.get_task, actor, ref.task_id)
             state = (view.status, view.attempt)
             if state != last:
                 console.print(
@@ -357,21 +347,13 @@ def task_create(
 @task_app.command("show")
 def task_show(task_id: UUID) -> None:
     """Show one task: definition, status, attempts."""
-    cp, actor = _as_me()
-    try:
-        print_task(cp.get_task(actor, task_id))
-    except TraceError as e:
-        _fail(e.message)
+    print_task(run_op(services().control.get_task, me(), task_id))
 
 
 @task_app.command("cancel")
 def task_cancel(task_id: UUID) -> None:
     """Cancel a task (cooperatively, if it is running)."""
-    cp, actor = _as_me()
-    try:
-        res = cp.cancel_task(actor, task_id)
-    except TraceError as e:
-        _fail(e.message)
+    res = run_op(services().control.cancel_task, me(), task_id)
     console.print(
         f"task {task_id}: {res.status}" + (" (cancel requested)" if res.status == "running" else "")
     )
@@ -380,11 +362,7 @@ def task_cancel(task_id: UUID) -> None:
 @task_app.command("list")
 def task_list(limit: Annotated[int, typer.Option()] = 20) -> None:
     """Most recent tasks of your org (org admins only)."""
-    cp, actor = _as_me()
-    try:
-        rows = cp.list_tasks(actor, limit)
-    except TraceError as e:
-        _fail(e.message)
+    rows = run_op(services().control.list_tasks, me(), limit)
     table = Table("task", "job", "operator", "status", "attempt", "created", "last error")
     for r in rows:
         table.add_row(

@@ -46,14 +46,22 @@ _DAG_ONLY = (
 )
 
 
+MAX_TRIGGER_CONFIG_BYTES = 64 * 1024  # a run's config travels in every source task's event
+MAX_SECRET_BYTES = 16 * 1024  # keys, tokens, URLs; not files
+MAX_ROLES = 100  # given in one call (a secret's use_roles, roles added to a dataset)
+
+
 def _check_roles(roles: list[str]) -> None:
+    if len(roles) > MAX_ROLES:
+        raise Invalid(f"at most {MAX_ROLES} roles at once; {len(roles)} given")
     for role in roles:
         if not NAME.fullmatch(role):
             raise Invalid(f"role '{role}' must match ^[a-z][a-z0-9_]{{0,127}}$")
 
 
-MAX_TRIGGER_CONFIG_BYTES = 64 * 1024  # a run's config travels in every source task's event
-MAX_SECRET_BYTES = 16 * 1024  # keys, tokens, URLs; not files
+def _listed(secret: dict[str, Any]) -> dict[str, Any]:
+    """What a secret's row shows: never its value, nor its org and owner ids."""
+    return {k: secret[k] for k in ("name", "owner", "use_roles", "updated_at")}
 
 
 class ControlPlane:
@@ -200,9 +208,10 @@ class ControlPlane:
     def set_secret(
         self, actor: Actor, name: str, value: str, use_roles: list[str] | None = None
     ) -> dict[str, Any]:
-        """Any user may create a secret (they own it); only its owner or an org admin may
-        overwrite its value or change its use_roles (None keeps them). The value is sealed
-        before it reaches Postgres and is never returned."""
+        """Any user may create a secret; only its owner or an org admin may overwrite its value
+        or change its use_roles (None keeps them), and whoever writes the value owns it (so an
+        admin takes back a name a user claimed first). The value is sealed before it reaches
+        Postgres and is never returned."""
         check_secret_name(name)
         if not value:
             raise Invalid("a secret value cannot be empty")
@@ -227,23 +236,18 @@ class ControlPlane:
                         "(only its owner or an org admin may)"
                     )
                 conn.execute(
-                    _S.update_secret, {**key, "ciphertext": sealed, "use_roles": use_roles}
+                    _S.update_secret,
+                    {**key, "ciphertext": sealed, "use_roles": use_roles, "owner": actor.user_id},
                 )
-        for s in self.list_secrets(actor):
-            if s["name"] == name:
-                return {**s, "created": created is not None}
-        raise AssertionError("a secret just written is listed to its writer")  # pragma: no cover
+            (written,) = conn.execute(_S.list_secrets, key).fetchall()
+        return {**_listed(written), "created": created is not None}
 
     def list_secrets(self, actor: Actor) -> list[dict[str, Any]]:
         """Names, owners, use_roles and update times (never values): every secret of the org
         for admins, else the ones the user owns or may use."""
         with self.pool.connection() as conn:
-            rows = conn.execute(_S.list_secrets, {"org_id": actor.org_id}).fetchall()
-        return [
-            {k: r[k] for k in ("name", "owner", "use_roles", "updated_at")}
-            for r in rows
-            if can_use_secret(actor, r)
-        ]
+            rows = conn.execute(_S.list_secrets, {"org_id": actor.org_id, "name": None}).fetchall()
+        return [_listed(r) for r in rows if can_use_secret(actor, r)]
 
     # -- tasks ---------------------------------------------------------------------------------
     def _visible_task(self, actor: Actor, task_id: UUID) -> None:

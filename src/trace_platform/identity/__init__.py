@@ -32,7 +32,8 @@ class Actor:
         return bool(self.roles & set(roles))
 
 
-def _row_actor(row: dict[str, Any]) -> Actor:
+def actor_from_row(row: dict[str, Any]) -> Actor:
+    """A user row (user_id, org_id, name, is_admin, roles) as the Actor it acts as."""
     return Actor(
         row["user_id"], row["org_id"], row["name"], row["is_admin"], frozenset(row["roles"])
     )
@@ -76,7 +77,7 @@ def ensure_user(
     )
     row = conn.execute(_Q.user_by_name, {"org_id": org_id, "name": name}).fetchone()
     assert row is not None
-    return _row_actor(row)
+    return actor_from_row(row)
 
 
 def bootstrap_lite(conn: Connection[Any]) -> tuple[Actor, str | None]:
@@ -92,7 +93,7 @@ def authenticate(conn: Connection[Any], key: str | None) -> Actor | None:
     if not key:
         return None
     row = conn.execute(_Q.authenticate, {"key_hash": hash_key(key)}).fetchone()
-    return _row_actor(row) if row else None
+    return actor_from_row(row) if row else None
 
 
 def lite_admin(conn: Connection[Any]) -> Actor:
@@ -100,7 +101,7 @@ def lite_admin(conn: Connection[Any]) -> Actor:
     if row is None:
         admin, _ = bootstrap_lite(conn)
         return admin
-    return _row_actor(row)
+    return actor_from_row(row)
 
 
 def set_roles(

@@ -141,11 +141,9 @@ class Vault:
         return value
 
     def seal_legacy(self, conn: Connection[Any]) -> int:
-        """Encrypts values stored in plaintext before migration 0008 (once, at start); returns
-        how many. Does nothing, and needs no key, when there are none."""
-        row = conn.execute(_Q.has_legacy_plaintext).fetchone()
-        if not row or not row["any"]:
-            return 0
+        """Encrypts values stored in plaintext before migration 0008 (at start, or by the
+        Dispatcher if a task meets one first); returns how many. With none: one query, no
+        lock, no key."""
         with conn.transaction():
             rows = conn.execute(_Q.legacy_plaintext).fetchall()
             for r in rows:

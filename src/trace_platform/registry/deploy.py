@@ -14,9 +14,8 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
-from trace_platform.dag.loader import MAX_DOCUMENT_BYTES
 from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
-from trace_platform.dag.validate import DagInvalid, DagProblem, spec_size_problems
+from trace_platform.dag.validate import DagInvalid, DagProblem
 from trace_platform.db.queries import Queries
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
@@ -85,8 +84,9 @@ class _Deploy:
 def deploy(
     conn: Connection[Any], actor: Actor, spec: DagSpec, source_yaml: str, source: str
 ) -> DeployResult:
-    """Run inside the caller's transaction; raises DagInvalid/Forbidden to roll it all back."""
-    _check_size(spec, source_yaml, source)
+    """Run inside the caller's transaction; raises DagInvalid/Forbidden to roll it all back.
+    `spec` is what `parse(source_yaml)` returned: every file-local check (the size caps
+    included) has passed before a transaction is opened."""
     d = _lock_dag(conn, actor, spec, source_yaml, source)
     _store_version(d)
     _reset_rebuilt_jobs(d)
@@ -99,15 +99,6 @@ def deploy(
     _init_cron(d)
     _activate(d)
     return DeployResult(d.dag_id, spec.name, d.version, d.created, sorted(d.rebuild), d.published)
-
-
-def _check_size(spec: DagSpec, source_yaml: str, source: str) -> None:
-    """parse() refuses these first; a direct caller is held to the same caps before any write."""
-    too_big = spec_size_problems(spec)
-    if len(source_yaml.encode("utf-8", "surrogatepass")) > MAX_DOCUMENT_BYTES:
-        too_big.append(DagProblem("", f"document is over {MAX_DOCUMENT_BYTES:,} bytes"))
-    if too_big:
-        raise DagInvalid(source, too_big)
 
 
 def _lock_dag(

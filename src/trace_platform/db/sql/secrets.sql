@@ -13,19 +13,22 @@ WHERE org_id = %(org_id)s AND name = %(name)s
 FOR UPDATE;
 
 -- name: update_secret
--- A NULL ciphertext or use_roles keeps the stored one; the owner never changes.
+-- A NULL ciphertext or use_roles keeps the stored one. Whoever writes the value owns it (an
+-- admin's overwrite takes a squatted name back from whoever created it first).
 UPDATE secrets
 SET ciphertext = coalesce(%(ciphertext)s::text, ciphertext),
+    owner_user_id = %(owner)s,
     legacy_value = CASE WHEN %(ciphertext)s::text IS NULL THEN legacy_value END,
     use_roles = coalesce(%(use_roles)s::text[], use_roles),
     updated_at = now()
 WHERE org_id = %(org_id)s AND name = %(name)s;
 
 -- name: list_secrets
+-- Every secret of the org, or only the one named (NULL: all).
 SELECT s.name, s.org_id, s.owner_user_id, u.name AS owner, s.use_roles, s.updated_at
 FROM secrets s
 LEFT JOIN users u ON u.user_id = s.owner_user_id
-WHERE s.org_id = %(org_id)s
+WHERE s.org_id = %(org_id)s AND (%(name)s::text IS NULL OR s.name = %(name)s)
 ORDER BY s.name;
 
 -- name: secrets_named
@@ -40,9 +43,6 @@ ORDER BY n;
 SELECT org_id, name, legacy_value FROM secrets
 WHERE legacy_value IS NOT NULL
 FOR UPDATE;
-
--- name: has_legacy_plaintext
-SELECT EXISTS (SELECT 1 FROM secrets WHERE legacy_value IS NOT NULL) AS any;
 
 -- name: seal_legacy
 UPDATE secrets SET ciphertext = %(ciphertext)s, legacy_value = NULL
