@@ -267,7 +267,7 @@ def main() -> None:
                     elif k == "inproc":
                         cur = inproc.connection(plan.pins, limits)
                         try:
-                            got = run(cur, sql, params, limits, limits.max_rows)
+                            got = run(cur, sql, params, limits)
                         finally:
                             cur.close()
                     elif k == "worker":

@@ -7,6 +7,7 @@ import io
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import psycopg
@@ -91,6 +92,53 @@ def query_login(services: Services) -> dict[str, str]:
     return psycopg.conninfo.conninfo_to_dict(services.query.pg_dsn)  # type: ignore[return-value]
 
 
+def task_partition(services: Services) -> str:
+    """One partition of task_registry (made at run time, not only at migration), qualified."""
+    with services.pool.connection() as conn:
+        return conn.execute(  # type: ignore[no-any-return]
+            "SELECT format('%I.%I', n.nspname, c.relname) AS p FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE i.inhparent = 'task_registry'::regclass LIMIT 1"
+        ).fetchone()["p"]
+
+
+def assert_refused(conn: psycopg.Connection[Any], statements: list[str]) -> None:
+    """Each statement is refused for lack of privilege, and, unqualified, a state table is not
+    even visible."""
+    for stmt in statements:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(stmt)
+    for t in ("secrets", "api_keys", "task_registry"):
+        with pytest.raises((psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege)):
+            conn.execute(f"SELECT * FROM {t}")
+
+
+@pytest.fixture
+def scratch_db(pg_server: str) -> Iterator[tuple[EmbeddedPostgres, str, str]]:
+    """An empty database on the embedded cluster (the cluster, its name, its DSN), dropped
+    afterwards, for tests of an upgrade."""
+    cluster = EmbeddedPostgres.serving(pg_server)
+    assert cluster is not None
+    name = f"u_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield cluster, name, psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def migrate_before(dsn: str, version: str) -> None:
+    """Applies only the migrations before `version`: the database an older release left."""
+    every = mig.available()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(mig, "available", lambda: [x for x in every if x.version < version])
+        mig.migrate(dsn)
+
+
 def test_cold_queries_by_dataset_name_are_exact(chain: Services) -> None:
     assert q(chain, "SELECT count(*), min(block_number), max(block_number) FROM blocks") == [
         [100, 0, 99]
@@ -170,12 +218,7 @@ def test_the_query_login_reads_published_data_and_nothing_else(chain: Services) 
     load_hot(chain, "blocks_hot", blocks(90, 99, "hot"), 90, 100, window=1000)
     location = version_location(chain, current(chain, "blocks_hot")["current_version"])
     schema, _, table = location.partition(".")
-    with chain.pool.connection() as conn:
-        partition = conn.execute(
-            "SELECT format('%I.%I', n.nspname, c.relname) AS p FROM pg_inherits i"
-            " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE i.inhparent = 'task_registry'::regclass LIMIT 1"
-        ).fetchone()["p"]
+    partition = task_partition(chain)
     with psycopg.connect(chain.query.pg_dsn, autocommit=True) as conn:
         # Read-only by default (and the ATTACH asks for it too).
         assert conn.execute("SHOW default_transaction_read_only").fetchone() == ("on",)
@@ -207,53 +250,31 @@ def test_the_query_login_reads_published_data_and_nothing_else(chain: Services) 
             f'DELETE FROM "{schema}"."{table}"',
             "SET ROLE trace",
         ]
-        for stmt in refused:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute(stmt)
-        # Unqualified, a state table is not even visible.
-        for t in ("secrets", "api_keys", "task_registry"):
-            with pytest.raises(
-                (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege)
-            ):
-                conn.execute(f"SELECT * FROM {t}")
+        assert_refused(conn, refused)
 
 
 @embedded_only
 def test_published_tables_of_an_upgraded_database_become_readable(
-    pg_server: str, monkeypatch: pytest.MonkeyPatch
+    scratch_db: tuple[EmbeddedPostgres, str, str],
 ) -> None:
-    cluster = EmbeddedPostgres.serving(pg_server)
-    assert cluster is not None
-    name = f"u_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    cluster, name, dsn = scratch_db
     old, new, other = (f"dataset_{uuid.uuid4().hex}" for _ in range(3))
-    try:
-        every = mig.available()
-        monkeypatch.setattr(mig, "available", lambda: [m for m in every if m.version < "0009"])
-        mig.migrate(dsn)
-        with psycopg.connect(dsn, autocommit=True) as conn:  # published before the upgrade
-            conn.execute(f"CREATE SCHEMA {old}; CREATE TABLE {old}.v_1 AS SELECT 1 AS x")
-            conn.execute(f"CREATE VIEW published.before AS SELECT * FROM {old}.v_1")
-        monkeypatch.setattr(mig, "available", lambda: every)
-        mig.migrate(dsn)
-        with psycopg.connect(dsn, autocommit=True) as conn:  # after it, as the sink would
-            conn.execute(f"CREATE SCHEMA {new}; CREATE TABLE {new}.v_1 (x int)")
-            conn.execute(f"CREATE SCHEMA {other}x; CREATE TABLE {other}x.t (x int)")
-            conn.execute("CREATE TABLE public.later_state (x int)")
-        with psycopg.connect(cluster.reader_dsn(name), autocommit=True) as conn:
-            assert conn.execute(f"SELECT x FROM {old}.v_1").fetchone() == (1,)
-            assert conn.execute("SELECT x FROM published.before").fetchone() == (1,)
-            assert conn.execute(f"SELECT count(*) FROM {new}.v_1").fetchone() == (0,)
-            for t in (f"{other}x.t", "public.later_state"):  # not a dataset schema: not granted
-                with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                    conn.execute(f"SELECT * FROM {t}")
-    finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    migrate_before(dsn, "0009")
+    with psycopg.connect(dsn, autocommit=True) as conn:  # published before the upgrade
+        conn.execute(f"CREATE SCHEMA {old}; CREATE TABLE {old}.v_1 AS SELECT 1 AS x")
+        conn.execute(f"CREATE VIEW published.before AS SELECT * FROM {old}.v_1")
+    mig.migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # after it, as the sink would
+        conn.execute(f"CREATE SCHEMA {new}; CREATE TABLE {new}.v_1 (x int)")
+        conn.execute(f"CREATE SCHEMA {other}x; CREATE TABLE {other}x.t (x int)")
+        conn.execute("CREATE TABLE public.later_state (x int)")
+    with psycopg.connect(cluster.reader_dsn(name), autocommit=True) as conn:
+        assert conn.execute(f"SELECT x FROM {old}.v_1").fetchone() == (1,)
+        assert conn.execute("SELECT x FROM published.before").fetchone() == (1,)
+        assert conn.execute(f"SELECT count(*) FROM {new}.v_1").fetchone() == (0,)
+        for t in (f"{other}x.t", "public.later_state"):  # not a dataset schema: not granted
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(f"SELECT * FROM {t}")
 
 
 def sink_login(services: Services) -> str:
@@ -299,12 +320,7 @@ def test_the_sink_login_loads_the_window_and_the_reader_reads_it(chain: Services
 @embedded_only
 def test_the_sink_login_reaches_no_state(chain: Services) -> None:
     load_as_sink(chain, "blocks_hot", blocks(90, 99, "hot"), 90, 100)
-    with chain.pool.connection() as conn:
-        partition = conn.execute(
-            "SELECT format('%I.%I', n.nspname, c.relname) AS p FROM pg_inherits i"
-            " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE i.inhparent = 'task_registry'::regclass LIMIT 1"
-        ).fetchone()["p"]
+    partition = task_partition(chain)
     with psycopg.connect(sink_login(chain), autocommit=True) as conn:
         role = conn.execute(
             "SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls,"
@@ -345,44 +361,23 @@ def test_the_sink_login_reaches_no_state(chain: Services) -> None:
             "ALTER ROLE trace_sink SUPERUSER",
             "CREATE ROLE evil",
         ]
-        for stmt in refused:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute(stmt)
-        for t in ("secrets", "api_keys", "task_registry"):  # unqualified: not even visible
-            with pytest.raises(
-                (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege)
-            ):
-                conn.execute(f"SELECT * FROM {t}")
+        assert_refused(conn, refused)
 
 
 @embedded_only
 def test_an_upgraded_window_stays_loadable_by_the_sink_login(
-    pg_server: str, monkeypatch: pytest.MonkeyPatch
+    scratch_db: tuple[EmbeddedPostgres, str, str],
 ) -> None:
     """Tables and views a sink made with the state login before 0010 go to the sink's group."""
-    cluster = EmbeddedPostgres.serving(pg_server)
-    assert cluster is not None
-    name = f"u_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    cluster, name, dsn = scratch_db
     location = f"dataset_{uuid.uuid4().hex}.v_{uuid.uuid4().hex}"
-    try:
-        every = mig.available()
-        monkeypatch.setattr(mig, "available", lambda: [m for m in every if m.version < "0010"])
-        mig.migrate(dsn)
-        assert load_range(dsn, location, "old_hot", blocks(0, 9), 0, 10, 100) == 10
-        monkeypatch.setattr(mig, "available", lambda: every)
-        mig.migrate(dsn)
-        wider = blocks(0, 9).append_column("extra", pa.array(list(range(10)), pa.int32()))
-        assert load_range(cluster.sink_dsn(name), location, "old_hot", wider, 0, 10, 100) == 10
-        with psycopg.connect(cluster.reader_dsn(name), autocommit=True) as conn:
-            assert conn.execute("SELECT sum(extra) FROM published.old_hot").fetchone() == (45,)
-    finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    migrate_before(dsn, "0010")
+    assert load_range(dsn, location, "old_hot", blocks(0, 9), 0, 10, 100) == 10
+    mig.migrate(dsn)
+    wider = blocks(0, 9).append_column("extra", pa.array(list(range(10)), pa.int32()))
+    assert load_range(cluster.sink_dsn(name), location, "old_hot", wider, 0, 10, 100) == 10
+    with psycopg.connect(cluster.reader_dsn(name), autocommit=True) as conn:
+        assert conn.execute("SELECT sum(extra) FROM published.old_hot").fetchone() == (45,)
 
 
 def test_a_query_keeps_the_version_it_pinned_across_a_cutover(chain: Services) -> None:

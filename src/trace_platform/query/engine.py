@@ -40,11 +40,14 @@ class S3Access:
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_seconds: float = 30.0
-    max_rows: int = 10_000
-    memory_limit: str = "2GB"
-    threads: int = 2
-    max_result_bytes: int = 16 * 1024 * 1024
+    """One query's limits, from the TRACE_QUERY_* settings as QueryService narrows them for the
+    call (a caller's max_rows or timeout, an export's own caps)."""
+
+    timeout_seconds: float
+    max_rows: int
+    memory_limit: str
+    threads: int
+    max_result_bytes: int
 
 
 class NoData(Invalid):
@@ -210,13 +213,13 @@ def run(
     sql: str,
     params: dict[str, Any] | None,
     limits: Limits,
-    max_rows: int,
     *,
     export: bool = False,
 ) -> pa.Table:
-    """Runs the statement under the time limit; returns a pyarrow Table of at most max_rows
-    rows and limits.max_result_bytes bytes (Arrow buffers, counted batch by batch as DuckDB
-    streams them, so an oversized result stops early), or raises LimitExceeded."""
+    """Runs the statement under the time limit; returns a pyarrow Table of at most
+    limits.max_rows rows and limits.max_result_bytes bytes (Arrow buffers, counted batch by
+    batch as DuckDB streams them, so an oversized result stops early), or raises LimitExceeded."""
+    max_rows = limits.max_rows
     timer = threading.Timer(limits.timeout_seconds, cur.interrupt)
     timer.start()
     try:

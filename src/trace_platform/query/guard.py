@@ -66,7 +66,7 @@ from typing import Any
 
 import duckdb
 
-from trace_platform.dispatcher.errors import Invalid
+from trace_platform.errors import Invalid
 
 MAX_SQL_CHARS = 100_000
 

@@ -107,7 +107,7 @@ class Worker:
         self.engine = Engine(
             str(init["pg_dsn"]),
             S3Access(**s3) if s3 else None,
-            cache_size=int(init.get("cache_size", 4)),
+            cache_size=int(init["cache_size"]),
         )
         self.memory_bytes = int(init["memory_limit_bytes"])
         self.raise_hard = _can_raise_hard_limits()
@@ -119,7 +119,7 @@ class Worker:
 
     def handle(self, req: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         fmt = str(req.get("format", "arrow"))
-        export = bool(req.get("export", fmt != "arrow"))
+        export = bool(req["export"])
         limits = Limits(**req["limits"])
         t0 = time.perf_counter()
         try:
@@ -127,14 +127,7 @@ class Worker:
             pins = {p["name"]: Pin.from_json(p) for p in req["pins"]}
             cur = self.engine.connection(pins, limits)
             try:
-                table = run(
-                    cur,
-                    req["sql"],
-                    req.get("params") or None,
-                    limits,
-                    int(req["max_rows"]),
-                    export=export,
-                )
+                table = run(cur, req["sql"], req.get("params") or None, limits, export=export)
             finally:
                 cur.close()
             payload = _encode(table, fmt)

@@ -157,14 +157,21 @@ class QueryService:
         check_pins(pins, self.s3)
         return Plan(actor, sql, params or {}, pins)
 
-    def _limits(self, timeout_seconds: float | None, *, export: bool) -> Limits:
+    def _limits(
+        self, *, export: bool, max_rows: int | None, timeout_seconds: float | None
+    ) -> Limits:
         """Caller limits may only lower the service's; an export has its own, larger caps."""
-        lim = self.limits
+        lim, s = self.limits, self.settings
+        rows = s.query_export_max_rows if export else lim.max_rows
         timeout = lim.timeout_seconds
         if timeout_seconds is not None:
             timeout = min(timeout_seconds, timeout)
-        max_bytes = self.settings.query_export_max_result_bytes if export else lim.max_result_bytes
-        return replace(lim, timeout_seconds=timeout, max_result_bytes=max_bytes)
+        return replace(
+            lim,
+            timeout_seconds=timeout,
+            max_rows=min(max_rows or rows, rows),
+            max_result_bytes=s.query_export_max_result_bytes if export else lim.max_result_bytes,
+        )
 
     def _cpu_seconds(self, limits: Limits) -> float:
         if self.settings.query_cpu_seconds is not None:
@@ -181,16 +188,13 @@ class QueryService:
         timeout_seconds: float | None,
     ) -> tuple[dict[str, Any], bytearray, float]:
         """Runs the plan on a worker: (answer header, payload, elapsed ms), or the error."""
-        limits = self._limits(timeout_seconds, export=export)
-        ceiling = self.settings.query_export_max_rows if export else limits.max_rows
-        cap = min(max_rows or ceiling, ceiling)
+        limits = self._limits(export=export, max_rows=max_rows, timeout_seconds=timeout_seconds)
         cpu = self._cpu_seconds(limits)
         request = {
             "sql": plan.sql,
             "params": plan.params,
             "pins": [p.to_json() for p in plan.pins.values()],
             "limits": asdict(limits),
-            "max_rows": cap,
             "cpu_seconds": cpu,
             "format": fmt,
             "export": export,
