@@ -59,6 +59,10 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings, dsn: str | None = None) -> Services:
+        lite = settings.profile is Profile.lite
+        token = internal_token(settings, create=lite)  # before any connection is made
+        if token is None:
+            raise ValueError("TRACE_INTERNAL_TOKEN is required in the aws profile")
         dsn = dsn or state_dsn(settings)
         pool = make_pool(dsn, max_size=settings.pool_max_size)
         driver = make_driver(settings, dsn)
@@ -71,12 +75,10 @@ class Services:
             dispatcher=dispatcher,
             publisher=OutboxPublisher(pool, driver, batch_size=settings.outbox_batch_size),
             control=ControlPlane(pool, dispatcher),
+            internal_token=token,
         )
-        if settings.profile is Profile.lite:
+        if lite:
             services.new_admin_key = bootstrap(settings, pool)
-        services.internal_token = internal_token(settings, create=settings.profile is Profile.lite)
-        if services.internal_token is None:
-            raise ValueError("TRACE_INTERNAL_TOKEN is required in the aws profile")
         return services
 
     def close(self) -> None:

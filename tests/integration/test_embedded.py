@@ -187,20 +187,49 @@ def test_a_cluster_initialised_with_trust_is_hardened_on_start(
         assert conn.execute("SELECT current_user").fetchone() == ("trace_query",)
 
 
+# What no least-privilege login may have: role attributes, the predefined roles that reach the
+# server's files, programs, other sessions or all data, and CREATE on the database.
+_POWERS = (
+    "rolsuper",
+    "rolcreaterole",
+    "rolcreatedb",
+    "rolreplication",
+    "rolbypassrls",
+    *(
+        f"pg_has_role('{r}', 'USAGE')"
+        for r in (
+            "pg_read_server_files",
+            "pg_write_server_files",
+            "pg_execute_server_program",
+            "pg_read_all_data",
+            "pg_write_all_data",
+            "pg_signal_backend",
+        )
+    ),
+    "has_database_privilege(current_database(), 'CREATE')",
+)
+
+
+def _login_of(
+    conn: psycopg.Connection[tuple[object, ...]], group: str
+) -> tuple[object, object, list[str]]:
+    """The connection's login, whether it is in `group`, and which of _POWERS it has."""
+    row = conn.execute(
+        f"SELECT current_user, pg_has_role(%s, 'USAGE'), {', '.join(_POWERS)}"
+        " FROM pg_roles WHERE rolname = current_user",
+        [group],
+    ).fetchone()
+    assert row is not None
+    user, member, *powers = row
+    return user, member, [p for p, has in zip(_POWERS, powers, strict=True) if has]
+
+
 def test_the_reader_login_is_not_privileged(root: Path) -> None:
     pg = EmbeddedPostgres(root, durable=False)
     pg.start()
     assert EmbeddedPostgres.serving(pg.dsn("other")) is pg  # how a DSN finds its reader
     with psycopg.connect(pg.reader_dsn(), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls,"
-            " pg_has_role('trace_published_read', 'USAGE'),"
-            " pg_has_role('pg_read_server_files', 'USAGE'),"
-            " pg_has_role('pg_execute_server_program', 'USAGE'),"
-            " pg_has_role('pg_read_all_data', 'USAGE')"
-            " FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
-        assert row == (False, False, False, False, False, True, False, False, False)
+        assert _login_of(conn, "trace_published_read") == ("trace_query", True, [])
         conn.execute("SET default_transaction_read_only = off")
         for stmt in (
             "CREATE TEMP TABLE t (x int)",
@@ -220,15 +249,7 @@ def test_the_sink_login_is_not_privileged(root: Path) -> None:
     pg.start()
     migrate(pg.dsn())
     with psycopg.connect(pg.sink_dsn(), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT current_user, rolsuper, rolcreaterole, rolcreatedb, rolreplication,"
-            " rolbypassrls, pg_has_role('trace_sink_write', 'USAGE'),"
-            " pg_has_role('pg_write_server_files', 'USAGE'),"
-            " pg_has_role('pg_execute_server_program', 'USAGE'),"
-            " has_database_privilege(current_database(), 'CREATE')"
-            " FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
-        assert row == ("trace_sink", False, False, False, False, False, True, False, False, False)
+        assert _login_of(conn, "trace_sink_write") == ("trace_sink", True, [])
         for stmt in (
             "SELECT * FROM public.secrets",
             "SELECT * FROM public.api_keys",
@@ -271,9 +292,14 @@ def test_a_worker_finds_the_sink_login_of_the_state_dsn(
     wrong = pg.dsn().replace(info.password, "not-the-password")
     for dsn in (pg.reader_dsn(), wrong):
         assert EmbeddedPostgres.logins_of(dsn) is None
+        caplog.clear()
         with caplog.at_level(logging.WARNING):
             assert sink_dsn(settings, dsn) == dsn
         assert "TRACE_DATA_DSN" in caplog.text
+    # The superuser gets in, but the cluster.json it finds holds another password.
+    right = pg.dsn()
+    pg.info_file.write_text(json.dumps({"port": info.port, "password": "another"}))
+    assert EmbeddedPostgres.logins_of(right) is None
 
 
 def test_an_older_cluster_json_gets_a_sink_login(root: Path) -> None:

@@ -115,7 +115,10 @@ def free_port() -> int:
 
 
 def port_free(port: int) -> bool:
+    """Nobody else listens on `port`. SO_REUSEADDR as Postgres binds it: the TIME_WAIT sockets of
+    our own server's last connections do not make the port taken."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -177,7 +180,12 @@ class ClusterInfo:
             sink_password=raw.get("sink_password", ""),
         )
 
-    def login_dsn(self, user: str, password: str, dbname: str) -> str:
+    def login_dsn(self, user: str, dbname: str = DB_NAME) -> str | None:
+        """The DSN of the least-privilege login `user` (READER or SINK) on `dbname`; None when
+        this cluster.json has no password for it yet (written by an older Trace)."""
+        password = {READER: self.reader_password, SINK: self.sink_password}[user]
+        if not password:
+            return None
         return psycopg.conninfo.make_conninfo(
             host="127.0.0.1",
             port=self.port,
@@ -485,23 +493,22 @@ class EmbeddedPostgres:
     def reader_dsn(self, dbname: str = DB_NAME) -> str:
         """The Query Service's login: SELECT on the published data of `dbname` only (the grants
         are migration 0009's, per database), read-only transactions by default."""
-        info = self.info()
-        if info is None or not info.reader_password:
-            raise EmbeddedPostgresError(
-                f"No reader login in {self.root} yet: start the cluster once with this version"
-            )
-        return info.login_dsn(READER, info.reader_password, dbname)
+        return self._login_dsn(READER, dbname)
 
     def sink_dsn(self, dbname: str = DB_NAME) -> str:
         """The hot_window sink's login: it makes `dataset_<hex>` schemas through migration
         0010's function only, tables in them and views in `published`, and owns what it makes;
         it cannot reach the state tables of `dbname` (the grants are per database)."""
+        return self._login_dsn(SINK, dbname)
+
+    def _login_dsn(self, user: str, dbname: str) -> str:
         info = self.info()
-        if info is None or not info.sink_password:
+        dsn = info.login_dsn(user, dbname) if info is not None else None
+        if dsn is None:
             raise EmbeddedPostgresError(
-                f"No sink login in {self.root} yet: start the cluster once with this version"
+                f"No {user} login in {self.root} yet: start the cluster once with this version"
             )
-        return info.login_dsn(SINK, info.sink_password, dbname)
+        return dsn
 
     @staticmethod
     def serving(dsn: str) -> EmbeddedPostgres | None:

@@ -9,7 +9,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
-from trace_platform.db.embedded import DB_NAME, SINK, EmbeddedPostgres
+from trace_platform.db.embedded import DB_NAME, READER, SINK, EmbeddedPostgres
 from trace_platform.db.migrate import migrate
 
 log = logging.getLogger(__name__)
@@ -38,20 +38,13 @@ def state_dsn(settings: Settings, *, start: bool = True, run_migrations: bool = 
 
 def query_dsn(settings: Settings, data_dsn: str) -> str:
     """The Query Service's Postgres login: TRACE_READ_DSN when set (an external server: a login
-    in the group `trace_published_read`); else, when `data_dsn` is an embedded cluster's (Lite's
-    own, or one this process started, as the test harness does), its `trace_query` login on the
-    same database; else, with a warning, the data login itself."""
+    in the group `trace_published_read`); else, when `data_dsn` is an embedded cluster's (see
+    `_embedded_login`), its `trace_query` login on the same database; else, with a warning, the
+    data login itself."""
     if settings.read_dsn is not None:
         return settings.read_dsn.get_secret_value()
-    pg = EmbeddedPostgres.serving(data_dsn)
-    if pg is None and settings.uses_embedded_postgres and settings.data_dsn is None:
-        lite = embedded_cluster(settings)
-        info = lite.info()
-        port = conninfo_to_dict(data_dsn).get("port")
-        if info is not None and info.reader_password and str(info.port) == str(port):
-            pg = lite
-    if pg is not None:
-        return pg.reader_dsn(str(conninfo_to_dict(data_dsn).get("dbname") or DB_NAME))
+    if login := _embedded_login(data_dsn, READER):
+        return login
     log.warning(
         "The Query Service reads Postgres with the data login: set TRACE_READ_DSN to a login "
         "in the role trace_published_read (SELECT on the published data only)"
@@ -62,14 +55,12 @@ def query_dsn(settings: Settings, data_dsn: str) -> str:
 def sink_dsn(settings: Settings, dsn: str) -> str:
     """The hot_window sink's Postgres login, for the worker's trusted host: TRACE_DATA_DSN when
     set (an external server: a login in the group `trace_sink_write`, migration 0010); else,
-    when `dsn` (the state DSN) is an embedded cluster's superuser login (Lite's own, or one this
-    process started or whose cluster.json it can read, as in the test harness), that cluster's
+    when `dsn` (the state DSN) is an embedded cluster's (see `_embedded_login`), that cluster's
     `trace_sink` login on the same database; else, with a warning, `dsn` itself."""
     if settings.data_dsn is not None:
         return settings.data_dsn.get_secret_value()
-    info = EmbeddedPostgres.logins_of(dsn)
-    if info is not None and info.sink_password:
-        return info.login_dsn(SINK, info.sink_password, _dbname(dsn))
+    if login := _embedded_login(dsn, SINK):
+        return login
     log.warning(
         "The hot_window sink writes Postgres data with the state login: set TRACE_DATA_DSN to a "
         "login in the role trace_sink_write (dataset schemas and published views only)"
@@ -77,8 +68,14 @@ def sink_dsn(settings: Settings, dsn: str) -> str:
     return dsn
 
 
-def _dbname(dsn: str) -> str:
-    return str(conninfo_to_dict(dsn).get("dbname") or DB_NAME)
+def _embedded_login(dsn: str, user: str) -> str | None:
+    """`user`'s DSN on the database of `dsn`, when `dsn` points at an embedded cluster this
+    process started (Lite's own, the test harness's) or is the superuser login of one whose
+    cluster.json this process can read (a worker's: one connection, once per process)."""
+    info = EmbeddedPostgres.logins_of(dsn)
+    if info is None:
+        return None
+    return info.login_dsn(user, str(conninfo_to_dict(dsn).get("dbname") or DB_NAME))
 
 
 def make_pool(
