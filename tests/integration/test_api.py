@@ -290,6 +290,38 @@ def test_the_body_limit_reads_nothing_beyond_the_limit() -> None:
 
 
 @pytest.mark.parametrize(
+    ("path", "root_path"), [("/internal/claim", ""), ("/api/internal/claim", "/api")]
+)
+def test_the_internal_token_guards_the_path_the_router_matches(path: str, root_path: str) -> None:
+    """InternalToken is the only check of the token: behind a proxy's root_path (the router
+    matches `path` without it), /internal/* still needs the token."""
+    import asyncio
+
+    from trace_platform.api.gateway import InternalToken
+
+    reached: list[str] = []
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    guard = InternalToken(app, token="s3cret")  # type: ignore[arg-type]
+    scope: dict[str, Any] = {"type": "http", "path": path, "root_path": root_path, "headers": []}
+    for given in ([], [(b"x-internal-token", b"guess")]):
+        asyncio.run(guard({**scope, "headers": given}, receive, send))  # type: ignore[arg-type]
+        assert not reached and sent[0]["status"] == 401
+        sent.clear()
+    asyncio.run(guard({**scope, "headers": [(b"x-internal-token", b"s3cret")]}, receive, send))  # type: ignore[arg-type]
+    assert reached == [path]
+
+
+@pytest.mark.parametrize(
     ("method", "path", "status", "code", "needle"),
     [
         ("GET", "/v1/no-such-route", 404, "not_found", "no endpoint GET /v1/no-such-route"),

@@ -5,8 +5,8 @@ shape, with a message that says what was wrong. After the whole table the stack 
 normal query within its usual time, and nothing stored changed.
 
 One stack (database, Services, API on a real socket) serves the whole module; the last test
-sends every row again and then compares every state table with the snapshot taken before the
-first row."""
+sends every row again and then compares every state table, the object store and the files rows
+try to write with the snapshot taken before the first row."""
 
 from __future__ import annotations
 
@@ -99,8 +99,23 @@ class Row:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def row(id_: str, r: Row, *marks: pytest.MarkDecorator) -> Any:
-    return pytest.param(r, id=id_, marks=list(marks))
+def row(id_: str, method: str, path: str, status: int, fragment: str, **kw: Any) -> Any:
+    return pytest.param(Row(method, path, status, fragment, **kw), id=id_)
+
+
+def query(id_: str, status: int, fragment: str, body: dict[str, Any]) -> Any:
+    """POST /v1/query with `body`, as the no-role user."""
+    return row(id_, "POST", "/v1/query", status, fragment, json=body)
+
+
+def dag_file(id_: str, status: int, fragment: str, yaml: Any) -> Any:
+    """POST /v1/dags with `yaml` as the DAG file, as the no-role user."""
+    return row(id_, "POST", "/v1/dags", status, fragment, json={"yaml": yaml})
+
+
+def trigger(id_: str, status: int, fragment: str, **kw: Any) -> Any:
+    """POST /v1/dags/mallory_dag/trigger (her own DAG), as the no-role user."""
+    return row(id_, "POST", "/v1/dags/mallory_dag/trigger", status, fragment, **kw)
 
 
 JSON = {"Content-Type": "application/json"}
@@ -108,537 +123,358 @@ LEASE = {"task_id": str(uuid.UUID(int=1)), "attempt": 1, "lease_token": str(uuid
 
 TABLE = [
     # -- the Query Service, as the no-role user -------------------------------------------
-    row("query-bad-sql", Row("POST", "/v1/query", 422, "bad SQL", json={"sql": "SELEC 1"})),
-    row(
-        "query-two-statements",
-        Row("POST", "/v1/query", 422, "one statement", json={"sql": "SELECT 1; SELECT 2"}),
-    ),
-    row(
+    query("query-bad-sql", 422, "bad SQL", {"sql": "SELEC 1"}),
+    query("query-two-statements", 422, "one statement", {"sql": "SELECT 1; SELECT 2"}),
+    query(
         "query-table-function-file",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "read_csv",
-            json={"sql": "SELECT * FROM read_csv('/etc/passwd')"},
-        ),
+        422,
+        "read_csv",
+        {"sql": "SELECT * FROM read_csv('/etc/passwd')"},
     ),
-    row(
-        "query-file-path-as-table",
-        Row("POST", "/v1/query", 404, "/etc/passwd", json={"sql": "SELECT * FROM '/etc/passwd'"}),
-    ),
-    row(
+    query("query-file-path-as-table", 404, "/etc/passwd", {"sql": "SELECT * FROM '/etc/passwd'"}),
+    query(
         "query-postgres-scan-to-any-host",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "postgres_scan",
-            json={"sql": "SELECT * FROM postgres_scan('host=10.9.9.9 port=5432', 'public', 't')"},
-        ),
+        422,
+        "postgres_scan",
+        {"sql": "SELECT * FROM postgres_scan('host=10.9.9.9 port=5432', 'public', 't')"},
     ),
-    row(
-        "query-setting",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "not allowed",
-            json={"sql": "SELECT current_setting('allowed_paths')"},
-        ),
-    ),
-    row(
+    query("query-setting", 422, "not allowed", {"sql": "SELECT current_setting('allowed_paths')"}),
+    query(
         "query-setting-inside-a-lambda",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "not allowed",
-            json={"sql": "SELECT list_transform([1], x -> current_setting('memory_limit'))"},
-        ),
+        422,
+        "not allowed",
+        {"sql": "SELECT list_transform([1], x -> current_setting('memory_limit'))"},
     ),
-    row(
+    query(
         "query-table-function-by-name",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "not allowed",
-            json={"sql": "SELECT * FROM query_table('duckdb_settings')"},
-        ),
+        422,
+        "not allowed",
+        {"sql": "SELECT * FROM query_table('duckdb_settings')"},
     ),
-    row(
+    query(
         "query-secret-lookup",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "not allowed",
-            json={"sql": "SELECT which_secret('s3://bucket/x', 's3')"},
-        ),
+        422,
+        "not allowed",
+        {"sql": "SELECT which_secret('s3://bucket/x', 's3')"},
     ),
-    row(
-        "query-view-definition",
-        Row("POST", "/v1/query", 422, "not allowed", json={"sql": "SELECT pg_get_viewdef('x')"}),
-    ),
-    row(
+    query("query-view-definition", 422, "not allowed", {"sql": "SELECT pg_get_viewdef('x')"}),
+    query(
         "query-binds-sql-text",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "not allowed",
-            json={"sql": "SELECT json_serialize_sql('SELECT * FROM duckdb_settings()')"},
-        ),
+        422,
+        "not allowed",
+        {"sql": "SELECT json_serialize_sql('SELECT * FROM duckdb_settings()')"},
     ),
-    row(
-        "query-set",
-        Row("POST", "/v1/query", 422, "only SELECT", json={"sql": "SET threads = 1"}),
-    ),
-    row(
+    query("query-set", 422, "only SELECT", {"sql": "SET threads = 1"}),
+    query(
         "query-copy-to-file",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "only SELECT",
-            json={"sql": "COPY (SELECT 1) TO '/tmp/trace-hostile.csv'"},
-        ),
+        422,
+        "only SELECT",
+        {"sql": "COPY (SELECT 1) TO '/tmp/trace-hostile.csv'"},
     ),
-    row(
-        "query-attach",
-        Row("POST", "/v1/query", 422, "only SELECT", json={"sql": "ATTACH '/tmp/x.db' AS x"}),
+    query("query-attach", 422, "only SELECT", {"sql": "ATTACH '/tmp/x.db' AS x"}),
+    query(
+        "query-qualified-name", 422, "qualified names", {"sql": "SELECT * FROM main.mallory_blocks"}
     ),
-    row(
-        "query-qualified-name",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "qualified names",
-            json={"sql": "SELECT * FROM main.mallory_blocks"},
-        ),
-    ),
-    row(
+    query(
         "query-unreadable-dataset-answers-like-unknown",
-        Row("POST", "/v1/query", 404, "that you can read", json={"sql": "SELECT * FROM hello_raw"}),
+        404,
+        "that you can read",
+        {"sql": "SELECT * FROM hello_raw"},
     ),
-    row(
+    query(
         "query-huge-string-result",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "larger than",
-            json={"sql": "SELECT repeat('x', 30000000) AS s", "max_rows": 1},
-        ),
+        422,
+        "larger than",
+        {"sql": "SELECT repeat('x', 30000000) AS s", "max_rows": 1},
     ),
-    row(
-        "query-sql-over-its-length-limit",
-        Row("POST", "/v1/query", 422, "100000", json={"sql": "SELECT 1 " + " " * 100_000}),
-    ),
-    row(
+    query("query-sql-over-its-length-limit", 422, "100000", {"sql": "SELECT 1 " + " " * 100_000}),
+    query(
         "query-huge-param-value",
-        Row(
-            "POST",
-            "/v1/query",
-            200,
-            "1500000",
-            json={"sql": "SELECT length($s) AS n", "params": {"s": "x" * 1_500_000}},
-        ),
+        200,
+        "1500000",
+        {"sql": "SELECT length($s) AS n", "params": {"s": "x" * 1_500_000}},
     ),
-    row(
-        "query-param-of-wrong-type",
-        Row("POST", "/v1/query", 422, "params", json={"sql": "SELECT 1", "params": {"a": [1]}}),
-    ),
-    row("query-sql-not-a-string", Row("POST", "/v1/query", 422, "sql", json={"sql": 123})),
-    row(
-        "query-max-rows-not-a-number",
-        Row("POST", "/v1/query", 422, "max_rows", json={"sql": "SELECT 1", "max_rows": "ten"}),
-    ),
-    row(
-        "query-negative-timeout",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "timeout_seconds",
-            json={"sql": "SELECT 1", "timeout_seconds": -1},
-        ),
+    query("query-param-of-wrong-type", 422, "params", {"sql": "SELECT 1", "params": {"a": [1]}}),
+    query("query-sql-not-a-string", 422, "sql", {"sql": 123}),
+    query("query-max-rows-not-a-number", 422, "max_rows", {"sql": "SELECT 1", "max_rows": "ten"}),
+    query(
+        "query-negative-timeout", 422, "timeout_seconds", {"sql": "SELECT 1", "timeout_seconds": -1}
     ),
     row(
         "query-nan-timeout",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "invalid JSON",
-            content=b'{"sql": "SELECT 1", "timeout_seconds": NaN}',
-            headers=JSON,
-        ),
+        "POST",
+        "/v1/query",
+        422,
+        "invalid JSON",
+        content=b'{"sql": "SELECT 1", "timeout_seconds": NaN}',
+        headers=JSON,
     ),
-    row(
+    query(
         "query-absurd-timeout-is-capped",
-        Row(
-            "POST",
-            "/v1/query",
-            200,
-            '"rows":[[1]]',
-            json={"sql": "SELECT 1", "timeout_seconds": 1e308, "max_rows": 10**30},
-        ),
+        200,
+        '"rows":[[1]]',
+        {"sql": "SELECT 1", "timeout_seconds": 1e308, "max_rows": 10**30},
     ),
-    row(
-        "query-neither-sql-nor-saved",
-        Row("POST", "/v1/query", 422, "exactly one of sql or saved", json={"params": {}}),
-    ),
-    row(
-        "query-saved-path-traversal",
-        Row("POST", "/v1/query", 404, "no saved query", json={"saved": "../../../etc/passwd"}),
-    ),
-    row(
-        "query-unknown-format",
-        Row("POST", "/v1/query", 422, "format", json={"sql": "SELECT 1", "format": "xlsx"}),
-    ),
+    query("query-neither-sql-nor-saved", 422, "exactly one of sql or saved", {"params": {}}),
+    query("query-saved-path-traversal", 404, "no saved query", {"saved": "../../../etc/passwd"}),
+    query("query-unknown-format", 422, "format", {"sql": "SELECT 1", "format": "xlsx"}),
     # -- DAG files (POST /v1/dags), as the no-role user --------------------------------------
-    row(
-        "dag-alias-bomb",
-        Row("POST", "/v1/dags", 422, "aliases are expanded", json={"yaml": alias_bomb()}),
-    ),
-    row(
-        "dag-100k-deep-yaml",
-        Row("POST", "/v1/dags", 422, "deeper than 64 levels", json={"yaml": "[" * 100_000}),
-    ),
-    row(
-        "dag-document-over-the-loader-limit",
-        Row("POST", "/v1/dags", 422, "262,144", json={"yaml": "# " + "x" * 300_000 + "\n"}),
-    ),
-    row(
-        "dag-2mb-document",
-        Row("POST", "/v1/dags", 422, "1048576", json={"yaml": "#" * 2_000_000}),
-    ),
-    row(
-        "dag-name-with-quote-and-semicolon",
-        Row("POST", "/v1/dags", 422, "name", json={"yaml": dag("x'; DROP TABLE dags; --")}),
-    ),
-    row(
-        "dag-name-path-traversal",
-        Row("POST", "/v1/dags", 422, "name", json={"yaml": dag("../../etc")}),
-    ),
-    row(
-        "dag-unknown-operator",
-        Row(
-            "POST",
-            "/v1/dags",
-            422,
-            "unknown operator 'rm_rf'",
-            json={"yaml": dag(operator="rm_rf")},
-        ),
-    ),
-    row(
-        "dag-bad-cron",
-        Row(
-            "POST",
-            "/v1/dags",
-            422,
-            "not a valid cron expression",
-            json={"yaml": dag(schedule="every tuesday")},
-        ),
-    ),
-    row(
-        "dag-impossible-cron",
-        Row("POST", "/v1/dags", 422, "no fire time", json={"yaml": dag(schedule="0 0 30 2 *")}),
-    ),
-    row("dag-not-yaml-data", Row("POST", "/v1/dags", 422, "invalid_dag", json={"yaml": "[1, 2"})),
-    row(
-        "dag-yaml-not-a-string", Row("POST", "/v1/dags", 422, "yaml", json={"yaml": {"name": "x"}})
-    ),
+    dag_file("dag-alias-bomb", 422, "aliases are expanded", alias_bomb()),
+    dag_file("dag-100k-deep-yaml", 422, "deeper than 64 levels", "[" * 100_000),
+    dag_file("dag-document-over-the-loader-limit", 422, "262,144", "# " + "x" * 300_000 + "\n"),
+    dag_file("dag-2mb-document", 422, "1048576", "#" * 2_000_000),
+    dag_file("dag-name-with-quote-and-semicolon", 422, "name", dag("x'; DROP TABLE dags; --")),
+    dag_file("dag-name-path-traversal", 422, "name", dag("../../etc")),
+    dag_file("dag-unknown-operator", 422, "unknown operator 'rm_rf'", dag(operator="rm_rf")),
+    dag_file("dag-bad-cron", 422, "not a valid cron expression", dag(schedule="every tuesday")),
+    dag_file("dag-impossible-cron", 422, "no fire time", dag(schedule="0 0 30 2 *")),
+    dag_file("dag-not-yaml-data", 422, "invalid_dag", "[1, 2"),
+    row("dag-yaml-not-a-string", "POST", "/v1/dags", 422, "yaml", json={"yaml": {"name": "x"}}),
     # -- names in paths ----------------------------------------------------------------------
-    row("path-dag-name-with-quote", Row("GET", "/v1/dags/a'b", 422, "DAG name")),
-    row(
-        "path-dag-name-traversal", Row("GET", "/v1/dags/..%2F..%2Fetc%2Fpasswd", 404, "no endpoint")
-    ),
-    row("path-dataset-name-with-nul", Row("GET", "/v1/datasets/a%00b", 422, "dataset name")),
+    row("path-dag-name-with-quote", "GET", "/v1/dags/a'b", 422, "DAG name"),
+    row("path-dag-name-traversal", "GET", "/v1/dags/..%2F..%2Fetc%2Fpasswd", 404, "no endpoint"),
+    row("path-dataset-name-with-nul", "GET", "/v1/datasets/a%00b", 422, "dataset name"),
     row(
         "path-trigger-name-with-semicolon",
-        Row("POST", "/v1/hooks/mallory_dag/x;y", 422, "trigger name", json={}),
+        "POST",
+        "/v1/hooks/mallory_dag/x;y",
+        422,
+        "trigger name",
+        json={},
     ),
-    row("query-string-with-nul", Row("GET", "/v1/runs?dag=%00", 422, "NUL")),
+    row("query-string-with-nul", "GET", "/v1/runs?dag=%00", 422, "NUL"),
     # -- trigger configs, on the user's own DAG ------------------------------------------------
-    row(
+    trigger(
         "trigger-100k-deep-json",
-        Row(
-            "POST",
-            "/v1/dags/mallory_dag/trigger",
-            422,
-            "deeper than the limit of 64 levels",
-            content=('{"config": {"a": ' + deep_json(100_000) + "}}").encode(),
-            headers=JSON,
-        ),
+        422,
+        "deeper than the limit of 64 levels",
+        content=('{"config": {"a": ' + deep_json(100_000) + "}}").encode(),
+        headers=JSON,
     ),
-    row(
+    trigger(
         "trigger-65-deep-json",
-        Row(
-            "POST",
-            "/v1/dags/mallory_dag/trigger",
-            422,
-            "deeper than the limit of 64 levels",
-            content=('{"config": {"a": ' + deep_json(63) + "}}").encode(),
-            headers=JSON,
-        ),
+        422,
+        "deeper than the limit of 64 levels",
+        content=('{"config": {"a": ' + deep_json(63) + "}}").encode(),
+        headers=JSON,
     ),
-    row(
-        "trigger-huge-config",
-        Row(
-            "POST",
-            "/v1/dags/mallory_dag/trigger",
-            413,
-            "limit",
-            json={"config": {"blob": "x" * (MAX_BODY_BYTES + 1)}},
-        ),
+    trigger(
+        "trigger-huge-config", 413, "limit", json={"config": {"blob": "x" * (MAX_BODY_BYTES + 1)}}
     ),
-    row(
+    trigger(
         "trigger-config-over-its-own-cap",
-        Row(
-            "POST",
-            "/v1/dags/mallory_dag/trigger",
-            422,
-            "trigger config is",
-            json={"config": {"blob": "x" * 1_500_000}},
-        ),
+        422,
+        "trigger config is",
+        json={"config": {"blob": "x" * 1_500_000}},
     ),
-    row(
-        "trigger-config-not-an-object",
-        Row("POST", "/v1/dags/mallory_dag/trigger", 422, "config", json={"config": [1, 2, 3]}),
-    ),
-    row(
-        "trigger-body-not-an-object",
-        Row("POST", "/v1/dags/mallory_dag/trigger", 422, "body", json=["config"]),
-    ),
-    row(
-        "trigger-config-with-nul",
-        Row("POST", "/v1/dags/mallory_dag/trigger", 422, "NUL", json={"config": {"k": "a\x00b"}}),
-    ),
+    trigger("trigger-config-not-an-object", 422, "config", json={"config": [1, 2, 3]}),
+    trigger("trigger-body-not-an-object", 422, "body", json=["config"]),
+    trigger("trigger-config-with-nul", 422, "NUL", json={"config": {"k": "a\x00b"}}),
     row(
         "webhook-body-not-an-object",
-        Row("POST", "/v1/hooks/mallory_dag/poke", 422, "dictionary", json="poke"),
+        "POST",
+        "/v1/hooks/mallory_dag/poke",
+        422,
+        "dictionary",
+        json="poke",
     ),
-    row(
+    trigger(
         "trigger-idempotency-key-too-long",
-        Row(
-            "POST",
-            "/v1/dags/mallory_dag/trigger",
-            422,
-            "idempotency-key",
-            json={},
-            headers={"Idempotency-Key": "k" * 201},
-        ),
+        422,
+        "idempotency-key",
+        json={},
+        headers={"Idempotency-Key": "k" * 201},
     ),
     # -- secrets -------------------------------------------------------------------------------
     row(
         "secret-name-with-space",
-        Row("PUT", "/v1/secrets/my%20token", 422, "secret name", json={"value": "v"}),
+        "PUT",
+        "/v1/secrets/my%20token",
+        422,
+        "secret name",
+        json={"value": "v"},
     ),
     row(
         "secret-name-with-newline",
-        Row("PUT", "/v1/secrets/token%0A", 422, "secret name", json={"value": "v"}),
+        "PUT",
+        "/v1/secrets/token%0A",
+        422,
+        "secret name",
+        json={"value": "v"},
     ),
     row(
         "secret-name-too-long",
-        Row("PUT", "/v1/secrets/" + "t" * 200, 422, "secret name", json={"value": "v"}),
+        "PUT",
+        "/v1/secrets/" + "t" * 200,
+        422,
+        "secret name",
+        json={"value": "v"},
     ),
     row(
-        "secret-empty-value",
-        Row("PUT", "/v1/secrets/token", 422, "cannot be empty", json={"value": ""}),
+        "secret-empty-value", "PUT", "/v1/secrets/token", 422, "cannot be empty", json={"value": ""}
     ),
     row(
         "secret-huge-value",
-        Row("PUT", "/v1/secrets/token", 413, "limit", json={"value": "v" * (MAX_BODY_BYTES + 1)}),
+        "PUT",
+        "/v1/secrets/token",
+        413,
+        "limit",
+        json={"value": "v" * (MAX_BODY_BYTES + 1)},
     ),
     row(
         "secret-value-over-its-cap",
-        Row("PUT", "/v1/secrets/token", 422, "at most", json={"value": "v" * 1_900_000}),
+        "PUT",
+        "/v1/secrets/token",
+        422,
+        "at most",
+        json={"value": "v" * 1_900_000},
     ),
-    row(
-        "secret-value-not-a-string",
-        Row("PUT", "/v1/secrets/token", 422, "value", json={"value": 42}),
-    ),
+    row("secret-value-not-a-string", "PUT", "/v1/secrets/token", 422, "value", json={"value": 42}),
     row(
         "secret-bad-use-role",
-        Row(
-            "PUT",
-            "/v1/secrets/token",
-            422,
-            "role",
-            json={"value": "v", "use_roles": ["Admin; DROP ROLE"]},
-        ),
+        "PUT",
+        "/v1/secrets/token",
+        422,
+        "role",
+        json={"value": "v", "use_roles": ["Admin; DROP ROLE"]},
     ),
     # -- internal bodies -----------------------------------------------------------------------
     row(
         "internal-missing-token",
-        Row(
-            "POST",
-            "/internal/claim",
-            401,
-            "internal token",
-            json={"task_id": LEASE["task_id"], "worker_id": "w"},
-            who="none",
-        ),
+        "POST",
+        "/internal/claim",
+        401,
+        "internal token",
+        json={"task_id": LEASE["task_id"], "worker_id": "w"},
+        who="none",
     ),
     row(
         "internal-wrong-token",
-        Row(
-            "POST",
-            "/internal/claim",
-            401,
-            "internal token",
-            json={"task_id": LEASE["task_id"], "worker_id": "w"},
-            who="internal-wrong",
-        ),
+        "POST",
+        "/internal/claim",
+        401,
+        "internal token",
+        json={"task_id": LEASE["task_id"], "worker_id": "w"},
+        who="internal-wrong",
     ),
     row(
         "internal-api-key-is-not-the-token",
-        Row(
-            "GET",
-            f"/internal/task-secrets?task_id={LEASE['task_id']}&attempt=1",
-            401,
-            "internal token",
-        ),
+        "GET",
+        f"/internal/task-secrets?task_id={LEASE['task_id']}&attempt=1",
+        401,
+        "internal token",
     ),
     row(
         "internal-chunked-40mb-without-token",
-        Row(
-            "POST",
-            "/internal/task-complete",
-            401,
-            "internal token",
-            content=chunked(40 * 1024 * 1024),
-            headers=JSON,
-            who="none",
-        ),
+        "POST",
+        "/internal/task-complete",
+        401,
+        "internal token",
+        content=chunked(40 * 1024 * 1024),
+        headers=JSON,
+        who="none",
     ),
     row(
         "internal-chunked-40mb",
-        Row(
-            "POST",
-            "/internal/task-complete",
-            413,
-            f"over the limit of {MAX_BODY_BYTES} bytes",
-            content=chunked(40 * 1024 * 1024),
-            headers=JSON,
-            who="internal",
-        ),
+        "POST",
+        "/internal/task-complete",
+        413,
+        f"over the limit of {MAX_BODY_BYTES} bytes",
+        content=chunked(40 * 1024 * 1024),
+        headers=JSON,
+        who="internal",
     ),
     row(
         "internal-malformed-json",
-        Row(
-            "POST",
-            "/internal/heartbeat",
-            422,
-            "invalid JSON",
-            content=b'{"task_id": ',
-            headers=JSON,
-            who="internal",
-        ),
+        "POST",
+        "/internal/heartbeat",
+        422,
+        "invalid JSON",
+        content=b'{"task_id": ',
+        headers=JSON,
+        who="internal",
     ),
     row(
         "internal-not-utf8",
-        Row(
-            "POST",
-            "/internal/events",
-            422,
-            "invalid JSON",
-            content=b'{"task_id": "\xff\xfe"}',
-            headers=JSON,
-            who="internal",
-        ),
+        "POST",
+        "/internal/events",
+        422,
+        "invalid JSON",
+        content=b'{"task_id": "\xff\xfe"}',
+        headers=JSON,
+        who="internal",
     ),
     row(
         "internal-wrong-types",
-        Row(
-            "POST",
-            "/internal/claim",
-            422,
-            "task_id",
-            json={"task_id": 7, "worker_id": ["w"]},
-            who="internal",
-        ),
+        "POST",
+        "/internal/claim",
+        422,
+        "task_id",
+        json={"task_id": 7, "worker_id": ["w"]},
+        who="internal",
     ),
     row(
         "internal-attempt-not-a-number",
-        Row(
-            "POST",
-            "/internal/heartbeat",
-            422,
-            "attempt",
-            json={**LEASE, "attempt": "one"},
-            who="internal",
-        ),
+        "POST",
+        "/internal/heartbeat",
+        422,
+        "attempt",
+        json={**LEASE, "attempt": "one"},
+        who="internal",
     ),
     row(
         "internal-deep-progress",
-        Row(
-            "POST",
-            "/internal/heartbeat",
-            422,
-            "64 levels",
-            content=json.dumps({**LEASE, "progress": {}})
-            .replace("{}", '{"p": ' + deep_json(5000) + "}")
-            .encode(),
-            headers=JSON,
-            who="internal",
-        ),
+        "POST",
+        "/internal/heartbeat",
+        422,
+        "64 levels",
+        content=json.dumps({**LEASE, "progress": {}})
+        .replace("{}", '{"p": ' + deep_json(5000) + "}")
+        .encode(),
+        headers=JSON,
+        who="internal",
     ),
     row(
         "internal-lease-token-not-a-uuid",
-        Row(
-            "GET",
-            f"/internal/task-fetch?task_id={LEASE['task_id']}&attempt=1",
-            422,
-            "x-lease-token",
-            headers={"X-Lease-Token": "' OR 1=1 --"},
-            who="internal",
-        ),
+        "GET",
+        f"/internal/task-fetch?task_id={LEASE['task_id']}&attempt=1",
+        422,
+        "x-lease-token",
+        headers={"X-Lease-Token": "' OR 1=1 --"},
+        who="internal",
     ),
     row(
         "internal-too-many-events",
-        Row(
-            "POST",
-            "/internal/events",
-            422,
-            "1000",
-            json={
-                **LEASE,
-                "events": [
-                    {"dataset_uuid": LEASE["task_id"], "cursor": str(i)} for i in range(1001)
-                ],
-            },
-            who="internal",
-        ),
+        "POST",
+        "/internal/events",
+        422,
+        "1000",
+        json={
+            **LEASE,
+            "events": [{"dataset_uuid": LEASE["task_id"], "cursor": str(i)} for i in range(1001)],
+        },
+        who="internal",
     ),
     # -- the gateway itself --------------------------------------------------------------------
-    row("no-api-key", Row("GET", "/v1/dags", 401, "API key is required", who="anon")),
+    row("no-api-key", "GET", "/v1/dags", 401, "API key is required", who="anon"),
     row(
         "gateway-50k-validation-problems",
-        Row(
-            "POST",
-            "/v1/datasets/mallory_blocks/read-roles",
-            422,
-            "more problems",
-            json={"add": list(range(50_000))},
-        ),
+        "POST",
+        "/v1/datasets/mallory_blocks/read-roles",
+        422,
+        "more problems",
+        json={"add": list(range(50_000))},
     ),
-    row("unknown-route", Row("GET", "/v1/../../etc/passwd", 404, "no endpoint")),
-    row("wrong-method", Row("DELETE", "/v1/secrets", 405, "not allowed")),
+    row("unknown-route", "GET", "/v1/../../etc/passwd", 404, "no endpoint"),
+    row("wrong-method", "DELETE", "/v1/secrets", 405, "not allowed"),
     row(
         "body-not-json-content-type",
-        Row(
-            "POST",
-            "/v1/query",
-            422,
-            "body",
-            content=b"sql=SELECT 1",
-            headers={"Content-Type": "text/plain"},
-        ),
+        "POST",
+        "/v1/query",
+        422,
+        "body",
+        content=b"sql=SELECT 1",
+        headers={"Content-Type": "text/plain"},
     ),
 ]
 
@@ -653,8 +489,21 @@ class Stack:
     usual_seconds: float
 
 
+# Files rows of the table try to write (COPY ... TO, ATTACH), outside the object store.
+WRITE_TARGETS = (Path("/tmp/trace-hostile.csv"), Path("/tmp/x.db"))
+
+
 def state(services: Services) -> dict[str, Any]:
-    """Every table of the state database, as a digest of its rows."""
+    """Every table of the state database, as a digest of its rows; every object of the object
+    store, with its size; whether (and when) the files in WRITE_TARGETS were written."""
+    root = services.settings.object_store_root
+    assert root is not None and root.is_dir()
+    out: dict[str, Any] = {
+        "objects": sorted(
+            (str(f.relative_to(root)), f.stat().st_size) for f in root.rglob("*") if f.is_file()
+        ),
+        "files": [f.stat().st_mtime_ns if f.exists() else None for f in WRITE_TARGETS],
+    }
     with services.pool.connection() as conn:
         tables = [
             r["table_name"]
@@ -663,7 +512,6 @@ def state(services: Services) -> dict[str, Any]:
                 " WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1"
             ).fetchall()
         ]
-        out = {}
         for t in tables:
             q = sql.SQL(
                 "SELECT count(*) AS n, md5(string_agg(x::text, '|' ORDER BY x::text)) AS h FROM {} x"

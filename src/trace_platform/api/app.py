@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from trace_platform.api import background as bg
-from trace_platform.api.auth import actor_dependency, internal_token_dependency
+from trace_platform.api.auth import actor_dependency
 from trace_platform.api.errors import LastResort, install_error_handlers
 from trace_platform.api.gateway import MAX_BODY_BYTES, BodyLimit, InternalToken, TraceRoute
 from trace_platform.api.routes import (
@@ -39,7 +39,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
         raise RuntimeError("the API needs an internal token to serve /internal/*")
 
     # Outermost first: anything unexpected is a logged 500 in Trace's shape; /internal/*
-    # without the token is refused unread; bodies are counted as they stream (413 at the
+    # without the token is refused unread (the only check of it); bodies are counted as they stream (413 at the
     # limit). Every other error is mapped by install_error_handlers.
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.add_middleware(InternalToken, token=token)
@@ -47,8 +47,8 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     install_error_handlers(app)
 
     app.include_router(health.router(services))
-    # internal: the worker wrapper only
-    app.include_router(internal.router(services, internal_token_dependency(token)))
+    # internal: the worker wrapper only (the InternalToken middleware)
+    app.include_router(internal.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
     for routes in (tasks, dags, runs, datasets, query, secrets):

@@ -1,10 +1,9 @@
-"""Who is calling. `/internal/*` is the worker wrapper, proven by the platform's internal token;
-every `/v1/*` call acts as a user, named by an API key (or Lite's admin when auth is
-permissive and no key is given)."""
+"""Who is calling. Every `/v1/*` call acts as a user, named by an API key (or Lite's admin when
+auth is permissive and no key is given). `/internal/*` is the worker wrapper, proven by the
+platform's internal token before its body is read (`api/gateway.py` InternalToken)."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from typing import Annotated
 
@@ -15,18 +14,6 @@ from trace_platform.identity import Actor, authenticate, lite_admin
 from trace_platform.services import Services
 
 ActorDependency = Callable[..., Actor]
-
-
-def internal_token_dependency(token: str) -> Callable[..., None]:
-    """A dependency refusing any call without `token` in `X-Internal-Token`."""
-
-    def internal_auth(x_internal_token: Annotated[str | None, Header()] = None) -> None:
-        if x_internal_token is None or not secrets.compare_digest(
-            x_internal_token.encode(), token.encode()
-        ):
-            raise Unauthorized("internal endpoints need the platform's internal token")
-
-    return internal_auth
 
 
 def actor_dependency(services: Services) -> ActorDependency:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -17,6 +18,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trace_platform.dag.validate import DagInvalid
@@ -133,6 +135,43 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
 
+async def answer_unless_started(
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    errors: type[Exception] | tuple[type[Exception], ...],
+    answer: Callable[[Exception], Response],
+) -> None:
+    """Runs `app`; if it raises one of `errors`, `answer(exc)` is sent instead, unless the app
+    had already started its own response: then the error propagates (too late for a response,
+    the server closes the connection). `answer` is called either way, inside the `except`."""
+    started = False
+
+    async def tracked(message: Message) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            started = True
+        await send(message)
+
+    try:
+        await app(scope, receive, tracked)
+    except errors as exc:
+        response = answer(exc)
+        if started:
+            raise
+        await response(scope, receive, send)
+
+
+def _internal_error(scope: Scope) -> Response:
+    """Called while handling the exception: logs its traceback under a fresh id."""
+    error_id = uuid.uuid4().hex
+    log.exception("unhandled error %s on %s %s", error_id, scope.get("method"), scope.get("path"))
+    return error_response(
+        500, "internal", f"internal error (logged as {error_id})", {"error_id": error_id}
+    )
+
+
 class LastResort:
     """Anything no handler maps answers a 500 in Trace's shape, with an id to find the logged
     traceback and nothing of the internals. Unlike Starlette's ServerErrorMiddleware it does not
@@ -145,27 +184,6 @@ class LastResort:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except Exception:
-            error_id = uuid.uuid4().hex
-            log.exception(
-                "unhandled error %s on %s %s", error_id, scope.get("method"), scope.get("path")
-            )
-            if started:  # too late for a response: let the server close the connection
-                raise
-            response = error_response(
-                500,
-                "internal",
-                f"internal error (logged as {error_id})",
-                {"error_id": error_id},
-            )
-            await response(scope, receive, send)
+        await answer_unless_started(
+            self.app, scope, receive, send, Exception, lambda _: _internal_error(scope)
+        )

@@ -16,13 +16,14 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trace_platform.api.errors import error_response, shorten
+from trace_platform.api.errors import answer_unless_started, error_response, shorten
 from trace_platform.dag.schema import NAME
 from trace_platform.errors import Invalid
 from trace_platform.identity.vault import SECRET_NAME
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 MAX_JSON_DEPTH = 64
+TOO_DEEP = f"the JSON body is nested deeper than the limit of {MAX_JSON_DEPTH} levels"
 
 
 class BodyTooLarge(HTTPException):
@@ -67,7 +68,6 @@ class BodyLimit:
 
         received = 0
         over = False
-        started = False
 
         async def counted() -> Message:
             nonlocal received, over
@@ -81,30 +81,30 @@ class BodyLimit:
                     raise BodyTooLarge(limit)
             return message
 
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted, tracked)
-        except BodyTooLarge as exc:  # read outside the routes' exception handling
-            if started:
-                raise
-            await error_response(413, "too_large", str(exc.detail))(scope, receive, send)
+        # The routes' own reads are answered by the 413 handler (BodyTooLarge is an
+        # HTTPException); this answers a read outside them.
+        await answer_unless_started(
+            self.app,
+            scope,
+            counted,
+            send,
+            BodyTooLarge,
+            lambda _: error_response(413, "too_large", BodyTooLarge(limit).detail),
+        )
 
 
 class InternalToken:
-    """`/internal/*` without the platform's internal token is refused before its body is read
-    (the routes' own dependency checks it again)."""
+    """`/internal/*` without the platform's internal token is refused before its body is read.
+    The only check of the token: a route dependency would run after FastAPI has read, parsed
+    and validated the body (answering a 422 to anyone). The path is the one the router
+    matches, without any `root_path` the server was given."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self.token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/internal/"):
+        if scope["type"] == "http" and _route_path(scope).startswith("/internal/"):
             given = next((v for k, v in scope["headers"] if k == b"x-internal-token"), None)
             if given is None or not secrets.compare_digest(given, self.token):
                 response = error_response(
@@ -113,6 +113,15 @@ class InternalToken:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path as Starlette's router matches it: `path` without a leading `root_path`."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :]
+    return path
 
 
 # -- JSON bodies -----------------------------------------------------------------------------
@@ -139,32 +148,40 @@ def _lone_surrogate(text: str) -> bool:
     return False
 
 
-def _check_tree(value: Any, *, surrogates: bool) -> None:
-    """No container deeper than MAX_JSON_DEPTH, no NUL (Postgres stores it neither in text nor
-    in jsonb) and, if `surrogates`, no lone surrogate in any string or key. Iterative: the tree
-    may be deep."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+def _check_depth(value: Any) -> None:
+    """No container deeper than MAX_JSON_DEPTH: one level at a time, containers only (the
+    walk runs for any body with more brackets than the limit, e.g. 1,000 events)."""
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(MAX_JSON_DEPTH):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return
+    raise RequestRejected(TOO_DEEP)
+
+
+def _check_strings(value: Any, *, surrogates: bool) -> None:
+    """No NUL (Postgres stores it neither in text nor in jsonb) and, if `surrogates`, no lone
+    surrogate in any string or key. Iterative: the tree may be deep."""
+    stack = [value]
     while stack:
-        node, depth = stack.pop()
-        if isinstance(node, str):
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
             if "\x00" in node:
                 raise RequestRejected("NUL characters (\\u0000) are not allowed in the body")
             if surrogates and _lone_surrogate(node):
                 raise RequestRejected(
                     "lone surrogates (\\ud800-\\udfff) are not allowed in the body"
                 )
-            continue
-        if not isinstance(node, dict | list):
-            continue
-        if depth > MAX_JSON_DEPTH:
-            raise RequestRejected(
-                f"the JSON body is nested deeper than the limit of {MAX_JSON_DEPTH} levels"
-            )
-        if isinstance(node, dict):
-            stack.extend((k, depth) for k in node)
-            stack.extend((v, depth + 1) for v in node.values())
-        else:
-            stack.extend((v, depth + 1) for v in node)
 
 
 def parse_json(body: bytes) -> Any:
@@ -177,16 +194,16 @@ def parse_json(body: bytes) -> Any:
     except json.JSONDecodeError:
         raise
     except RecursionError:
-        raise RequestRejected(
-            f"the JSON body is nested deeper than the limit of {MAX_JSON_DEPTH} levels"
-        ) from None
+        raise RequestRejected(TOO_DEEP) from None
     except ValueError as e:  # not UTF-8, NaN/Infinity, 1e999, an int of over 4300 digits
         raise json.JSONDecodeError(shorten(str(e), 200), "", 0) from None
-    # The walk runs only when it can find something: more brackets than the depth limit, or
+    # Each walk runs only when it can find something: more brackets than the depth limit, or
     # an escape that decodes to a NUL or a surrogate.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+        _check_depth(value)
     surrogates = _SURROGATE_ESCAPE.search(body) is not None
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH or b"\\u0000" in body or surrogates:
-        _check_tree(value, surrogates=surrogates)
+    if surrogates or b"\\u0000" in body:
+        _check_strings(value, surrogates=surrogates)
     return value
 
 
@@ -198,32 +215,37 @@ class TraceRequest(Request):
 
 
 # -- path, query and headers -----------------------------------------------------------------
-NAME_RULE = "^[a-z][a-z0-9_]{0,127}$"
+# (what it names, its rule): the rules of the names the path parameters stand for.
+Rule = tuple[str, re.Pattern[str]]
 
 
-def path_rule(path: str, param: str) -> tuple[str, re.Pattern[str], str] | None:
-    """(what it names, its rule, the rule shown) for a path parameter that is a name."""
+def path_rule(path: str, param: str) -> Rule | None:
+    """The rule of a path parameter that is a name, by the route's path."""
     if param == "name" and path.startswith("/v1/secrets/"):
-        return "secret name", SECRET_NAME, "^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
+        return "secret name", SECRET_NAME
     if param == "name" and path.startswith("/v1/datasets/"):
-        return "dataset name", NAME, NAME_RULE
+        return "dataset name", NAME
     if param in ("name", "dag") and path.startswith(("/v1/dags/", "/v1/hooks/")):
-        return "DAG name", NAME, NAME_RULE
+        return "DAG name", NAME
     if param == "trigger":
-        return "trigger name", NAME, NAME_RULE
+        return "trigger name", NAME
     return None
 
 
-def check_request(request: Request, path: str) -> None:
+def check_request(request: Request, rules: dict[str, Rule]) -> None:
     """NULs nowhere (path, query, headers); names in the path that follow their rule (`fullmatch`:
     a trailing newline does not slip past `$`). Refused as the control plane refuses a bad name:
     422 `invalid`, naming the rule."""
     for param, value in request.path_params.items():
         if not isinstance(value, str):
             continue
-        rule = path_rule(path, param)
+        rule = rules.get(param)
         if "\x00" in value or (rule is not None and not rule[1].fullmatch(value)):
-            what, _, shown = rule or (f"path parameter {param}", None, "no NUL characters")
+            what, shown = (
+                (rule[0], rule[1].pattern)
+                if rule
+                else (f"path parameter {param}", "no NUL characters")
+            )
             raise Invalid(f"{what} {shorten(repr(value), 100)} must match {shown}", rule=shown)
     for key, value in request.query_params.multi_items():
         if "\x00" in key or "\x00" in value:
@@ -238,10 +260,14 @@ class TraceRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        path = self.path_format
+        rules = {
+            param: rule
+            for param in self.param_convertors
+            if (rule := path_rule(self.path_format, param)) is not None
+        }
 
         async def route_handler(request: Request) -> Response:
-            check_request(request, path)
+            check_request(request, rules)
             return await handler(TraceRequest(request.scope, request.receive))
 
         return route_handler

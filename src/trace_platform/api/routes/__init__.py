@@ -6,14 +6,11 @@ prefix): the gateway finds a path parameter's rule by the route's own path."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from fastapi import APIRouter
 
 from trace_platform.api.gateway import TraceRoute
 
 
-def trace_router(dependencies: Sequence[Any] | None = None) -> APIRouter:
-    """An APIRouter whose routes are TraceRoutes, each with `dependencies`."""
-    return APIRouter(route_class=TraceRoute, dependencies=dependencies)
+def trace_router() -> APIRouter:
+    """An APIRouter whose routes are TraceRoutes."""
+    return APIRouter(route_class=TraceRoute)

@@ -1,13 +1,13 @@
 """`/internal/*`: the worker wrapper's side of the Dispatcher (claim, fetch, secrets,
-heartbeat, events, completion). Every route needs the platform's internal token."""
+heartbeat, events, completion). Every route needs the platform's internal token, checked
+for all of `/internal/*` before a body is read (`api/gateway.py` InternalToken)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Header, Query
 
 from trace_platform.api.routes import trace_router
 from trace_platform.contract import (
@@ -25,9 +25,9 @@ from trace_platform.contract import (
 from trace_platform.services import Services
 
 
-def router(services: Services, internal_auth: Callable[..., None]) -> APIRouter:
+def router(services: Services) -> APIRouter:
     d = services.dispatcher
-    r = trace_router(dependencies=[Depends(internal_auth)])
+    r = trace_router()
 
     @r.post("/internal/claim")
     def claim(body: ClaimRequest) -> Claim:
