@@ -151,8 +151,10 @@ def test_a_per_second_cron_keeps_firing_in_the_running_scheduler(deployed: Servi
 def test_a_trigger_that_recovers_fires_again(deployed: Services) -> None:
     d = deployed.dispatcher
     now = datetime.now(UTC)
+    cron._failing[(0, "a_removed")] = ("RuntimeError: x", 0.0)  # no longer a candidate
     cron.tick(d, now + timedelta(seconds=2))
     assert fires(deployed, "a_impossible") == 0
+    assert "a_removed" not in {k[1] for k in cron._failing}  # forgotten once it is gone
     corrupt(
         deployed,
         "impossible",

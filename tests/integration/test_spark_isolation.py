@@ -151,11 +151,11 @@ def test_nothing_of_a_task_survives_into_the_next(base: Any, tmp_path: Path) -> 
     assert SparkSession.builder.getOrCreate() is base
 
 
-def test_drop_temp_views_still_cleans_the_base_session(base: Any) -> None:
+def test_end_task_without_a_task_session_cleans_the_base_session(base: Any) -> None:
     base.range(1).createOrReplaceTempView("left_behind")
     base.range(1).createOrReplaceGlobalTempView("left_behind")
     base.sql("SET spark.trace.left_behind=alice")
-    tspark.drop_temp_views()
+    tspark.end_task(None)
     assert base.catalog.listTables() == []
     assert base.catalog.listTables("global_temp") == []
     assert base.conf.get("spark.trace.left_behind", None) is None

@@ -3,12 +3,11 @@
 A DAG file is untrusted input. Before any Python object is built, the document is measured:
 
 - its size: at most MAX_DOCUMENT_BYTES (256 KiB);
-- while it is composed into YAML nodes: nesting at most MAX_DEPTH (64) levels, at most
-  MAX_NODES (20,000) nodes and MAX_ALIASES (100) alias uses (`*name`), stopping at the first
-  one over, so a 100,000-deep document costs 65 levels of work and never a RecursionError;
-- then the node graph as it would be expanded, following every alias (anchors are allowed, for
-  shared config, but an alias counts as everything it repeats): again MAX_NODES nodes and
-  MAX_DEPTH levels, plus MAX_TEXT_BYTES (1 MiB) of scalar text, so an alias bomb (each level
+- while it is composed into YAML nodes, as it would be expanded (anchors are allowed, for
+  shared config, but an alias counts as everything it repeats): nesting at most MAX_DEPTH (64)
+  levels, at most MAX_NODES (20,000) nodes, MAX_TEXT_BYTES (1 MiB) of scalar text and
+  MAX_ALIASES (100) alias uses (`*name`), stopping at the first one over. So a 100,000-deep
+  document costs 65 levels of work and never a RecursionError, an alias bomb (each level
   repeating the one below ten times) is refused in microseconds, and an alias to one of its
   own ancestors (a recursive structure) is refused.
 
@@ -21,7 +20,7 @@ from typing import Any
 
 import yaml
 from yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 MAX_DOCUMENT_BYTES = 256 * 1024
 MAX_DEPTH = 64
@@ -44,35 +43,71 @@ def _at(mark: Any) -> str:
 
 
 class BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that counts while it composes, refuses duplicate and unhashable keys."""
+    """SafeLoader that measures the document while it composes it, aliases expanded, and
+    refuses duplicate and unhashable keys.
+
+    An alias counts as everything its anchored node holds (known once that node is composed:
+    an alias met while its node is still open is a recursive structure), so the running totals
+    are those of the fully expanded document and the first node over a limit stops the work."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
-        self._depth = 0
+        self._depth = 0  # collection levels open, aliases expanded
+        self._reach = 0  # the deepest level reached under the node being composed
         self._nodes = 0
+        self._text = 0
         self._aliases = 0
+        # id(anchored node) -> (nodes, collection levels, text bytes), aliases expanded
+        self._sizes: dict[int, tuple[int, int, int]] = {}
+
+    def _grow(self, nodes: int, depth: int, text: int, mark: Any) -> None:
+        self._nodes += nodes
+        self._text += text
+        self._reach = max(self._reach, depth)
+        # Once aliases are in play, where a limit is crossed says little about why: no position.
+        where = " once its aliases are expanded" if self._aliases else _at(mark)
+        if self._nodes > MAX_NODES:
+            raise YamlRefused(f"document has more than {MAX_NODES:,} nodes{where}")
+        if depth > MAX_DEPTH:
+            raise YamlRefused(f"document nests deeper than {MAX_DEPTH} levels{where}")
+        if self._text > MAX_TEXT_BYTES:
+            raise YamlRefused(
+                f"document holds more than {MAX_TEXT_BYTES // 1024} KiB of text{where}"
+            )
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
-        if self.check_event(AliasEvent):
+        event = self.peek_event()
+        if isinstance(event, AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                mark = self.peek_event().start_mark
-                raise YamlRefused(f"document uses more than {MAX_ALIASES} aliases{_at(mark)}")
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
-        self._nodes += 1
-        if self._nodes > MAX_NODES:
-            mark = self.peek_event().start_mark
-            raise YamlRefused(f"document has more than {MAX_NODES:,} nodes{_at(mark)}")
-        if not self.check_event(SequenceStartEvent, MappingStartEvent):
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
-        self._depth += 1
+                raise YamlRefused(
+                    f"document uses more than {MAX_ALIASES} aliases{_at(event.start_mark)}"
+                )
+            node: Node = super().compose_node(parent, index)
+            size = self._sizes.get(id(node))
+            if size is None:
+                raise YamlRefused(
+                    "an alias refers to a collection that contains it (a recursive structure)"
+                    f"{_at(event.start_mark)}"
+                )
+            nodes, levels, text = size
+            self._grow(nodes, self._depth + levels, text, event.start_mark)
+            return node
+        outer = self._depth
+        nodes, text, reach = self._nodes, self._text, self._reach
+        self._depth += isinstance(event, (SequenceStartEvent, MappingStartEvent))
+        self._reach = self._depth
         try:
-            if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark
-                raise YamlRefused(f"document nests deeper than {MAX_DEPTH} levels{_at(mark)}")
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            self._grow(1, self._depth, 0, event.start_mark)
+            node = super().compose_node(parent, index)
         finally:
-            self._depth -= 1
+            self._depth = outer
+        if isinstance(node, ScalarNode):
+            self._grow(0, 0, len(node.value.encode("utf-8", "surrogatepass")), event.start_mark)
+        if getattr(event, "anchor", None) is not None:
+            self._sizes[id(node)] = (self._nodes - nodes, self._reach - outer, self._text - text)
+        self._reach = max(reach, self._reach)
+        return node
 
 
 def _construct_mapping(loader: BoundedLoader, node: MappingNode, deep: bool = False) -> Any:
@@ -103,71 +138,6 @@ def _construct_mapping(loader: BoundedLoader, node: MappingNode, deep: bool = Fa
 BoundedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _children(node: Node) -> list[Node]:
-    if isinstance(node, SequenceNode):
-        return list(node.value)
-    if isinstance(node, MappingNode):
-        return [n for pair in node.value for n in pair]
-    return []
-
-
-def measure(root: Node) -> None:
-    """Refuses a node graph whose alias-expanded form breaks MAX_NODES, MAX_DEPTH or
-    MAX_TEXT_BYTES, or that contains itself. Iterative and linear in the graph (each distinct
-    node is measured once), with sums capped, so no document can make this expensive."""
-    cap = MAX_NODES + 1
-    text_cap = MAX_TEXT_BYTES + 1
-    # id(node) -> (expanded nodes, expanded depth in collection levels, expanded text bytes)
-    done: dict[int, tuple[int, int, int]] = {}
-    open_: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        key = id(node)
-        if children_done:
-            kids = _children(node)
-            nodes = min(cap, 1 + sum(done[id(k)][0] for k in kids))
-            depth = 1 + max((done[id(k)][1] for k in kids), default=0)
-            text = min(text_cap, sum(done[id(k)][2] for k in kids))
-            open_.discard(key)
-            done[key] = (nodes, depth, text)
-            if nodes > MAX_NODES:
-                raise YamlRefused(
-                    f"document has more than {MAX_NODES:,} nodes once its aliases are expanded"
-                )
-            if depth > MAX_DEPTH:
-                raise YamlRefused(
-                    f"document nests deeper than {MAX_DEPTH} levels once its aliases are expanded"
-                )
-            if text > MAX_TEXT_BYTES:
-                raise YamlRefused(
-                    f"document holds more than {MAX_TEXT_BYTES // 1024} KiB of text once its "
-                    "aliases are expanded"
-                )
-            continue
-        if key in done:
-            continue
-        if isinstance(node, ScalarNode):
-            done[key] = (1, 0, len(node.value.encode("utf-8", "surrogatepass")))
-            continue
-        if key in open_:
-            raise YamlRefused(
-                f"an alias refers to a collection that contains it (a recursive structure)"
-                f"{_at(node.start_mark)}"
-            )
-        open_.add(key)
-        stack.append((node, True))
-        for kid in _children(node):
-            kid_key = id(kid)
-            if kid_key in open_:
-                raise YamlRefused(
-                    "an alias refers to a collection that contains it (a recursive structure)"
-                    f"{_at(kid.start_mark)}"
-                )
-            if kid_key not in done:
-                stack.append((kid, False))
-
-
 def load_yaml(text: str) -> Any:
     """One YAML document as plain data, within every limit above; YamlRefused otherwise (a
     yaml.YAMLError for malformed YAML)."""
@@ -182,7 +152,6 @@ def load_yaml(text: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        measure(node)
         try:
             return loader.construct_document(node)
         except (ValueError, OverflowError) as e:  # e.g. an integer past Python's digit limit

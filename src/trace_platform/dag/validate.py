@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from trace_platform.dag.loader import MAX_DOCUMENT_BYTES, YamlRefused, load_yaml
 from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, PublishSpec, SharedRead
+from trace_platform.operators import config as op_config
 from trace_platform.operators import config_model, registry
-from trace_platform.operators.config import problems as config_problems
 
 MAX_SPEC_BYTES = 1024 * 1024  # the spec as stored (JSON), whatever the YAML looked like
 MAX_PROBLEMS = 200  # reported at once; a hostile file cannot make the answer unbounded
@@ -49,28 +49,16 @@ class DagInvalid(ValueError):
         super().__init__("\n".join(p.render(source) for p in problems))
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in _UNION_TAGS:
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def _pydantic_problems(err: ValidationError) -> list[DagProblem]:
-    problems = []
-    for e in err.errors():
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        problems.append(DagProblem(_where(e["loc"]), msg))
-    return problems
+    """The schema's problems, located as the file spells them (the union tags pydantic puts in
+    a location are not part of the file)."""
+    return [
+        DagProblem(
+            op_config.where(tuple(p for p in e["loc"] if p not in _UNION_TAGS)),
+            op_config.message(e),
+        )
+        for e in err.errors()
+    ]
 
 
 def parse(text: str, source: str = "<dag>") -> DagSpec:
@@ -156,7 +144,7 @@ def job_config_problems(
     except ValidationError as e:
         return [
             DagProblem(f"{at}.config.{where}" if where else f"{at}.config", msg)
-            for where, msg in config_problems(e)
+            for where, msg in op_config.problems(e)
         ]
     if inputs is None or outputs is None:
         return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
 
 from trace_platform.operators.context import OperatorContext, PermanentError
 
@@ -46,7 +47,7 @@ def where(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def message(err: dict[str, Any]) -> str:
+def message(err: ErrorDetails) -> str:
     msg = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         return "unknown field"
@@ -56,4 +57,4 @@ def message(err: dict[str, Any]) -> str:
 
 
 def problems(err: ValidationError) -> list[tuple[str, str]]:
-    return [(where(tuple(e["loc"])), message(dict(e))) for e in err.errors()]
+    return [(where(tuple(e["loc"])), message(e)) for e in err.errors()]

@@ -149,8 +149,9 @@ def range_splitter(ctx: OperatorContext) -> list[EventIn]:
             f"range_splitter config: {', '.join(missing)}: required (in the job's config or the "
             "trigger's run config)"
         )
-    events = deliver(ctx, split(cfg.from_block, cfg.to_block, cfg.chunk_size))
-    ctx.progress(ranges=count_ranges(cfg.from_block, cfg.to_block, cfg.chunk_size))
+    spans = split(cfg.from_block, cfg.to_block, cfg.chunk_size)
+    events = deliver(ctx, spans)
+    ctx.progress(ranges=len(spans))
     return events
 
 

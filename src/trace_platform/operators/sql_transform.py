@@ -22,7 +22,6 @@ from trace_platform.objectstore import list_all
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.output import publish_frame
-from trace_platform.spark import SESSION_HARDENING
 from trace_platform.spark.sql_guard import check_query, check_spark_plan
 
 
@@ -45,15 +44,12 @@ class SqlTransformConfig(OperatorConfig):
 
 def sql_transform(ctx: OperatorContext) -> OperatorResult:
     cfg = SqlTransformConfig.from_ctx(ctx)
-    sql = cfg.sql
     if not ctx.task.outputs:
         raise PermanentError("sql_transform needs one output")
     args = cfg.args or None
     views = [ref.dataset_name or f"input_{i}" for i, ref in enumerate(ctx.task.inputs)]
-    checked = check_query(sql, views)  # refuses anything but one read query over `views`
-    spark, store = ctx.spark, ctx.store
-    for key, value in SESSION_HARDENING.items():  # whatever session the host handed us
-        spark.conf.set(key, value)
+    checked = check_query(cfg.sql, views)  # refuses anything but one read query over `views`
+    spark, store = ctx.spark, ctx.store  # a task session: hardened (trace_platform.spark)
     check_spark_plan(spark, checked)
     empty: list[tuple[int, str]] = []
     for i, ref in enumerate(ctx.task.inputs):

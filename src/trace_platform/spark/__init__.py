@@ -33,7 +33,7 @@ The host's contract (one task at a time per host process):
   makes the base session the default again. The task session is then dropped with its own conf.
   If the task changed SparkContext-wide state that cannot be undone in place (added jars, files
   or archives), the JVM is stopped (`stop_spark()`) and the next task starts a new one.
-  Measured on a busy 2-core box: JVM start 5-8 s, `task_session()` ~2 ms, `end_task()` ~20 ms.
+  Costs: see the README (bench/sandbox_bench.py: a fresh host + JVM vs the next task of a tenant).
 """
 
 from __future__ import annotations
@@ -310,12 +310,6 @@ def stop_spark() -> None:
         if _workdir is not None:
             shutil.rmtree(_workdir, ignore_errors=True)
             _workdir = None
-
-
-def drop_temp_views() -> None:
-    """Kept for the current host loop: now the full `end_task()` clean-up of the base session
-    (temp views and everything else a task can leave in the shared JVM)."""
-    end_task(None)
 
 
 def spark_error_text(exc: BaseException, lines: int = 3) -> str:

@@ -49,8 +49,8 @@ def tick(dispatcher: Dispatcher, now: datetime | None = None) -> int:
     fired = 0
     with dispatcher.pool.connection() as conn:
         candidates = conn.execute(_T.cron_candidates).fetchall()
-    for c in candidates:
-        key = (c["dag_id"], c["trigger"])
+    keys = [(c["dag_id"], c["trigger"]) for c in candidates]
+    for key, c in zip(keys, candidates, strict=True):
         try:
             if _tick_one(dispatcher, c, now):
                 fired += 1
@@ -58,6 +58,8 @@ def tick(dispatcher: Dispatcher, now: datetime | None = None) -> int:
             _report_failure(key, e)
         else:
             _failing.pop(key, None)
+    for gone in _failing.keys() - set(keys):  # a trigger removed or deactivated while failing
+        del _failing[gone]
     return fired
 
 
