@@ -21,6 +21,7 @@ from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.contract import TaskSpec
 from trace_platform.lite.stack import LiteStack
+from trace_platform.operators.testing import probe_report
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -71,9 +72,9 @@ def probe(stack: LiteStack, config: dict[str, Any]) -> dict[str, Any]:
         120,
         "probe task",
     )
-    error = view.last_error or ""
-    assert "PROBE " in error, error
-    return dict(json.loads(error.split("PROBE ", 1)[1].rsplit(" (at ", 1)[0]))
+    report = probe_report(view.last_error or "")
+    assert report is not None, view.last_error
+    return report
 
 
 def refused(outcomes: dict[str, str]) -> None:
@@ -121,10 +122,11 @@ def test_operator_cannot_read_keys_environ_or_reach_the_platform(stack: LiteStac
 def test_rpc_reachable_only_through_its_gateway(stack: LiteStack, rpc: str) -> None:
     svc = stack.services
     port = int(rpc.rsplit(":", 1)[1])
-    svc.control.deploy(
+    report = dag_probe(
+        stack,
         admin(svc),
+        "egress",
         f"""
-name: egress
 worker_pools:
   rpc:
     - env: {{RPC_URL: "{rpc}"}}
@@ -136,24 +138,17 @@ jobs:
     max_attempts: 1
 """,
     )
-    (task_id,) = svc.control.trigger(admin(svc), "egress")["tasks"]
-    view = wait_for(
-        lambda: (v := svc.dispatcher.get_task(UUID(str(task_id)))).status == "failed" and v,
-        120,
-        "probe",
-    )
-    report = json.loads((view.last_error or "").split("PROBE ", 1)[1].rsplit(" (at ", 1)[0])
     assert report["rpc"]["RPC_URL"].startswith("ALLOWED") and "0x539" in report["rpc"]["RPC_URL"]
     assert report["task_env"]["RPC_URL"] != rpc  # the operator sees the gateway, not the node
     refused(report["connect"])  # the node itself is not reachable directly
 
 
 def test_rpc_pointing_at_the_platform_is_refused(stack: LiteStack) -> None:
-    svc = stack.services
-    svc.control.deploy(
-        admin(svc),
+    outcome = dag_probe(
+        stack,
+        admin(stack.services),
+        "sneaky",
         f"""
-name: sneaky
 worker_pools:
   rpc:
     - env: {{RPC_URL: "http://127.0.0.1:{stack.port}/internal"}}
@@ -164,17 +159,12 @@ jobs:
     max_attempts: 1
 """,
     )
-    (task_id,) = svc.control.trigger(admin(svc), "sneaky")["tasks"]
-    view = wait_for(
-        lambda: (v := svc.dispatcher.get_task(UUID(str(task_id)))).status == "failed" and v,
-        120,
-        "refusal",
-    )
-    assert "network egress refused" in (view.last_error or "")
-    assert "PROBE" not in (view.last_error or "")  # the operator never ran
+    assert outcome.get("status") == "failed", outcome  # no probe report: the operator never ran
+    assert "network egress refused" in outcome["error"]
 
 
 def dag_probe(stack: LiteStack, actor: Any, name: str, body: str) -> dict[str, Any]:
+    """Deploys and triggers DAG `name` (one job): its probe report, else its status and error."""
     svc = stack.services
     svc.control.deploy(actor, f"name: {name}\n{body}")
     (task_id,) = svc.control.trigger(actor, name)["tasks"]
@@ -187,9 +177,7 @@ def dag_probe(stack: LiteStack, actor: Any, name: str, body: str) -> dict[str, A
         f"{name}'s task",
     )
     error = view.last_error or ""
-    if "PROBE " not in error:
-        return {"status": view.status, "error": error}
-    return dict(json.loads(error.split("PROBE ", 1)[1].rsplit(" (at ", 1)[0]))
+    return probe_report(error) or {"status": view.status, "error": error}
 
 
 def test_store_is_scoped_to_the_tasks_inputs_and_outputs(stack: LiteStack) -> None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import socket
+import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
-from trace_platform.contract import TaskPayload
-from trace_platform.sandbox import Policy
-from trace_platform.sandbox.gateway import EgressRefused, check_upstream
+from trace_platform.contract import DatasetRef, TaskPayload
+from trace_platform.objectstore.local import LocalStore
+from trace_platform.sandbox import Policy, gateway
+from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream
 from trace_platform.sandbox.hostdir import HostDir, host_env
+from trace_platform.worker.store_proxy import ScopedStore
 
 
 def test_host_environment_is_an_allowlist(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -60,6 +65,48 @@ def test_egress_to_unspecified_or_link_local_is_refused(url: str) -> None:
 def test_egress_to_an_rpc_is_allowed() -> None:
     check_upstream("http://127.0.0.1:8545", {8765, 5432})
     check_upstream("https://rpc.example.org/v1/key", {8765, 5432, 443})  # not loopback
+
+
+def test_the_gateway_refuses_connections_over_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gateway, "MAX_CONNECTIONS", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    gw = Gateway(listener, "http://127.0.0.1:9/")  # never reached: the limit answers first
+    try:
+        with socket.create_connection(("127.0.0.1", gw.port)) as held:
+            held.sendall(b"POST / HTTP/1.1\r\n")  # accepted and now holding the one slot
+            r = httpx.post(gw.url, content=b"{}", timeout=5)
+        assert r.status_code == 503 and "too many connections" in r.text
+    finally:
+        gw.close()
+    with pytest.raises(OSError):  # closed: the listener is gone at once
+        socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+
+
+def test_the_scoped_store_uploads_only_the_tasks_own_files(tmp_path: Path) -> None:
+    out = "org/o/dataset/d/version/v/"
+    task = TaskPayload.model_construct(
+        inputs=[], outputs=[DatasetRef(dataset_uuid=uuid.uuid4(), location=out)]
+    )
+    work, inbox = tmp_path / "work", tmp_path / "in"
+    work.mkdir()
+    inbox.mkdir()
+    store = LocalStore(tmp_path / "objects")
+    scoped = ScopedStore(store, task, work, inbox, None)
+    (work / "part.parquet").write_bytes(b"rows")
+    (work / "link").symlink_to(tmp_path / "secret")
+    (tmp_path / "secret").write_text("key")
+
+    def put(path: Path, key: str = f"{out}part.parquet") -> dict[str, object]:
+        return scoped.handle({"op": "put_file", "key": key, "path": str(path)})
+
+    assert put(work / "part.parquet") == {"ok": True}
+    assert store.get(f"{out}part.parquet") == b"rows"
+    for path, key in [
+        (work / "link", f"{out}part.parquet"),  # a symlink planted in the scratch dir
+        (tmp_path / "secret", f"{out}part.parquet"),  # outside the scratch dir
+        (work / "part.parquet", "org/o/dataset/other/x"),  # not one of its outputs
+    ]:
+        assert put(path, key)["kind"] == "denied", (path, key)
 
 
 def test_production_cannot_load_the_test_operators(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,11 +28,7 @@ def bootstrap(settings: Settings, pool: ConnectionPool) -> str | None:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('trace_bootstrap'))")
         _, key = bootstrap_lite(conn)
     if key is not None:
-        path = key_file(settings)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key + "\n")
+        _write_private(key_file(settings), key, replace=True)
     return key
 
 
@@ -40,9 +36,10 @@ def internal_token_file(settings: Settings) -> Path:
     return settings.home / "internal.token"
 
 
-def _write_private(path: Path, text: str) -> None:
+def _write_private(path: Path, text: str, *, replace: bool = False) -> None:
+    """A new file, 0600 (FileExistsError if there is one, unless `replace`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL), 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
 

@@ -161,8 +161,22 @@ class ProbeConfig(OperatorConfig):
     spark_sql: list[str] = Field(default_factory=list)
 
 
+PROBE = "PROBE "
+
+
+def probe_report(error: str) -> dict[str, Any] | None:
+    """The report in a probe task's failure message, or None if the probe never reported: the
+    JSON object after "PROBE ", whatever the host appended after it (" (at file:line)")."""
+    start = error.find(PROBE)
+    if start < 0:
+        return None
+    report, _ = json.JSONDecoder().raw_decode(error, start + len(PROBE))
+    return dict(report)
+
+
 def probe(ctx: OperatorContext) -> None:
-    """Tries what an attacker would, and reports each outcome as its failure message (JSON).
+    """Tries what an attacker would, and reports each outcome as its failure message (JSON, read
+    back with `probe_report`).
     config: read (file paths), environ_pids (pids whose /proc/<pid>/environ to read), connect
     (["host", port] pairs), list (directories), write (file paths), env (names to report)."""
     c = ProbeConfig.from_ctx(ctx)
@@ -232,4 +246,4 @@ def probe(ctx: OperatorContext) -> None:
             q: _attempt(lambda q=q: [tuple(r) for r in ctx.spark.sql(q).collect()][:3])
             for q in c.spark_sql
         }
-    raise PermanentError("PROBE " + json.dumps(report))
+    raise PermanentError(PROBE + json.dumps(report))

@@ -10,9 +10,12 @@ upstreams whatever a DAG declares.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import ipaddress
-import logging
 import socket
+import ssl
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,7 +23,6 @@ from urllib.parse import urlsplit
 
 import httpx
 
-log = logging.getLogger(__name__)
 MAX_BODY = 32 * 1024 * 1024
 MAX_CONNECTIONS = 64
 
@@ -78,6 +80,8 @@ class _Handler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         # Bounded: a task cannot hold more than MAX_CONNECTIONS of the worker's threads.
         if not self.server.slots.acquire(blocking=False):
+            # Refused before any request is read: what send_response needs is set here.
+            self.requestline, self.request_version = "", self.protocol_version
             self._reply(503, b'{"error":"too many connections to the RPC gateway"}')
             return
         try:
@@ -135,6 +139,13 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_CONNECT = do_GET
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default verification context, built once (25 ms each) and shared by every
+    gateway's client."""
+    return httpx.create_ssl_context()
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -144,7 +155,11 @@ class _Server(ThreadingHTTPServer):
         self.socket = sock
         self.upstream = upstream
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.client = httpx.Client(timeout=httpx.Timeout(120.0, connect=10.0))
+        self.client = httpx.Client(verify=_tls(), timeout=httpx.Timeout(120.0, connect=10.0))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # gone mid-reply: its own doing
+            super().handle_error(request, client_address)
 
 
 class Gateway:
@@ -163,6 +178,10 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}/"
 
     def close(self) -> None:
+        # Shutting the listener down first refuses new connections at once and wakes
+        # serve_forever now rather than at its next poll (up to 0.2 s per gateway per task).
+        with contextlib.suppress(OSError):
+            self.server.socket.shutdown(socket.SHUT_RDWR)
         self.server.shutdown()
         self.server.server_close()
         self.server.client.close()

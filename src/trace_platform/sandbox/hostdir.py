@@ -37,6 +37,9 @@ class TaskDirs:
     work: Path
     inbox: Path
 
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)  # fd-based: never follows a symlink
+
 
 @dataclass(frozen=True)
 class HostDir:
@@ -72,10 +75,6 @@ class HostDir:
         _chown(work, self.policy)
         inbox.mkdir(mode=0o755)
         return TaskDirs(root, work, inbox)
-
-    @staticmethod
-    def end_task(dirs: TaskDirs) -> None:
-        shutil.rmtree(dirs.root, ignore_errors=True)  # fd-based: never follows a symlink
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

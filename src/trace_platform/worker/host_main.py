@@ -74,7 +74,7 @@ class Channel:
 
 
 def run_one(task: TaskPayload, chan: Channel, workdir: Path, env: dict[str, str]) -> None:
-    home = Path.cwd()
+    home, environ = Path.cwd(), dict(os.environ)
     os.chdir(workdir)
     ctx = OperatorContext(
         task=task,
@@ -88,6 +88,9 @@ def run_one(task: TaskPayload, chan: Channel, workdir: Path, env: dict[str, str]
     finally:
         ctx.close()
         os.chdir(home)
+        # Whatever the task set in the process environment ends with it, as its cwd does.
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def _run(ctx: OperatorContext, task: TaskPayload, chan: Channel) -> None:

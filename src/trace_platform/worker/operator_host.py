@@ -66,7 +66,6 @@ class OperatorHost:
         self.dir: HostDir | None = None
         self.tenant: tuple[Any, ...] | None = None
         self.messages: stdqueue.Queue[dict[str, Any]] = stdqueue.Queue()
-        self.starts = 0
 
     def ensure(self, tenant: tuple[Any, ...]) -> None:
         if self.proc is not None and self.proc.poll() is None and self.tenant == tenant:
@@ -93,7 +92,6 @@ class OperatorHost:
         assert self.proc.stdin is not None
         os.set_blocking(self.proc.stdin.fileno(), False)  # writes have a deadline (send)
         self.tenant = tenant
-        self.starts += 1
         threading.Thread(target=self._read, args=(self.proc, self.messages), daemon=True).start()
         ready = self.messages.get(timeout=60)
         if ready.get("type") != "ready":

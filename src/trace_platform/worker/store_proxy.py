@@ -120,14 +120,12 @@ class ScopedStore:
         if op == "put_file":
             self._scope(key, self.writable, "write of")
             fd = self._open_upload(str(req["path"]))
-            # Copy from the opened descriptor (not the path) so a swap after the check is moot.
-            tmp = self.inbox / f".up-{uuid.uuid4().hex}"
-            with os.fdopen(fd, "rb") as src, tmp.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
             try:
-                self.store.put_file(key, tmp)
+                # The file that was checked, not whatever its path names now: /proc/self/fd/N
+                # reopens the descriptor's own inode (a swap after the check is moot).
+                self.store.put_file(key, Path(f"/proc/self/fd/{fd}"))
             finally:
-                tmp.unlink(missing_ok=True)
+                os.close(fd)
             return {}
         if op == "delete":
             self.store.delete(self._scope(key, self.writable, "delete of"))

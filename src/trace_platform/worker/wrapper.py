@@ -19,8 +19,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from trace_platform.config import Settings
@@ -30,8 +30,8 @@ from trace_platform.operators import TRUSTED_OPERATORS
 from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.sandbox import Policy
-from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, is_url
-from trace_platform.sandbox.hostdir import HostDir, TaskDirs
+from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, host_port, is_url
+from trace_platform.sandbox.hostdir import TaskDirs
 from trace_platform.worker.client import ApiError, DispatcherClient
 from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
 from trace_platform.worker.store_proxy import ScopedStore
@@ -42,12 +42,11 @@ log = logging.getLogger(__name__)
 def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int]:
     """Loopback ports of the platform's own services: no operator egress may reach them."""
     ports = {settings.api_port}
-    for url in [api_url, settings.s3_endpoint_url or ""]:
-        if url and (port := urlsplit(url).port):
-            ports.add(port)
+    ports.update(host_port(url)[1] for url in (api_url, settings.s3_endpoint_url) if url)
     for dsn in dsns:
-        with contextlib.suppress(Exception):
-            ports.add(int(conninfo_to_dict(dsn).get("port") or 5432))
+        with contextlib.suppress(psycopg.Error, ValueError):
+            spec = str(conninfo_to_dict(dsn).get("port") or "")  # "5432,5433": one per host
+            ports.update(int(p) if p else 5432 for p in spec.split(","))
     return ports
 
 
@@ -202,18 +201,18 @@ class Wrapper:
                 }
             )
         except EgressRefused as e:
-            self._close(gateways, dirs, host)
+            self._close(gateways, dirs)
             self._report(claim, "failed", error=f"network egress refused: {e}", retryable=False)
             return
         except Exception as e:  # the host could not even start
-            self._close(gateways, dirs, host)
+            self._close(gateways, dirs)
             host.kill()
             self._report(claim, "failed", error=f"operator host failed to start: {e}")
             return
         try:
             self._supervise(claim, msg, stop, task, host, scoped)
         finally:
-            self._close(gateways, dirs, host)
+            self._close(gateways, dirs)
 
     def _egress(
         self,
@@ -262,11 +261,11 @@ class Wrapper:
             return
 
     @staticmethod
-    def _close(gateways: list[Gateway], dirs: TaskDirs | None, host: OperatorHost) -> None:
+    def _close(gateways: list[Gateway], dirs: TaskDirs | None) -> None:
         for gw in gateways:
             gw.close()
         if dirs is not None:
-            HostDir.end_task(dirs)
+            dirs.remove()
 
     def _supervise(
         self,
