@@ -16,10 +16,6 @@ class TraceError(Exception):
         self.detail = detail
 
 
-# The name this base had while it lived in `dispatcher/errors.py`.
-DispatcherError = TraceError
-
-
 class NotFound(TraceError):
     status_code = 404
     code = "not_found"

@@ -164,7 +164,7 @@ def test_permanent_failure_does_not_retry(services: Services) -> None:
 def test_backoff_is_capped_and_jittered() -> None:
     import random
 
-    from trace_platform.dispatcher.core import backoff_seconds
+    from trace_platform.dispatcher.lifecycle import backoff_seconds
 
     rng = random.Random(1)
     for attempt in range(1, 30):
@@ -395,7 +395,8 @@ def test_a_task_speaks_only_for_its_own_outputs(services: Services) -> None:
         assert d.get_task(c.task_id).status == "running"
 
 
-def test_reaper_does_not_count_state_conflicts_as_tries(services: Services) -> None:
+@pytest.mark.parametrize("path", ["reaper", "completion"])
+def test_reaper_does_not_count_state_conflicts_as_tries(services: Services, path: str) -> None:
     """An attempt lost to an operator-state race costs no retry budget, on the reaper's path as
     on the completion path."""
     d = services.dispatcher
@@ -412,7 +413,11 @@ def test_reaper_does_not_count_state_conflicts_as_tries(services: Services) -> N
             "next_attempt_at = now() WHERE task_id = %s",
             (r.task_id,),
         )
-    assert claim(services, r.task_id).attempt == 2
-    expire_lease(services, r.task_id)
-    d.reap()
+    c2 = claim(services, r.task_id)
+    assert c2.attempt == 2
+    if path == "reaper":
+        expire_lease(services, r.task_id)
+        d.reap()
+    else:
+        assert complete(services, c2, "failed", retryable=True, error="boom").status == "queued"
     assert d.get_task(r.task_id).status == "queued"  # one real try of two: retried

@@ -19,13 +19,10 @@ from trace_platform.contract import EventsRequest, EventsResponse, LeaseRef, Tas
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.commits import Emitter
 from trace_platform.dispatcher.intents import Intents
-from trace_platform.dispatcher.lifecycle import Lifecycle, backoff_seconds
+from trace_platform.dispatcher.lifecycle import Lifecycle
 from trace_platform.dispatcher.models import AttemptView, TaskView
 from trace_platform.dispatcher.slots import Slots
-from trace_platform.dispatcher.state import STATE_CONFLICT
 from trace_platform.errors import NotFound
-
-__all__ = ["STATE_CONFLICT", "Dispatcher", "backoff_seconds"]
 
 _Q = Queries("dispatcher")
 
@@ -40,7 +37,6 @@ class Dispatcher(Lifecycle):
             slots=Slots(pool, settings, intents),
             emitter=Emitter(pool, intents),
         )
-        self.queue = settings.task_queue
 
     def create_task(self, spec: TaskSpec, conn: Connection[Any] | None = None) -> TaskRef:
         """Task intent and its wake-up in one transaction (the caller's, if given)."""

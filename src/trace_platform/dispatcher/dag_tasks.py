@@ -95,9 +95,10 @@ def tasks_for_event(
         **event.model_dump(mode="json", exclude_none=True),
     }
     for s in subs:
-        jobs = cache.setdefault(
-            (s["dag_id"], s["dag_version"]), _jobs(conn, s["dag_id"], s["dag_version"])
-        )
+        key = (s["dag_id"], s["dag_version"])
+        if key not in cache:  # one spec read per DAG version, however many of its jobs read
+            cache[key] = _jobs(conn, *key)
+        jobs = cache[key]
         specs.append(
             job_task(
                 conn,

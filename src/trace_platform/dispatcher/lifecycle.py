@@ -273,11 +273,7 @@ class Lifecycle:
             # Someone else made progress: not this task's failure, so it costs no retry
             # budget and waits only a moment (jittered, so racers spread out).
             return "queued", self._schedule_retry(conn, st, error, random.uniform(0.05, 0.5))
-        if (
-            req.retryable
-            and not st["cancel_requested"]
-            and req.attempt - state.conflicts(conn, st) < st["max_attempts"]
-        ):
+        if req.retryable and not st["cancel_requested"] and state.tries_left(conn, st, req.attempt):
             return "queued", self._schedule_retry(conn, st, error)
         final = "canceled" if st["cancel_requested"] else "failed"
         _set_terminal(conn, req.task_id, final, error)
@@ -314,7 +310,7 @@ class Lifecycle:
                 self.slots.release(conn, st["task_id"])
                 if st["cancel_requested"]:
                     _set_terminal(conn, st["task_id"], "canceled", error)
-                elif st["attempt"] - state.conflicts(conn, st) < st["max_attempts"]:
+                elif state.tries_left(conn, st, st["attempt"]):
                     # Attempts lost to a state race are not tries, here as on completion.
                     self._schedule_retry(conn, st, error)
                 else:

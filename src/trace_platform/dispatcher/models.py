@@ -1,7 +1,7 @@
 """The dispatcher's own read models (a task as `trace runs show` and the API show it).
 
 The wire contract (task specs, claims, lease refs, events, output commits, the task payload)
-lives in `trace_platform.contract`; its names are re-exported here for compatibility."""
+lives in `trace_platform.contract`."""
 
 from __future__ import annotations
 
@@ -11,62 +11,7 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
-from trace_platform.contract import (
-    LITE_ORG_ID,
-    MAX_CONFIG_BYTES,
-    MAX_EVENTS_PER_CALL,
-    TERMINAL,
-    Claim,
-    ClaimRequest,
-    CompleteRequest,
-    CompleteResponse,
-    DatasetRef,
-    EventIn,
-    EventsRequest,
-    EventsResponse,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    IdempotencyContext,
-    LeaseRef,
-    OutputCommit,
-    RangeSpec,
-    SlotLease,
-    TaskPayload,
-    TaskRef,
-    TaskSpec,
-    TaskStatus,
-    scope_key,
-)
-
-__all__ = [
-    "LITE_ORG_ID",
-    "MAX_CONFIG_BYTES",
-    "MAX_EVENTS_PER_CALL",
-    "TERMINAL",
-    "AttemptView",
-    "CancelResponse",
-    "Claim",
-    "ClaimRequest",
-    "CompleteRequest",
-    "CompleteResponse",
-    "DatasetRef",
-    "EventIn",
-    "EventsRequest",
-    "EventsResponse",
-    "HeartbeatRequest",
-    "HeartbeatResponse",
-    "IdempotencyContext",
-    "LeaseRef",
-    "OutputCommit",
-    "RangeSpec",
-    "SlotLease",
-    "TaskPayload",
-    "TaskRef",
-    "TaskSpec",
-    "TaskStatus",
-    "TaskView",
-    "scope_key",
-]
+from trace_platform.contract import TaskStatus
 
 
 class AttemptView(BaseModel):

@@ -16,7 +16,7 @@ from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.fencing import fenced
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict, Forbidden
-from trace_platform.identity import Actor
+from trace_platform.identity import actor_from_row
 from trace_platform.identity.vault import can_use_secret, vault_for
 
 _Q = Queries("dispatcher")
@@ -27,6 +27,7 @@ class Slots:
         self.pool = pool
         self.settings = settings
         self.intents = intents
+        self.vault = vault_for(settings)  # the key is read once, not on every task's fetch
 
     def lease(self, conn: Connection[Any], task_id: UUID) -> SlotLease | None:
         """One slot of the job's pool, within min(max_concurrency, pool size)."""
@@ -62,7 +63,7 @@ class Slots:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret
         is checked again against the user who deployed the task's DAG version, as they are now
         (a revoked use_role refuses here, naming the secret); values are decrypted only here."""
-        vault = vault_for(self.settings)
+        vault = self.vault
         with self.pool.connection() as conn:
             st = fenced(conn, ref)
             if st["status"] != "running":
@@ -77,13 +78,7 @@ class Slots:
             who = conn.execute(
                 _Q.task_deployer, {"task_id": ref.task_id, "start_day": st["start_day"]}
             ).fetchone()
-        deployer = (
-            Actor(
-                who["user_id"], who["org_id"], who["name"], who["is_admin"], frozenset(who["roles"])
-            )
-            if who
-            else None
-        )
+        deployer = actor_from_row(who) if who else None
         values: dict[str, str] = {}
         for r in rows:
             if r["org_id"] is None:

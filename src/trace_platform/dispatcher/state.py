@@ -54,3 +54,11 @@ def conflicts(conn: Connection[Any], st: dict[str, Any]) -> int:
         _Q.state_conflicts, {"task_id": st["task_id"], "start_day": st["start_day"]}
     ).fetchone()
     return int(row["n"]) if row else 0
+
+
+def tries_left(conn: Connection[Any], st: dict[str, Any], attempt: int) -> bool:
+    """Whether the task may run again after `attempt` within its max_attempts, attempts lost to
+    a state race not counting as tries. Their count is read only when the attempt number alone
+    would exhaust the budget."""
+    budget = int(st["max_attempts"])
+    return attempt < budget or attempt - conflicts(conn, st) < budget

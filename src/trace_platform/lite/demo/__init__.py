@@ -12,27 +12,9 @@ already hold: named queries in `db/sql/demo.sql`, saved queries), `backfill` (tr
 follow it with progress bars), `report` (tables, charts, where the outputs are), `run` (the
 command itself)."""
 
-from trace_platform.lite.demo.backfill import STAGES, backfill
-from trace_platform.lite.demo.dag import DAG_NAME, DEMO_DAG, dag_text
-from trace_platform.lite.demo.data import ANALYTICS, RAW, complete, coverage, saved_rows
+from trace_platform.lite.demo.dag import DEMO_DAG, dag_text
+from trace_platform.lite.demo.data import saved_rows
 from trace_platform.lite.demo.plan import DemoPlan
-from trace_platform.lite.demo.report import AMOUNTS, analytics, where
 from trace_platform.lite.demo.run import run_demo
 
-__all__ = [
-    "AMOUNTS",
-    "ANALYTICS",
-    "DAG_NAME",
-    "DEMO_DAG",
-    "RAW",
-    "STAGES",
-    "DemoPlan",
-    "analytics",
-    "backfill",
-    "complete",
-    "coverage",
-    "dag_text",
-    "run_demo",
-    "saved_rows",
-    "where",
-]
+__all__ = ["DEMO_DAG", "DemoPlan", "dag_text", "run_demo", "saved_rows"]

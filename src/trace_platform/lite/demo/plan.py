@@ -55,16 +55,16 @@ def keep_boundaries(
     return None
 
 
-def devnet_plan(a: int | None, b: int | None, chunk: int, state_file: Path) -> DemoPlan:
+def devnet_plan(
+    a: int | None, b: int | None, chunk: int, previous: dict[str, Any] | None
+) -> DemoPlan:
+    """The devnet's plan; its token is the last run's (`previous`), else the first deployment."""
     from trace_platform.devnet import ChainSpec
 
     spec = ChainSpec()
-    token = "0x5fbdb2315678afecb367f032d93f642f64180aa3"  # the devnet's first deployment
-    if state_file.exists():
-        token = json.loads(state_file.read_text()).get("token", token)
     return DemoPlan(
         rpc_url="http://127.0.0.1:8545",
-        token=token,
+        token=(previous or {}).get("token", "0x5fbdb2315678afecb367f032d93f642f64180aa3"),
         from_block=a if a is not None else 0,
         to_block=b if b is not None else spec.blocks - 1,
         chunk_size=chunk,

@@ -43,7 +43,7 @@ def run_demo(
     devnet = None
     previous = last_run(state_file)
     if rpc_url is None:
-        plan = devnet_plan(from_block, to_block, chunk_size or 500, state_file)
+        plan = devnet_plan(from_block, to_block, chunk_size or 500, previous)
     else:
         if token is None or from_block is None or to_block is None:
             console.print("[red]error:[/red] --rpc-url needs --token, --from-block and --to-block")
