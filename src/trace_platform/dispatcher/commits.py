@@ -59,6 +59,7 @@ def commit_outputs(
                 "location": c.location,
                 "row_count": c.row_count,
                 "byte_count": c.byte_count,
+                "dag_version": st.get("dag_version"),
             },
         )
     return len(commits)

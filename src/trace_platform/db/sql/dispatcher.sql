@@ -28,8 +28,11 @@ SET finished_at = coalesce(finished_at, now()),
 WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND attempt = %(attempt)s;
 
 -- name: status_for_update
+-- version_state: whether the DAG version that made the task was rolled back or abandoned since.
 SELECT s.*, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds, r.org_id,
-       r.outputs, r.run_id, r.dag_id, r.job
+       r.outputs, r.run_id, r.dag_id, r.dag_version, r.job,
+       (SELECT v.state FROM dag_versions v
+        WHERE v.dag_id = r.dag_id AND v.version = r.dag_version) AS version_state
 FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
 WHERE s.task_id = %(task_id)s
@@ -197,11 +200,14 @@ WHERE r.task_id = %(task_id)s AND r.start_day = %(start_day)s;
 
 -- name: insert_commit
 INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, attempt, scope,
-                             partition_key, range_start, range_end, location, row_count, byte_count)
+                             partition_key, range_start, range_end, location, row_count, byte_count,
+                             dag_version)
 VALUES (%(commit_id)s, %(dataset_uuid)s, %(dataset_version)s, %(task_id)s, %(attempt)s, %(scope)s,
-        %(partition_key)s, %(range_start)s, %(range_end)s, %(location)s, %(row_count)s, %(byte_count)s)
+        %(partition_key)s, %(range_start)s, %(range_end)s, %(location)s, %(row_count)s, %(byte_count)s,
+        %(dag_version)s)
 ON CONFLICT (dataset_version, scope) DO UPDATE
 SET task_id = EXCLUDED.task_id, attempt = EXCLUDED.attempt, location = EXCLUDED.location,
+    dag_version = EXCLUDED.dag_version,
     row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now();
 
 -- name: claim
