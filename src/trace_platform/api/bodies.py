@@ -27,6 +27,14 @@ class RolesBody(BaseModel):
     remove: list[str] = Field(default_factory=list)
 
 
+class PurgeBody(BaseModel):
+    """`keep`: how many of the newest complete versions to keep besides those still needed."""
+
+    model_config = ConfigDict(extra="forbid")
+    keep: int = Field(ge=0)
+    dry_run: bool = False
+
+
 class QueryBody(BaseModel):
     """Exactly one of `sql` or `saved` (a saved query's name, with `params`)."""
 

@@ -304,6 +304,71 @@ def datasets_show(name: str) -> None:
     console.print(table)
 
 
+@datasets_app.command("versions")
+def datasets_versions(name: str) -> None:
+    """Every version of a dataset, newest first, and what still needs each one."""
+    table = Table(
+        "version",
+        "state",
+        "dag version",
+        "created",
+        "commits",
+        "rows",
+        "bytes",
+        "current",
+        "map of",
+        "rollback from",
+        title=f"versions of {name}",
+    )
+    for v in run_op(services().control.dataset_versions, me(), name):
+        maps = [m for m, on in (("active", v["active_map"]), ("building", v["building_map"])) if on]
+        table.add_row(
+            str(v["dataset_version"]),
+            v["state"],
+            str(v["dag_version"]),
+            f"{v['created_at']:%Y-%m-%d %H:%M:%S}",
+            str(v["commits"]),
+            str(v["row_count"] or "-"),
+            str(v["byte_count"] or "-"),
+            "yes" if v["current"] else "",
+            ", ".join(maps),
+            ", ".join(map(str, v["rollback_versions"])),
+        )
+    console.print(table)
+
+
+@datasets_app.command("purge")
+def datasets_purge(
+    name: str,
+    keep: Annotated[int, typer.Option(help="newest complete versions to keep")],
+    dry_run: Annotated[bool, typer.Option(help="list what would go; change nothing")] = False,
+) -> None:
+    """Purge old versions of a dataset (admins only). Always kept besides the newest: the
+    current version, building ones and those the DAG's active or building version maps."""
+    res = run_op(services().control.purge_versions, me(), name, keep, dry_run=dry_run)
+    verb = "would purge" if dry_run else "purged"
+    table = Table("version", "state", "dag version", "created", "commits", title=f"{verb}: {name}")
+    for v in res["purged"]:
+        table.add_row(
+            str(v["dataset_version"]),
+            v["state"],
+            str(v["dag_version"]),
+            f"{v['created_at']:%Y-%m-%d %H:%M:%S}",
+            str(v["commits"]),
+        )
+    console.print(table)
+    for k in res["kept"]:
+        console.print(f"  kept {k['dataset_version']} ({', '.join(k['reasons'])})")
+    console.print(
+        f"{verb} {len(res['purged'])} version(s), {res['commits']} commit(s); "
+        f"{len(res['locations'])} location(s) retired"
+        + ("" if dry_run else " (deleted once no running query reads them)")
+    )
+    if res["rollback_lost"]:
+        lost = ", ".join(map(str, res["rollback_lost"]))
+        console.print(f"  DAG version(s) {lost} can no longer be rolled back to in full")
+
+
 @datasets_app.command("grant")
 def datasets_grant(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
     """Add roles to a dataset's read_roles (admins only)."""

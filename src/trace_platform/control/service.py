@@ -25,6 +25,7 @@ from trace_platform.identity.vault import (
     vault_for,
 )
 from trace_platform.registry.deploy import DeployResult, deploy
+from trace_platform.registry.versions import list_versions, purge
 
 _R = Queries("registry")
 _T = Queries("dag_tasks")
@@ -203,6 +204,23 @@ class ControlPlane:
             roles = sorted((set(ds["read_roles"]) | set(add)) - set(remove))
             conn.execute(_R.set_read_roles, {"dataset_uuid": ds["dataset_uuid"], "roles": roles})
         return roles
+
+    def dataset_versions(self, actor: Actor, name: str) -> list[dict[str, Any]]:
+        """Every version of a dataset, newest first: for whoever may read the dataset."""
+        ds = self.show_dataset(actor, name)
+        with self.pool.connection() as conn:
+            return list_versions(conn, ds["dataset_uuid"])
+
+    def purge_versions(
+        self, actor: Actor, name: str, keep: int, *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Purges old versions of a dataset (admins only; see `registry.versions.purge`)."""
+        require_admin(actor, "purge dataset versions")
+        if keep < 0:
+            raise Invalid(f"keep must be 0 or more; {keep} given", fields=["keep"])
+        ds = self.show_dataset(actor, name)
+        with self.pool.connection() as conn, conn.transaction():
+            return purge(conn, ds, keep, dry_run=dry_run)
 
     # -- secrets -------------------------------------------------------------------------------
     def set_secret(

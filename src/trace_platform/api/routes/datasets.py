@@ -1,4 +1,4 @@
-"""`/v1/datasets`: datasets listed and shown, and who may read them."""
+"""`/v1/datasets`: datasets listed and shown, who may read them, their versions and purges."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from trace_platform.api.auth import ActorDependency
-from trace_platform.api.bodies import RolesBody
+from trace_platform.api.bodies import PurgeBody, RolesBody
 from trace_platform.api.routes import trace_router
 from trace_platform.identity import Actor
 from trace_platform.services import Services
@@ -28,5 +28,13 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
     @r.post("/v1/datasets/{name}/read-roles")
     def dataset_roles(name: str, body: RolesBody, user: Actor = Depends(actor)) -> dict[str, Any]:
         return {"read_roles": cp.set_read_roles(user, name, body.add, body.remove)}
+
+    @r.get("/v1/datasets/{name}/versions")
+    def dataset_versions(name: str, user: Actor = Depends(actor)) -> list[dict[str, Any]]:
+        return cp.dataset_versions(user, name)
+
+    @r.post("/v1/datasets/{name}/purge")
+    def purge_versions(name: str, body: PurgeBody, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.purge_versions(user, name, body.keep, dry_run=body.dry_run)
 
     return r

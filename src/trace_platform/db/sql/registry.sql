@@ -125,3 +125,74 @@ UPDATE datasets SET read_roles = %(roles)s WHERE dataset_uuid = %(dataset_uuid)s
 
 -- name: reset_operator_state
 DELETE FROM operator_state WHERE dag_id = %(dag_id)s AND job = ANY(%(jobs)s);
+
+-- Dataset versions: listed, and purged by an admin (never automatically).
+
+-- name: purge_lock_dag
+-- The producing DAG's row: a purge takes turns with deploys, cutovers and rollbacks.
+SELECT dag_id FROM dags WHERE dag_id = %(dag_id)s FOR UPDATE;
+
+-- name: versions_of_dataset
+-- Every version of a dataset, newest first, with what still needs it: the served pointer, the
+-- active and building DAG versions' maps, and the other DAG versions a rollback could go back to.
+SELECT v.dataset_version, v.state, v.dag_version, v.created_at, v.location,
+       (c.dataset_version IS NOT NULL) AS current,
+       k.commits, k.row_count, k.byte_count,
+       coalesce(d.active_version = ANY(m.mapped_by), false) AS active_map,
+       coalesce(d.building_version = ANY(m.mapped_by), false) AS building_map,
+       m.rollback_versions
+FROM dataset_versions v
+JOIN datasets ds ON ds.dataset_uuid = v.dataset_uuid
+JOIN dags d ON d.dag_id = ds.producer_dag_id
+LEFT JOIN dataset_current c ON c.dataset_version = v.dataset_version
+CROSS JOIN LATERAL (
+  SELECT count(*) AS commits, sum(row_count) AS row_count, sum(byte_count) AS byte_count
+  FROM dataset_commits dc WHERE dc.dataset_version = v.dataset_version
+) k
+CROSS JOIN LATERAL (
+  SELECT coalesce(array_agg(o.dag_version ORDER BY o.dag_version), '{}') AS mapped_by,
+         coalesce(array_agg(o.dag_version ORDER BY o.dag_version) FILTER (
+           WHERE dv.state <> 'abandoned'
+             AND o.dag_version IS DISTINCT FROM d.active_version
+             AND o.dag_version IS DISTINCT FROM d.building_version), '{}') AS rollback_versions
+  FROM dag_version_outputs o
+  JOIN dag_versions dv ON dv.dag_id = o.dag_id AND dv.version = o.dag_version
+  WHERE o.dataset_version = v.dataset_version
+) m
+WHERE v.dataset_uuid = %(dataset_uuid)s
+ORDER BY v.created_at DESC, v.dataset_version DESC;
+
+-- name: purge_locations
+-- What purged versions point at, each with the backend its version was built with (a Postgres
+-- version lives in "schema.table", a Parquet one under an object-store prefix; the dataset's
+-- backend may have changed since). A location some surviving commit still names is not retired.
+SELECT DISTINCT l.backend, l.location
+FROM (
+  SELECT CASE WHEN strpos(v.location, '/') = 0 THEN 'postgres' ELSE 'parquet' END AS backend,
+         dc.location
+  FROM dataset_commits dc JOIN dataset_versions v USING (dataset_version)
+  WHERE dc.dataset_version = ANY(%(versions)s) AND dc.location IS NOT NULL
+  UNION
+  SELECT 'postgres', v.location FROM dataset_versions v
+  WHERE v.dataset_version = ANY(%(versions)s) AND strpos(v.location, '/') = 0
+) l
+WHERE NOT EXISTS (
+  SELECT 1 FROM dataset_commits s
+  WHERE s.location = l.location AND NOT s.dataset_version = ANY(%(versions)s)
+)
+ORDER BY l.location;
+
+-- name: purge_retire
+-- The collector deletes them once no query pinned before now can still be reading them.
+INSERT INTO retired_locations (org_id, backend, location, reason)
+SELECT %(org_id)s, t.backend, t.location, 'purged'
+FROM unnest(%(backends)s::text[], %(locations)s::text[]) AS t(backend, location);
+
+-- name: purge_commits
+DELETE FROM dataset_commits WHERE dataset_version = ANY(%(versions)s);
+
+-- name: purge_outputs
+DELETE FROM dag_version_outputs WHERE dataset_version = ANY(%(versions)s);
+
+-- name: purge_versions
+DELETE FROM dataset_versions WHERE dataset_version = ANY(%(versions)s);

@@ -1,0 +1,84 @@
+"""A dataset's versions: listed with what still needs each one, and purged by an admin.
+
+Old versions stay (a rollback goes back to them) until an admin purges them; nothing purges
+automatically. A purge deletes only metadata: the files and tables of the purged versions are
+recorded in `retired_locations`, and the collector deletes them once no pinned query can still
+be reading them."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+
+from trace_platform.db.queries import Queries
+
+_R = Queries("registry")
+
+
+def list_versions(conn: Connection[Any], dataset_uuid: UUID) -> list[dict[str, Any]]:
+    """Every version of the dataset, newest first."""
+    return conn.execute(_R.versions_of_dataset, {"dataset_uuid": dataset_uuid}).fetchall()
+
+
+def keep_reasons(version: dict[str, Any], newest: set[UUID]) -> list[str]:
+    """Why a purge keeps this version (none: it goes)."""
+    reasons = [
+        ("current", version["current"]),
+        ("building", version["state"] == "building"),
+        ("active map", version["active_map"]),
+        ("building map", version["building_map"]),
+        ("newest", version["dataset_version"] in newest),
+    ]
+    return [name for name, holds in reasons if holds]
+
+
+def purge(
+    conn: Connection[Any], dataset: dict[str, Any], keep: int, *, dry_run: bool = False
+) -> dict[str, Any]:
+    """Purges every version of `dataset` (a registry row) but the `keep` newest complete ones,
+    the current one, building ones and those the DAG's active or building version maps. Runs
+    in the caller's transaction, holding the producing DAG's row so a cutover or rollback
+    cannot swap pointers to a version being deleted."""
+    conn.execute(_R.purge_lock_dag, {"dag_id": dataset["producer_dag_id"]})
+    rows = list_versions(conn, dataset["dataset_uuid"])
+    complete = [r["dataset_version"] for r in rows if r["state"] == "complete"]
+    newest = set(complete[:keep])  # rows come newest first
+    kept: list[dict[str, Any]] = []
+    purged: list[dict[str, Any]] = []
+    for r in rows:
+        reasons = keep_reasons(r, newest)
+        if reasons:
+            kept.append({"dataset_version": r["dataset_version"], "reasons": reasons})
+        else:
+            purged.append(r)
+    doomed = [r["dataset_version"] for r in purged]
+    locations = conn.execute(_R.purge_locations, {"versions": doomed}).fetchall()
+    if not dry_run:
+        conn.execute(
+            _R.purge_retire,
+            {
+                "org_id": dataset["org_id"],
+                "backends": [loc["backend"] for loc in locations],
+                "locations": [loc["location"] for loc in locations],
+            },
+        )
+        # Children first: commits and DAG-version maps reference the version row.
+        conn.execute(_R.purge_commits, {"versions": doomed})
+        conn.execute(_R.purge_outputs, {"versions": doomed})
+        conn.execute(_R.purge_versions, {"versions": doomed})
+    return {
+        "dataset": dataset["dataset_name"],
+        "keep": keep,
+        "dry_run": dry_run,
+        "purged": [
+            {k: r[k] for k in ("dataset_version", "state", "dag_version", "created_at", "commits")}
+            for r in purged
+        ],
+        "kept": kept,
+        "commits": sum(r["commits"] for r in purged),
+        "locations": locations,
+        # A rollback to these DAG versions would now miss this output.
+        "rollback_lost": sorted({v for r in purged for v in r["rollback_versions"]}),
+    }
