@@ -35,6 +35,9 @@ class DatasetRef(_Body):
     backend: Literal["parquet", "postgres"] | None = None
     location: str | None = None
     output_index: int | None = None
+    # An output's update strategy: `append` with a unique_key never repeats a key (publish_frame).
+    update_strategy: Literal["replace", "append"] | None = None
+    unique_key: list[str] | None = None
 
 
 class TaskSpec(_Body):
@@ -173,6 +176,17 @@ class OutputCommit(_Body):
         return scope_key(self.partition_key, self.range)
 
 
+class CommittedScope(BaseModel):
+    """A committed piece of a dataset version as an attempt found it at fetch: where its files
+    are (`location`, that attempt's own keys), for reading exactly what was committed."""
+
+    dataset_uuid: UUID
+    dataset_version: UUID
+    scope: str
+    range: RangeSpec | None = None
+    location: str
+
+
 class EventsRequest(LeaseRef):
     events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_CALL)
 
@@ -242,6 +256,10 @@ class TaskPayload(BaseModel):
     operator_state: dict[str, Any] | None = None  # the job's durable state, if it keeps one
     operator_state_revision: int = 0  # what a state saved by this attempt must build on
     idempotency: IdempotencyContext
+    # What this attempt reads, as committed when it was fetched: its input event's scope in
+    # the input it arrived on (every scope of every input, for an operator that reads whole
+    # inputs), and the other scopes of an append output with a unique_key that overlap it.
+    committed: list[CommittedScope] = Field(default_factory=list)
     timeout_seconds: int
     deadline_at: datetime | None
     lease_until: datetime | None

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import trace_platform.spark as tspark
-from trace_platform.contract import DatasetRef, TaskPayload
+from trace_platform.contract import CommittedScope, DatasetRef, TaskPayload
 from trace_platform.objectstore.local import LocalStore
 from trace_platform.operators.context import OperatorContext, PermanentError
 from trace_platform.operators.sql_transform import sql_transform
@@ -297,15 +297,27 @@ def _context(
     store: LocalStore | None = None,
     **config: Any,
 ) -> OperatorContext:
+    refs = [
+        DatasetRef(dataset_uuid=uuid4(), dataset_version=uuid4(), dataset_name=name, location=loc)
+        for name, loc in inputs
+    ]
     task = TaskPayload.model_construct(
+        task_id=uuid4(),
+        attempt=1,
         config={"sql": sql, **config},
-        inputs=[
-            DatasetRef(
-                dataset_uuid=uuid4(), dataset_version=uuid4(), dataset_name=name, location=loc
-            )
-            for name, loc in inputs
-        ],
+        inputs=refs,
         outputs=[DatasetRef(dataset_uuid=uuid4(), dataset_version=uuid4(), location="out/v1/")],
+        # Each input committed whole at its location (sql_transform reads only what is committed).
+        committed=[
+            CommittedScope(
+                dataset_uuid=r.dataset_uuid,
+                dataset_version=r.dataset_version,
+                scope="all",
+                location=r.location,
+            )
+            for r in refs
+            if r.dataset_version is not None and r.location is not None
+        ],
     )
     (tmp_path / "work").mkdir(exist_ok=True)
     return OperatorContext(
@@ -335,7 +347,8 @@ def test_sql_transform_runs_the_checked_query_with_its_parameters(
         assert result.outputs[0].row_count and result.outputs[0].row_count > 0
         out = tmp_path / "out"
         out.mkdir()
-        for f in (tmp_path / "store" / "out" / "v1").glob("*.parquet"):
+        (written,) = (tmp_path / "store" / "out" / "v1").glob("t=*")  # the attempt's own keys
+        for f in written.glob("*.parquet"):
             shutil.copy(f, out / f.name)
         got = base.read.parquet(str(out)).orderBy("window_end", "stake_rank", "validator_id")
         _staking(base).createOrReplaceTempView("staking_events")

@@ -30,7 +30,7 @@ from trace_platform.contract import (
     TaskPayload,
 )
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import state
+from trace_platform.dispatcher import reads, state
 from trace_platform.dispatcher.commits import Emitter, commit_outputs
 from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished
 from trace_platform.dispatcher.intents import Intents
@@ -132,6 +132,8 @@ class Lifecycle:
             view = check_lease(conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone(), ref)
             slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
             operator_state, revision = state.read(conn, view)
+            outputs = reads.outputs_with_strategies(conn, view["outputs"])
+            committed = reads.committed_reads(conn, view, outputs)
         status = "canceled" if view["cancel_requested"] else view["status"]
         return TaskPayload(
             task_id=view["task_id"],
@@ -149,7 +151,7 @@ class Lifecycle:
             parent_task_id=view["parent_task_id"],
             input_event=view["input_event"],
             inputs=[DatasetRef(**r) for r in view["input_versions"]],
-            outputs=[DatasetRef(**r) for r in view["outputs"]],
+            outputs=outputs,
             run_id=view["run_id"],
             worker_pool=view["worker_pool"],
             slot_index=slot["slot_index"] if slot else None,
@@ -160,6 +162,7 @@ class Lifecycle:
             idempotency=IdempotencyContext(
                 producer_task_id=view["task_id"], attempt=view["attempt"]
             ),
+            committed=committed,
             timeout_seconds=view["timeout_seconds"],
             deadline_at=view["deadline_at"],
             lease_until=view["lease_until"],

@@ -27,6 +27,7 @@ from trace_platform.operators.context import (
 __all__ = [
     "REGISTRY",
     "TRUSTED_OPERATORS",
+    "WHOLE_INPUT_OPERATORS",
     "OperatorContext",
     "OperatorError",
     "OperatorResult",
@@ -79,6 +80,10 @@ CONFIGS: dict[str, str] = {
         )
     },
 }
+
+# Operators that read every committed scope of every input (the rest read only the scope of the
+# event that started them): the Dispatcher sends each its committed locations accordingly.
+WHOLE_INPUT_OPERATORS = frozenset({"sql_transform"})
 
 # Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.
 TRUSTED_OPERATORS = frozenset({"hot_window"})

@@ -3,8 +3,9 @@
 Input: a range manifest event ([start, end)). Config: `datatypes` (one per output, in order;
 default blocks, transactions, logs, geth_calls — Monad has no trace_* methods), `rpc_url`
 (else the slot's RPC_URL env), `network_name`, `requests_per_second`,
-`max_concurrent_requests`. Files land under `{version}/range={start}-{end}/`; a re-run of the
-range first removes its own earlier files, so rows are never duplicated.
+`max_concurrent_requests`. Files land under `{version}/range={start}-{end}/t={task}.{attempt}/`:
+each attempt writes its own keys and its commit swaps the range's location, so a re-run never
+duplicates rows nor touches files a reader may have pinned (see operators/output.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from trace_platform.contract import EventIn, OutputCommit, RangeSpec
-from trace_platform.objectstore import delete_prefix
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import (
     OperatorContext,
@@ -24,7 +24,7 @@ from trace_platform.operators.context import (
     OperatorResult,
     PermanentError,
 )
-from trace_platform.operators.output import range_prefix
+from trace_platform.operators.output import attempt_prefix, range_prefix
 
 DEFAULT_DATATYPES = ["blocks", "transactions", "logs", "geth_calls"]
 # What Cryo extracts from a block range alone, one file per datatype (datatypes that need
@@ -135,8 +135,7 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
                 "(expected 1; the node may have failed some requests, see the worker log)"
             )
         assert out.location is not None and out.dataset_version is not None
-        prefix = range_prefix(out.location, start, end)
-        delete_prefix(store, prefix)  # a retry replaces, never duplicates
+        prefix = attempt_prefix(range_prefix(out.location, start, end), ctx.task)
         rows = size = 0
         for f in produced:
             # Rewrite with pyarrow: Spark's reader rejects some pages polars writes

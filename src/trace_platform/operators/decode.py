@@ -15,10 +15,10 @@ from pydantic import Field
 
 from trace_platform.chain import topic0
 from trace_platform.contract import RangeSpec
-from trace_platform.objectstore import list_all
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
-from trace_platform.operators.output import publish_frame, range_prefix
+from trace_platform.operators.inputs import fetch_parquet, scope_location
+from trace_platform.operators.output import publish_frame
 
 TRANSFER = topic0("Transfer(address,address,uint256)")
 STAKING = {
@@ -52,15 +52,17 @@ def _range(ctx: OperatorContext) -> tuple[int, int]:
 
 
 def _fetch_inputs(ctx: OperatorContext, start: int, end: int) -> Path:
-    """The input range's Parquet files, local for Spark (S3A is not bundled here)."""
+    """The input range's committed Parquet files (that commit's own, not every attempt's under
+    the range), local for Spark (S3A is not bundled here)."""
     local = ctx.workdir / "input"
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
-    store = ctx.store
-    src = ctx.task.inputs[0]
-    assert src.location is not None
-    for obj in list_all(store, range_prefix(src.location, start, end)):
-        store.get_file(obj.key, local / Path(obj.key).name)
+    location = scope_location(ctx, ctx.task.inputs[0])
+    if location is None:
+        raise PermanentError(
+            f"input 0 has no commit for blocks [{start}, {end}) in its pinned version"
+        )
+    fetch_parquet(ctx, [location], local)
     return local
 
 
@@ -110,7 +112,7 @@ def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
     logs = ctx.spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
     frame = transfers_frame(logs, cfg.token_address)
     return publish_frame(
-        ctx, frame.orderBy("block_number", "log_index"), RangeSpec(start=start, end=end)
+        ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
     )
 
 
@@ -173,5 +175,5 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
     ).drop("amount_text")
     frame = frame.withColumn("amount_delta", F.expr("try_cast(amount_delta_text AS DECIMAL(38,0))"))
     return publish_frame(
-        ctx, frame.orderBy("block_number", "log_index"), RangeSpec(start=start, end=end)
+        ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
     )

@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 from psycopg import sql
 from pydantic import Field
 
-from trace_platform.contract import EventIn, OutputCommit, RangeSpec
+from trace_platform.contract import DatasetRef, EventIn, OutputCommit, RangeSpec
 from trace_platform.dag.schema import NAME_RE
 from trace_platform.objectstore import list_all
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
-from trace_platform.operators.output import range_prefix
+from trace_platform.operators.inputs import scope_location
 
 
 class HotWindowConfig(OperatorConfig):
@@ -71,11 +71,15 @@ def pg_type(t: pa.DataType) -> str:
     return "jsonb"
 
 
-def _read_range(ctx: OperatorContext, location: str, start: int, end: int) -> pa.Table | None:
+def _read_range(ctx: OperatorContext, ref: DatasetRef) -> pa.Table | None:
+    """The input event's range as committed (that commit's own files, not every attempt's)."""
+    location = scope_location(ctx, ref)
+    if location is None:
+        return None
     store = ctx.store
     tables = [
         pq.read_table(io.BytesIO(store.get(o.key)))
-        for o in list_all(store, range_prefix(location, start, end))
+        for o in list_all(store, location.rstrip("/") + "/")
         if o.key.endswith(".parquet")
     ]
     return pa.concat_tables(tables, promote_options="default") if tables else None
@@ -131,7 +135,7 @@ def hot_window(ctx: OperatorContext) -> OperatorResult:
     assert inp.location is not None and out.location is not None
     cfg = HotWindowConfig.from_ctx(ctx)
     window, key = cfg.window_blocks, cfg.key
-    data = _read_range(ctx, inp.location, start, end)
+    data = _read_range(ctx, inp)
     if data is not None and key not in data.column_names:
         raise PermanentError(f"input {src} has no column '{key}' (config.key)")
     loaded = load_range(dsn, out.location, out.dataset_name, data, start, end, window, key)

@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from trace_platform.objectstore import list_all
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
+from trace_platform.operators.inputs import fetch_parquet, version_locations
 from trace_platform.operators.output import publish_frame
 from trace_platform.spark.sql_guard import check_query, check_spark_plan
 
@@ -49,7 +49,7 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
     args = cfg.args or None
     views = [ref.dataset_name or f"input_{i}" for i, ref in enumerate(ctx.task.inputs)]
     checked = check_query(cfg.sql, views)  # refuses anything but one read query over `views`
-    spark, store = ctx.spark, ctx.store  # a task session: hardened (trace_platform.spark)
+    spark = ctx.spark  # a task session: hardened (trace_platform.spark)
     check_spark_plan(spark, checked)
     empty: list[tuple[int, str]] = []
     for i, ref in enumerate(ctx.task.inputs):
@@ -57,10 +57,8 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
         local = ctx.workdir / f"input_{i}"
         shutil.rmtree(local, ignore_errors=True)
         local.mkdir(parents=True)
-        for obj in list_all(store, ref.location):
-            if obj.key.endswith(".parquet"):
-                dest = local / obj.key[len(ref.location) :].replace("/", "__")
-                store.get_file(obj.key, dest)
+        # Exactly the committed scopes' files (never every attempt's under the version).
+        fetch_parquet(ctx, version_locations(ctx, ref), local)
         view = views[i]
         if any(local.iterdir()):
             spark.read.parquet(str(local)).createOrReplaceTempView(view)

@@ -199,16 +199,32 @@ JOIN users u ON u.user_id = v.deployed_by
 WHERE r.task_id = %(task_id)s AND r.start_day = %(start_day)s;
 
 -- name: insert_commit
-INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, attempt, scope,
-                             partition_key, range_start, range_end, location, row_count, byte_count,
-                             dag_version)
-VALUES (%(commit_id)s, %(dataset_uuid)s, %(dataset_version)s, %(task_id)s, %(attempt)s, %(scope)s,
-        %(partition_key)s, %(range_start)s, %(range_end)s, %(location)s, %(row_count)s, %(byte_count)s,
-        %(dag_version)s)
-ON CONFLICT (dataset_version, scope) DO UPDATE
-SET task_id = EXCLUDED.task_id, attempt = EXCLUDED.attempt, location = EXCLUDED.location,
-    dag_version = EXCLUDED.dag_version,
-    row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now();
+-- A scope's commit swaps its location atomically; the location it replaces (a retry's or a
+-- replay's predecessor: files are never rewritten in place) is retired in the same statement,
+-- for the collector (registry/collector.py). FOR UPDATE: a concurrent commit of the scope is
+-- waited for and its location is the one retired. (Two concurrent FIRST commits of a scope can
+-- leave the loser's files unretired: garbage kept, never a committed file deleted.)
+WITH old AS (
+  SELECT location FROM dataset_commits
+  WHERE dataset_version = %(dataset_version)s AND scope = %(scope)s
+  FOR UPDATE
+), up AS (
+  INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, attempt, scope,
+                               partition_key, range_start, range_end, location, row_count,
+                               byte_count, dag_version)
+  VALUES (%(commit_id)s, %(dataset_uuid)s, %(dataset_version)s, %(task_id)s, %(attempt)s, %(scope)s,
+          %(partition_key)s, %(range_start)s, %(range_end)s, %(location)s, %(row_count)s,
+          %(byte_count)s, %(dag_version)s)
+  ON CONFLICT (dataset_version, scope) DO UPDATE
+  SET task_id = EXCLUDED.task_id, attempt = EXCLUDED.attempt, location = EXCLUDED.location,
+      dag_version = EXCLUDED.dag_version,
+      row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now()
+  RETURNING location
+)
+INSERT INTO retired_locations (org_id, backend, location, reason)
+SELECT ds.org_id, ds.backend, old.location, 'superseded'
+FROM old CROSS JOIN up JOIN datasets ds ON ds.dataset_uuid = %(dataset_uuid)s
+WHERE old.location IS NOT NULL AND old.location IS DISTINCT FROM up.location;
 
 -- name: claim
 -- Lease a claimable task and open its attempt, in one round trip. `pooled` false claims only

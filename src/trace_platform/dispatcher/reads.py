@@ -1,0 +1,86 @@
+"""What an attempt reads, resolved at task-fetch: the committed locations of its inputs (a
+retry or replay writes new, attempt-scoped keys, so a reader must follow the commit, never list
+a range's prefix) and its outputs' update strategies."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+
+from trace_platform.contract import CommittedScope, DatasetRef, RangeSpec, scope_key
+from trace_platform.db.queries import Queries
+from trace_platform.operators import WHOLE_INPUT_OPERATORS
+
+_Q = Queries("reads")
+
+
+def _event_scope(event: dict[str, Any]) -> tuple[str | None, RangeSpec | None]:
+    rng = RangeSpec(**event["range"]) if event.get("range") else None
+    pk = event.get("partition_key")
+    if rng is None and pk is None:
+        return None, None  # a cursor or a trigger firing names no committed scope
+    return scope_key(pk, rng), rng
+
+
+def outputs_with_strategies(
+    conn: Connection[Any], outputs: list[dict[str, Any]]
+) -> list[DatasetRef]:
+    refs = [DatasetRef(**r) for r in outputs]
+    rows = conn.execute(_Q.output_strategies, {"uuids": [r.dataset_uuid for r in refs]}).fetchall()
+    by_uuid = {r["dataset_uuid"]: r for r in rows}
+    for ref in refs:
+        row = by_uuid.get(ref.dataset_uuid)
+        if row is not None:
+            ref.update_strategy = row["update_strategy"]
+            ref.unique_key = list(row["unique_key"]) or None
+    return refs
+
+
+def committed_reads(
+    conn: Connection[Any], view: dict[str, Any], outputs: list[DatasetRef]
+) -> list[CommittedScope]:
+    event = view["input_event"] or {}
+    scope, rng = _event_scope(event)
+    whole_reader = view["operator"] in WHOLE_INPUT_OPERATORS
+    scoped: list[UUID] = []
+    whole: list[UUID] = []
+    for r in view["input_versions"]:
+        version = r.get("dataset_version")
+        if version is None:
+            continue
+        if whole_reader:
+            whole.append(version)
+        elif scope is not None and str(r["dataset_uuid"]) == str(event.get("dataset_uuid")):
+            scoped.append(version)
+    appends = [
+        o.dataset_version
+        for o in outputs
+        if rng is not None and o.update_strategy == "append" and o.unique_key and o.dataset_version
+    ]
+    if not (scoped or whole or appends):
+        return []
+    rows = conn.execute(
+        _Q.committed_reads,
+        {
+            "scoped": scoped,
+            "whole": whole,
+            "appends": appends,
+            "scope": scope,
+            "range_start": rng.start if rng else None,
+            "range_end": rng.end if rng else None,
+        },
+    ).fetchall()
+    return [
+        CommittedScope(
+            dataset_uuid=r["dataset_uuid"],
+            dataset_version=r["dataset_version"],
+            scope=r["scope"],
+            range=RangeSpec(start=r["range_start"], end=r["range_end"])
+            if r["range_start"] is not None and r["range_end"] is not None
+            else None,
+            location=r["location"],
+        )
+        for r in rows
+    ]
