@@ -91,6 +91,12 @@ class Settings(BaseSettings):
     # wake-up can be dead-lettered, e.g. after the API was down for every delivery).
     rewake_after_seconds: float = 300.0
     worker_visibility_seconds: float = 60.0
+    # The collector of retired locations (superseded attempts' files, purged versions): how
+    # often it runs, how long a retired location is kept at least (a running task may still
+    # read an input it was given before a replay superseded it), and locations per batch.
+    collector_interval_seconds: float = Field(default=60.0, gt=0)
+    collector_grace_seconds: float = Field(default=300.0, ge=0)
+    collector_batch_size: int = Field(default=100, ge=1)
     outbox_batch_size: int = 500
 
     # Query Service interactive limits (heavier work belongs in a sql_transform job on Spark).

@@ -73,7 +73,15 @@ def test_deploy_registers_versions_and_publishes(services: Services) -> None:
     res3 = cp.deploy(
         me, three_jobs().replace("config: {count: 1, final: 1}", "config: {count: 2, final: 1}")
     )
-    assert res3.rebuilt_jobs == ["sink", "transform"]
+    assert res3.rebuilt_jobs == ["sink", "transform"] and not res3.live
+    # Built beside the live version: nothing served moves until the cutover.
+    assert {
+        r["dataset_uuid"]: r["dataset_version"]
+        for r in q(services, "SELECT * FROM dataset_current")
+    } == first
+    assert cp.show_dag(me, "hello")["active_version"] == 2
+    (done,) = cp.changes.auto_cutover()  # nothing to replay: complete at once
+    assert (done["version"], done["previous"]) == (3, 2)
     now = {
         r["dataset_uuid"]: r["dataset_version"]
         for r in q(services, "SELECT * FROM dataset_current")

@@ -383,12 +383,20 @@ def test_an_upgraded_window_stays_loadable_by_the_sink_login(
 def test_a_query_keeps_the_version_it_pinned_across_a_cutover(chain: Services) -> None:
     me = admin(chain)
     before = chain.query.plan(me, "SELECT count(*) FROM blocks")
-    # A materialization change to the producing job: deploy cuts a new version and swaps it in.
+    # A materialization change to the producing job: deploy builds a new version beside the
+    # live one; readers keep the live one until the cutover swaps it in.
     chain.control.deploy(
         me, CHAIN.replace("operator: noop\n", "operator: noop\n    config: {v: 2}\n")
     )
-    ver = current(chain, "blocks")["current_version"]
+    with chain.pool.connection() as conn:
+        ver = conn.execute(
+            "SELECT o.dataset_version FROM dag_version_outputs o JOIN datasets d USING "
+            "(dataset_uuid) WHERE d.dataset_name = 'blocks' AND o.dag_version = 2"
+        ).fetchone()["dataset_version"]  # type: ignore[index]
     commit_parquet(chain, "blocks", blocks(0, 9, "v2"), 0, 10, version=ver)
+    building = chain.query.query(me, "SELECT count(*), min(source) FROM blocks").as_json()
+    assert building["rows"] == [[100, "cold"]]  # the rebuild is not served before its cutover
+    chain.control.changes.cutover(me, "chain")
     # Started before the cutover: still the old version, whatever runs after.
     assert chain.query.execute(before).as_json()["rows"] == [[100]]
     after = chain.query.query(me, "SELECT count(*), min(source) FROM blocks").as_json()

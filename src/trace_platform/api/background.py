@@ -10,6 +10,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI
 
 from trace_platform.dispatcher.reaper import run_reaper
+from trace_platform.objectstore import make_store
+from trace_platform.registry.collector import Collector, run_collector
 from trace_platform.services import Services
 from trace_platform.triggers.cron import run_scheduler
 
@@ -17,6 +19,13 @@ from trace_platform.triggers.cron import run_scheduler
 def background_threads(services: Services, stop: threading.Event) -> list[threading.Thread]:
     """The publisher, reaper and scheduler threads (not started), all ending when `stop` is set."""
     s = services.settings
+    collector = Collector(
+        services.pool,
+        make_store(s),
+        services.data_dsn,
+        grace_seconds=s.collector_grace_seconds,
+        batch_size=s.collector_batch_size,
+    )
     return [
         threading.Thread(
             target=services.publisher.run,
@@ -34,6 +43,13 @@ def background_threads(services: Services, stop: threading.Event) -> list[thread
             target=run_scheduler,
             args=(services.dispatcher, stop, s.scheduler_interval_seconds),
             name="scheduler",
+            daemon=True,
+        ),
+        # Deletes retired locations once no commit and no live query pin can reach them.
+        threading.Thread(
+            target=run_collector,
+            args=(collector, stop, s.collector_interval_seconds),
+            name="collector",
             daemon=True,
         ),
     ]

@@ -16,6 +16,11 @@ class DeployBody(BaseModel):
     source: str | None = None
 
 
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: int | None = Field(default=None, ge=1, description="default: the previous live version")
+
+
 class TriggerBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     config: dict[str, Any] = Field(default_factory=dict)

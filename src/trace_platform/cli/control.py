@@ -116,22 +116,6 @@ def dag_schema() -> None:
     sys.stdout.write(json.dumps(DagSpec.model_json_schema(by_alias=True), indent=2) + "\n")
 
 
-@dag_app.command("deploy")
-def dag_deploy(file: Path) -> None:
-    """Deploy a DAG file as a new immutable version and make it active."""
-    try:
-        text = file.read_text()
-    except OSError as e:
-        fail(f"cannot read {file}: {e.strerror}")
-    res = run_op(services().control.deploy, me(), text, str(file))
-    verb = "created" if res.created else "deployed"
-    console.print(f"DAG '{res.name}' {verb}: version {res.version}")
-    if res.rebuilt_jobs:
-        console.print(f"  new dataset versions for: {', '.join(res.rebuilt_jobs)}")
-    for name, uuid_ in res.datasets.items():
-        console.print(f"  published {name} -> {uuid_}")
-
-
 @dag_app.command("list")
 def dag_list() -> None:
     """DAGs of your org."""

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trace_platform.cli import changes as _changes  # noqa: F401 - registers `trace dag` change commands
 from trace_platform.cli.control import (
     dag_app,
     datasets_app,

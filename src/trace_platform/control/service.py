@@ -10,8 +10,8 @@ from uuid import UUID
 from psycopg_pool import ConnectionPool
 
 from trace_platform.contract import TaskRef, TaskSpec
+from trace_platform.control.changes import DagChanges
 from trace_platform.dag.schema import NAME
-from trace_platform.dag.validate import parse
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
@@ -24,7 +24,7 @@ from trace_platform.identity.vault import (
     check_secret_name,
     vault_for,
 )
-from trace_platform.registry.deploy import DeployResult, deploy
+from trace_platform.registry.deploy import DeployResult
 from trace_platform.registry.versions import list_versions, purge
 
 _R = Queries("registry")
@@ -73,15 +73,25 @@ class ControlPlane:
         self.pool = pool
         self.dispatcher = dispatcher
         self.vault = vault_for(dispatcher.settings)
+        self.changes = DagChanges(pool, dispatcher)
         # Secrets stored in plaintext before migration 0008 are sealed once, at start.
         with pool.connection() as conn:
             self.vault.seal_legacy(conn)
 
     # -- DAGs ------------------------------------------------------------------------------
-    def deploy(self, actor: Actor, source_yaml: str, source: str = "<request>") -> DeployResult:
-        spec = parse(source_yaml, source)  # every file-local problem, before touching state
-        with self.pool.connection() as conn, conn.transaction():
-            return deploy(conn, actor, spec, source_yaml, source)
+    def deploy(
+        self,
+        actor: Actor,
+        source_yaml: str,
+        source: str = "<request>",
+        *,
+        dry_run: bool = False,
+        manual_cutover: bool = False,
+    ) -> DeployResult:
+        """See `DagChanges.deploy`: a change to what jobs produce builds before it goes live."""
+        return self.changes.deploy(
+            actor, source_yaml, source, dry_run=dry_run, manual_cutover=manual_cutover
+        )
 
     def _dag(self, conn: Any, actor: Actor, name: str) -> dict[str, Any]:
         dag = conn.execute(_R.dag_by_name, {"org_id": actor.org_id, "name": name}).fetchone()
@@ -152,8 +162,6 @@ class ControlPlane:
                 raise Forbidden(f"'{actor.name}' may not trigger DAG '{dag_name}'")
             if dag["active_version"] is None:
                 raise Conflict("not_deployed", f"DAG '{dag_name}' has no active version")
-            if dag["paused"]:
-                raise Conflict("paused", f"DAG '{dag_name}' is paused")
             spec = conn.execute(
                 _R.dag_version, {"dag_id": dag["dag_id"], "version": dag["active_version"]}
             ).fetchone()["spec"]  # type: ignore[index]
@@ -175,7 +183,7 @@ class ControlPlane:
                 config={**base, **(config or {})},
                 fired_by=actor.user_id,
             )
-            refs = [self.dispatcher.create_task(s, conn) for s in specs]
+            refs = [self.dispatcher.create_task(s, conn, status) for s, status in specs]
         return {"run_id": run_id, "created": bool(refs), "tasks": [r.task_id for r in refs]}
 
     # -- datasets ----------------------------------------------------------------------------

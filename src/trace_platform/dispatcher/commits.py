@@ -14,7 +14,7 @@ from psycopg_pool import ConnectionPool
 from trace_platform.contract import EventIn, EventsRequest, EventsResponse, OutputCommit
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.dag_tasks import tasks_for_event
-from trace_platform.dispatcher.fencing import fenced, reject_finished
+from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Forbidden, Invalid
 
@@ -109,10 +109,10 @@ class Emitter:
             if row is None:  # a duplicate returns nothing and starts nothing
                 continue
             accepted.append(row["event_id"])
-            for spec in tasks_for_event(
+            for spec, status in tasks_for_event(
                 conn, org_id=st["org_id"], producer=st, event_id=row["event_id"], event=ev
             ):
-                self.intents.create_task(spec, conn)
+                self.intents.create_task(spec, conn, status)
                 created += 1
         return accepted, len(events) - len(accepted), created
 
@@ -121,6 +121,7 @@ class Emitter:
         with self.pool.connection() as conn, conn.transaction():
             st = fenced(conn, req)
             reject_finished(st, req)
+            reject_withdrawn(st, req)
             ids, dups, created = self.insert(conn, st, req.attempt, req.events)
         return EventsResponse(
             accepted=len(ids), duplicates=dups, event_ids=ids, tasks_created=created

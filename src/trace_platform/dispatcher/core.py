@@ -38,9 +38,11 @@ class Dispatcher(Lifecycle):
             emitter=Emitter(pool, intents),
         )
 
-    def create_task(self, spec: TaskSpec, conn: Connection[Any] | None = None) -> TaskRef:
+    def create_task(
+        self, spec: TaskSpec, conn: Connection[Any] | None = None, status: str = "queued"
+    ) -> TaskRef:
         """Task intent and its wake-up in one transaction (the caller's, if given)."""
-        return self.intents.create_task(spec, conn)
+        return self.intents.create_task(spec, conn, status)
 
     def rewake(self, after_seconds: float, limit: int = 500) -> int:
         """Anti-entropy: a fresh wake-up for queued tasks left untouched for `after_seconds`."""

@@ -82,41 +82,63 @@ def tasks_for_event(
     producer: dict[str, Any],
     event_id: UUID,
     event: EventIn,
-) -> list[TaskSpec]:
-    """One task for every job (of an active DAG version) that reads the event's dataset."""
+) -> list[tuple[TaskSpec, str]]:
+    """One task for every job of a live DAG version that reads the event's dataset at the
+    version the producer wrote (see `subscribers`), with the status it starts in: 'queued', or
+    'buffered' for a rebuild's work held until cutover."""
+    conn.execute(_Q.lock_dags_shared, {"dataset_uuid": event.dataset_uuid})
+    written = next(
+        (
+            o.get("dataset_version")
+            for o in producer.get("outputs") or []
+            if str(o.get("dataset_uuid")) == str(event.dataset_uuid)
+        ),
+        None,
+    )
     subs = conn.execute(
-        _Q.subscribers, {"dataset_uuid": event.dataset_uuid, "org_id": org_id}
+        _Q.subscribers,
+        {
+            "dataset_uuid": event.dataset_uuid,
+            "org_id": org_id,
+            "written": written,
+            "producer_dag": producer.get("dag_id"),
+            "producer_version": producer.get("dag_version"),
+        },
     ).fetchall()
-    specs: list[TaskSpec] = []
+    specs: list[tuple[TaskSpec, str]] = []
     cache: dict[tuple[UUID, int], dict[str, JobSpec]] = {}
-    input_event = {
-        "event_id": str(event_id),
-        "producer_task_id": str(producer["task_id"]),
-        **event.model_dump(mode="json", exclude_none=True),
-    }
+    input_event = event_json(event_id, producer["task_id"], event)
     for s in subs:
         key = (s["dag_id"], s["dag_version"])
         if key not in cache:  # one spec read per DAG version, however many of its jobs read
             cache[key] = _jobs(conn, *key)
         jobs = cache[key]
-        specs.append(
-            job_task(
-                conn,
-                org_id=org_id,
-                dag_id=s["dag_id"],
-                version=s["dag_version"],
-                job_name=s["job"],
-                job=jobs[s["job"]],
-                # A shared read starts the consumer DAG's own run; within a DAG the run flows on.
-                run_id=producer["run_id"]
-                if producer["dag_id"] == s["dag_id"] and producer["run_id"]
-                else event_id,
-                parent_task_id=producer["task_id"],
-                input_event_id=event_id,
-                input_event=input_event,
-            )
+        spec = job_task(
+            conn,
+            org_id=org_id,
+            dag_id=s["dag_id"],
+            version=s["dag_version"],
+            job_name=s["job"],
+            job=jobs[s["job"]],
+            # A shared read starts the consumer DAG's own run; within a DAG the run flows on.
+            run_id=producer["run_id"]
+            if producer["dag_id"] == s["dag_id"] and producer["run_id"]
+            else event_id,
+            parent_task_id=producer["task_id"],
+            input_event_id=event_id,
+            input_event=input_event,
         )
+        specs.append((spec, s["status"]))
     return specs
+
+
+def event_json(event_id: UUID, producer_task_id: UUID, event: EventIn) -> dict[str, Any]:
+    """An event as the task it starts sees it."""
+    return {
+        "event_id": str(event_id),
+        "producer_task_id": str(producer_task_id),
+        **event.model_dump(mode="json", exclude_none=True),
+    }
 
 
 def fire(
@@ -128,9 +150,11 @@ def fire(
     fire_key: str,
     config: dict[str, Any],
     fired_by: UUID | None,
-) -> tuple[UUID, list[TaskSpec]]:
+) -> tuple[UUID, list[tuple[TaskSpec, str]]]:
     """Records the firing (once per (dag, trigger, fire_key)) and returns the source-job tasks
-    to create; an already-recorded firing returns its run and no tasks."""
+    to create with their status (a rebuilding version's are held until cutover); an
+    already-recorded firing returns its run and no tasks."""
+    conn.execute(_Q.lock_dag_shared, {"dag_id": dag["dag_id"]})
     run_id = uuid.uuid4()
     row = conn.execute(
         _Q.insert_fire,
@@ -151,20 +175,26 @@ def fire(
         ).fetchone()
         assert existing is not None
         return existing["run_id"], []
-    jobs = _jobs(conn, dag["dag_id"], dag["active_version"])
-    event = {"trigger": trigger, "kind": kind, "fire_key": fire_key, "config": config}
-    specs = [
-        job_task(
+    event = fire_event(trigger, kind, fire_key, config)
+    specs: list[tuple[TaskSpec, str]] = []
+    cache: dict[int, dict[str, JobSpec]] = {}
+    for s in conn.execute(_Q.source_jobs, {"dag_id": dag["dag_id"]}).fetchall():
+        if s["version"] not in cache:
+            cache[s["version"]] = _jobs(conn, dag["dag_id"], s["version"])
+        spec = job_task(
             conn,
             org_id=dag["org_id"],
             dag_id=dag["dag_id"],
-            version=dag["active_version"],
-            job_name=name,
-            job=job,
+            version=s["version"],
+            job_name=s["job"],
+            job=cache[s["version"]][s["job"]],
             run_id=run_id,
             input_event=event,
         )
-        for name, job in jobs.items()
-        if not job.inputs
-    ]
+        specs.append((spec, s["status"]))
     return run_id, specs
+
+
+def fire_event(trigger: str, kind: str, fire_key: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A trigger firing as the source job it starts sees it."""
+    return {"trigger": trigger, "kind": kind, "fire_key": fire_key, "config": config}

@@ -7,7 +7,7 @@ from typing import Any
 
 from psycopg import Connection
 
-from trace_platform.contract import LeaseRef
+from trace_platform.contract import CompleteRequest, LeaseRef
 from trace_platform.db.queries import Queries
 from trace_platform.errors import Conflict, NotFound
 
@@ -42,5 +42,35 @@ def reject_finished(st: dict[str, Any], ref: LeaseRef) -> None:
         raise Conflict(
             "task_finished",
             f"task {ref.task_id} is already {st['status']}; nothing more is accepted",
+            status=st["status"],
+        )
+
+
+# DAG versions whose work may no longer land: rolled back, or abandoned by a later deploy.
+WITHDRAWN = ("rolled_back", "abandoned")
+
+
+def withdraw(st: dict[str, Any], req: CompleteRequest) -> CompleteRequest:
+    """A success of a task whose DAG version was withdrawn lands nothing: it ends canceled,
+    without its events, outputs or state, so a rolled-back version never commits again."""
+    if st.get("version_state") not in WITHDRAWN or req.outcome != "succeeded":
+        return req
+    return req.model_copy(
+        update={
+            "outcome": "canceled",
+            "error": f"DAG version {st['dag_version']} was {st['version_state'].replace('_', ' ')}",
+            "final_events": [],
+            "outputs": [],
+            "operator_state": None,
+        }
+    )
+
+
+def reject_withdrawn(st: dict[str, Any], ref: LeaseRef) -> None:
+    if st.get("version_state") in WITHDRAWN:
+        raise Conflict(
+            "version_withdrawn",
+            f"task {ref.task_id} belongs to DAG version {st['dag_version']}, which was "
+            f"{st['version_state'].replace('_', ' ')}; nothing more is accepted",
             status=st["status"],
         )

@@ -39,8 +39,11 @@ class Intents:
             },
         )
 
-    def create_task(self, spec: TaskSpec, conn: Connection[Any] | None = None) -> TaskRef:
-        """Task intent and its wake-up in one transaction (the caller's, if given)."""
+    def create_task(
+        self, spec: TaskSpec, conn: Connection[Any] | None = None, status: str = "queued"
+    ) -> TaskRef:
+        """Task intent and its wake-up in one transaction (the caller's, if given). A
+        'buffered' task gets no wake-up: it waits for its DAG version's cutover."""
         if len(json.dumps(spec.config, default=str)) > MAX_CONFIG_BYTES:
             raise Invalid(f"task config is larger than {MAX_CONFIG_BYTES} bytes")
         task_id = uuid.uuid4()
@@ -51,10 +54,11 @@ class Intents:
             assert row is not None
             start_day = row["start_day"]
             c.execute(
-                _Q.insert_status, {"task_id": task_id, "start_day": start_day, "status": "queued"}
+                _Q.insert_status, {"task_id": task_id, "start_day": start_day, "status": status}
             )
-            self.wake(c, task_id, start_day)
-            return TaskRef(task_id=task_id, start_day=start_day, status="queued")
+            if status == "queued":
+                self.wake(c, task_id, start_day)
+            return TaskRef(task_id=task_id, start_day=start_day, status=status)  # type: ignore[arg-type]
 
         if conn is not None:
             return write(conn)

@@ -32,7 +32,7 @@ from trace_platform.contract import (
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher import reads, state
 from trace_platform.dispatcher.commits import Emitter, commit_outputs
-from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished
+from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished, withdraw
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
 from trace_platform.dispatcher.slots import Slots
@@ -113,8 +113,13 @@ class Lifecycle:
         st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
         if st is None:
             return NotFound(f"task {task_id} does not exist")
+        paused = conn.execute(_Q.task_dag_paused, {"task_id": task_id}).fetchone()
         if st["status"] == "queued" and st["cancel_requested"]:
             reason = "cancel was requested"
+        elif st["status"] == "queued" and paused is not None and paused["paused"]:
+            reason = f"its DAG '{paused['name']}' is paused"
+        elif st["status"] == "buffered":
+            reason = "it is held until its DAG version's cutover"
         elif st["status"] == "queued":
             reason = f"it is backing off until {st['next_attempt_at'].isoformat()}"
         else:
@@ -214,6 +219,7 @@ class Lifecycle:
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 reject_finished(st, req)
+            req = withdraw(st, req)
             req, conflict = self._compare_state(conn, st, req)
             ids, dups, created = self.emitter.insert(conn, st, req.attempt, req.final_events)
             committed = commit_outputs(conn, st, req.attempt, req.outputs)

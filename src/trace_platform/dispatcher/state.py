@@ -1,4 +1,4 @@
-"""Operator state per (org, dag, job), saved by compare-and-set: a success carries the revision
+"""Operator state per (org, dag, job, lineage), saved by compare-and-set: a success carries the revision
 its attempt read, and lands only if no other run of the job saved since. An attempt that lost
 that race ends with its own outcome, `state_conflict`: someone else made progress, so it runs
 again on the newer state and costs no retry budget."""
@@ -22,7 +22,12 @@ STATE_CONFLICT = (
 
 
 def _key(task: dict[str, Any]) -> dict[str, Any]:
-    return {"org_id": task["org_id"], "dag_id": task["dag_id"], "job": task["job"]}
+    return {
+        "org_id": task["org_id"],
+        "dag_id": task["dag_id"],
+        "dag_version": task["dag_version"],
+        "job": task["job"],
+    }
 
 
 def read(conn: Connection[Any], task: dict[str, Any]) -> tuple[Any, int]:

@@ -1,9 +1,11 @@
 """Dataset names to pinned, readable locations: `dataset_name → dataset_uuid → backend,
-location` at the current version, resolved once, in one snapshot, at query start."""
+location` at the current version, resolved once, in one snapshot, at query start, under a
+lease (`query_pins`) that keeps the files it pinned from the collector until the query ends."""
 
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
@@ -20,6 +22,18 @@ def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
     with pool.connection() as conn:
         rows = conn.execute(_Q.readable_names, {"org_id": actor.org_id}).fetchall()
     return [r["dataset_name"] for r in rows if can_read_row(actor, r)]
+
+
+def lease(pool: ConnectionPool, query_id: UUID, ttl_seconds: float) -> None:
+    """Registers a running query before it pins anything (its own transaction, committed first):
+    while it lives, the collector deletes no location it may have pinned."""
+    with pool.connection() as conn:
+        conn.execute(_Q.insert_pin, {"query_id": query_id, "ttl": ttl_seconds})
+
+
+def release(pool: ConnectionPool, query_id: UUID) -> None:
+    with pool.connection() as conn:
+        conn.execute(_Q.delete_pin, {"query_id": query_id})
 
 
 def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str]) -> dict[str, Pin]:

@@ -41,6 +41,8 @@ from trace_platform.query.errors import (
 )
 from trace_platform.query.pool import NoWorker, WorkerConfig, WorkerPool, WorkerStopped, parse_size
 
+PIN_MARGIN_SECONDS = 60.0
+
 
 @dataclass
 class Plan:
@@ -49,6 +51,7 @@ class Plan:
     params: dict[str, Any]
     pins: dict[str, catalog.Pin]
     pinned_at: float = field(default_factory=time.time)
+    query_id: UUID | None = None  # its lease on the pinned files (query_pins), ended by execute
 
     @property
     def versions(self) -> dict[str, str]:
@@ -151,11 +154,29 @@ class QueryService:
             kill_grace=settings.query_kill_grace_seconds,
         )
 
+    def _lease_seconds(self) -> float:
+        """How long a pin may live: waiting for a worker and running are each bounded by the
+        timeout, then the kill grace; the margin covers listing the pinned files."""
+        s = self.settings
+        return 2 * s.query_timeout_seconds + s.query_kill_grace_seconds + PIN_MARGIN_SECONDS
+
     def plan(self, actor: Actor, sql: str, params: dict[str, Any] | None = None) -> Plan:
+        """Pins under a lease taken first; `execute` (or `export`) ends it, else it expires."""
         names = guard.dataset_names(sql)
-        pins = catalog.pin(self.pool, self.store, actor, names)
-        check_pins(pins, self.s3)
-        return Plan(actor, sql, params or {}, pins)
+        query_id = uuid.uuid4()
+        catalog.lease(self.pool, query_id, self._lease_seconds())
+        try:
+            pins = catalog.pin(self.pool, self.store, actor, names)
+            check_pins(pins, self.s3)
+        except BaseException:
+            catalog.release(self.pool, query_id)
+            raise
+        return Plan(actor, sql, params or {}, pins, query_id=query_id)
+
+    def release(self, plan: Plan) -> None:
+        """The query is done with its pinned files (the collector may delete them once retired)."""
+        if plan.query_id is not None:
+            catalog.release(self.pool, plan.query_id)
 
     def _limits(
         self, *, export: bool, max_rows: int | None, timeout_seconds: float | None
@@ -227,13 +248,16 @@ class QueryService:
         for_export: bool = False,
     ) -> Result:
         """Runs the plan out of process and decodes the (capped) Arrow answer."""
-        _, payload, elapsed = self._run(
-            plan,
-            fmt="arrow",
-            export=for_export,
-            max_rows=max_rows,
-            timeout_seconds=timeout_seconds,
-        )
+        try:
+            _, payload, elapsed = self._run(
+                plan,
+                fmt="arrow",
+                export=for_export,
+                max_rows=max_rows,
+                timeout_seconds=timeout_seconds,
+            )
+        finally:
+            self.release(plan)
         table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
         return Result(table, plan, elapsed)
 
@@ -250,9 +274,12 @@ class QueryService:
         if fmt not in ("parquet", "csv"):
             raise Invalid(f"an export is parquet or csv (got '{fmt}')")
         plan = self.plan(actor, sql, params)
-        header, payload, elapsed = self._run(
-            plan, fmt=fmt, export=True, max_rows=None, timeout_seconds=None
-        )
+        try:
+            header, payload, elapsed = self._run(
+                plan, fmt=fmt, export=True, max_rows=None, timeout_seconds=None
+            )
+        finally:
+            self.release(plan)
         key = f"org/{actor.org_id}/exports/{time.strftime('%Y%m%d')}/{uuid.uuid4()}.{fmt}"
         self.store.put(key, bytes(payload))
         return {

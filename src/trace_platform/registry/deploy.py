@@ -1,7 +1,10 @@
 """Deploy: one transaction that stores an immutable dag_version, registers every job output as
-a dataset, publishes names, cuts new dataset versions for changed jobs (and everything
-downstream of them), wires subscriptions and pool slots, and activates the version. Any problem
-rolls all of it back: nothing is ever half-deployed."""
+a dataset, maps every output to the dataset version this DAG version writes, wires
+subscriptions and pool slots, and then either goes live at once (nothing it changes alters
+what a job produces) or starts a rebuild: new 'building' dataset versions for the changed jobs
+and everything downstream of them, and replays of the history they need, while the live
+version keeps serving (`rollout.py` cuts over when the rebuild is complete). Any problem rolls
+all of it back: nothing is ever half-deployed."""
 
 from __future__ import annotations
 
@@ -17,11 +20,15 @@ from psycopg.types.json import Jsonb
 from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
 from trace_platform.dag.validate import DagInvalid, DagProblem
 from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.intents import Intents
+from trace_platform.errors import Conflict
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
+from trace_platform.registry import rollout
 
 _Q = Queries("registry")
 _S = Queries("secrets")
+_O = Queries("rollout")
 
 
 def dataset_location(org_id: UUID, dataset_uuid: UUID, backend: str) -> str:
@@ -37,6 +44,17 @@ def version_location(org_id: UUID, dataset_uuid: UUID, version: UUID, backend: s
 
 
 @dataclass
+class JobChange:
+    """How one job differs from the live version: added, removed or modified, and whether the
+    change alters what it produces (then it and its downstream are rebuilt)."""
+
+    job: str
+    change: str  # 'added' | 'removed' | 'modified'
+    affects_materialization: bool
+    fields: list[str] = field(default_factory=list)
+
+
+@dataclass
 class DeployResult:
     dag_id: UUID
     name: str
@@ -44,6 +62,12 @@ class DeployResult:
     created: bool
     rebuilt_jobs: list[str] = field(default_factory=list)
     datasets: dict[str, UUID] = field(default_factory=dict)  # published name -> uuid
+    changes: list[JobChange] = field(default_factory=list)
+    live: bool = True  # False: building; the active version serves until cutover
+    manual_cutover: bool = False
+    active_version: int | None = None  # the version serving after this deploy
+    abandoned: int | None = None  # a rebuild in flight this deploy superseded
+    replays: dict[str, rollout.Replay] = field(default_factory=dict)
 
 
 def _downstream(spec: DagSpec, changed: set[str]) -> set[str]:
@@ -67,38 +91,84 @@ class _Deploy:
     what, and what the steps before have decided."""
 
     conn: Connection[Any]
-    actor: Actor
+    actor: Actor | None  # None: a change not made by a user (an automatic cutover)
     spec: DagSpec
     source_yaml: str
     source: str
-    dag_id: UUID
+    dag: dict[str, Any]
     created: bool
     previous: dict[str, Any]  # the active version's jobs, as stored ({} on a first deploy)
     version: int = 0
     rebuild: set[str] = field(default_factory=set)
+    changes: list[JobChange] = field(default_factory=list)
+    abandoned: int | None = None
+
+    @property
+    def deployer(self) -> Actor:
+        assert self.actor is not None, "only a deploy has a deployer"
+        return self.actor
+
+    @property
+    def org_id(self) -> UUID:
+        org_id: UUID = self.dag["org_id"]
+        return org_id
+
+    @property
+    def dag_id(self) -> UUID:
+        dag_id: UUID = self.dag["dag_id"]
+        return dag_id
+
+    @property
+    def building(self) -> bool:
+        """A change to what existing jobs produce: built beside the live version."""
+        return bool(self.previous) and bool(self.rebuild)
+
     outputs: dict[tuple[str, int], UUID] = field(default_factory=dict)  # (job, idx) -> dataset
     published: dict[str, UUID] = field(default_factory=dict)
     problems: list[DagProblem] = field(default_factory=list)
 
 
 def deploy(
-    conn: Connection[Any], actor: Actor, spec: DagSpec, source_yaml: str, source: str
+    conn: Connection[Any],
+    actor: Actor,
+    spec: DagSpec,
+    source_yaml: str,
+    source: str,
+    *,
+    intents: Intents,
+    manual_cutover: bool = False,
 ) -> DeployResult:
     """Run inside the caller's transaction; raises DagInvalid/Forbidden to roll it all back.
     `spec` is what `parse(source_yaml)` returned: every file-local check (the size caps
     included) has passed before a transaction is opened."""
     d = _lock_dag(conn, actor, spec, source_yaml, source)
+    _supersede_rebuild(d)
     _store_version(d)
-    _reset_rebuilt_jobs(d)
-    _assign_datasets(d)
+    _plan_rebuild(d)
+    _assign_datasets(d, shape=not d.building)
     _cut_versions(d)
-    _publish_names(d)
+    _publish_names(d, apply=not d.building)
     _wire_subscriptions(d)
-    _pool_slots(d)
+    _pool_slots(d, retire=not d.building)
     _check_secrets(d)
     _init_cron(d)
-    _activate(d)
-    return DeployResult(d.dag_id, spec.name, d.version, d.created, sorted(d.rebuild), d.published)
+    if d.problems:  # every step has run: all problems are reported at once
+        raise DagInvalid(d.source, d.problems)
+    replays = _go_live(d) if not d.building else _start_rebuild(d, intents, manual_cutover)
+    return DeployResult(
+        d.dag_id,
+        spec.name,
+        d.version,
+        d.created,
+        sorted(d.rebuild) if d.previous else [],
+        d.published,
+        changes=d.changes,
+        live=not d.building,
+        manual_cutover=manual_cutover and d.building,
+        active_version=d.version if not d.building else d.dag["active_version"],
+        abandoned=d.abandoned,
+        replays=replays,
+    )
 
 
 def _lock_dag(
@@ -123,14 +193,20 @@ def _lock_dag(
         raise Forbidden(
             f"'{actor.name}' may not deploy DAG '{spec.name}' (not its owner, an admin, or in its deploy roles)"
         )
-    dag_id: UUID = dag["dag_id"]
+    dag = rollout.lock(conn, dag["dag_id"])
     previous: dict[str, Any] = {}
     if dag["active_version"] is not None:
         prev = conn.execute(
-            _Q.dag_version, {"dag_id": dag_id, "version": dag["active_version"]}
+            _Q.dag_version, {"dag_id": dag["dag_id"], "version": dag["active_version"]}
         ).fetchone()
         previous = prev["spec"]["jobs"] if prev else {}
-    return _Deploy(conn, actor, spec, source_yaml, source, dag_id, created, previous)
+    return _Deploy(conn, actor, spec, source_yaml, source, dag, created, previous)
+
+
+def _supersede_rebuild(d: _Deploy) -> None:
+    """A rebuild still in flight is abandoned: this deploy is compared with the live version,
+    and replays whatever that rebuild would have."""
+    d.abandoned = rollout.abandon(d.conn, d.dag, "superseded by a newer deploy")
 
 
 def _store_version(d: _Deploy) -> None:
@@ -144,37 +220,42 @@ def _store_version(d: _Deploy) -> None:
             "spec": Jsonb(d.spec.model_dump(mode="json", by_alias=True)),
             "source_yaml": d.source_yaml,
             "checksum": hashlib.sha256(d.source_yaml.encode()).hexdigest(),
-            "deployed_by": d.actor.user_id,
+            "deployed_by": d.deployer.user_id,
         },
     )
 
 
-def _reset_rebuilt_jobs(d: _Deploy) -> None:
-    """Which jobs produce different data now: edited ones and all their downstream."""
-    changed = {
-        name
-        for name, job in d.spec.jobs.items()
-        if name not in d.previous or _materialization(d.previous[name]) != job.materialization()
-    }
+def _plan_rebuild(d: _Deploy) -> None:
+    """How each job differs from the live version, and which jobs produce different data now:
+    the ones whose materialization changed (or that are new) and all their downstream."""
+    for name, job in d.spec.jobs.items():
+        if name not in d.previous:
+            d.changes.append(JobChange(name, "added", True))
+            continue
+        before = JobSpec.model_validate(d.previous[name])
+        fields = [f for f in JobSpec.model_fields if getattr(before, f) != getattr(job, f)]
+        if fields:
+            affects = before.materialization() != job.materialization()
+            d.changes.append(JobChange(name, "modified", affects, fields))
+    for name in sorted(d.previous.keys() - d.spec.jobs.keys()):
+        d.changes.append(JobChange(name, "removed", False))
+    changed = {c.job for c in d.changes if c.affects_materialization}
     d.rebuild = _downstream(d.spec, changed)
-    if d.previous and d.rebuild:
-        # Rebuilt jobs start over on their new, empty versions: state such as an aggregator's
-        # coverage or a tip follower's cursor described the old ones.
-        d.conn.execute(_Q.reset_operator_state, {"dag_id": d.dag_id, "jobs": sorted(d.rebuild)})
 
 
-def _assign_datasets(d: _Deploy) -> None:
-    """Every output is a dataset with a stable identity, kept across versions of the DAG."""
+def _assign_datasets(d: _Deploy, *, shape: bool = True) -> None:
+    """Every output is a dataset with a stable identity, kept across versions of the DAG. Its
+    shape (backend, update strategy) changes only when a version that has it goes live."""
     for name, job in d.spec.jobs.items():
         for idx, out in enumerate(job.outputs):
             row = d.conn.execute(
                 _Q.dataset_by_producer, {"dag_id": d.dag_id, "job": name, "idx": idx}
             ).fetchone()
             ds_uuid: UUID = row["dataset_uuid"] if row else uuid.uuid4()
-            shape = {
+            fields = {
                 "dataset_uuid": ds_uuid,
                 "backend": out.backend,
-                "location": dataset_location(d.actor.org_id, ds_uuid, out.backend),
+                "location": dataset_location(d.org_id, ds_uuid, out.backend),
                 "update_strategy": out.update_strategy,
                 "unique_key": out.unique_key,
             }
@@ -182,46 +263,74 @@ def _assign_datasets(d: _Deploy) -> None:
                 d.conn.execute(
                     _Q.insert_dataset,
                     {
-                        **shape,
-                        "org_id": d.actor.org_id,
+                        **fields,
+                        "org_id": d.org_id,
                         "dag_id": d.dag_id,
                         "job": name,
                         "idx": idx,
                     },
                 )
-            else:
-                d.conn.execute(_Q.update_dataset_shape, shape)
+            elif shape:
+                d.conn.execute(_Q.update_dataset_shape, fields)
             d.outputs[(name, idx)] = ds_uuid
 
 
 def _cut_versions(d: _Deploy) -> None:
-    """A rebuilt job's outputs (and any without one yet) get a new, empty current version."""
+    """The version's map: a rebuilt job's outputs (and any without a version yet) get a new,
+    empty dataset version ('building' while the live version serves); the others keep writing
+    the live version's. Each job records the version that cut its outputs (its lineage)."""
+    live = d.dag["active_version"]
+    live_map = rollout.version_map(d.conn, d.dag_id, live) if live is not None else {}
+    live_lineage = rollout.lineage(d.conn, d.dag_id, live) if live is not None else {}
     for name, job in d.spec.jobs.items():
+        cut = name in d.rebuild or not d.previous
         for idx, out in enumerate(job.outputs):
             ds_uuid = d.outputs[(name, idx)]
-            has_current = d.conn.execute(_Q.current_version, {"dataset_uuid": ds_uuid}).fetchone()
-            if name in d.rebuild or not has_current:
+            ver = live_map.get(ds_uuid)
+            if cut or ver is None:
+                cut = True
                 ver = uuid.uuid4()
                 d.conn.execute(
-                    _Q.insert_dataset_version,
+                    _O.insert_dataset_version,
                     {
                         "dataset_version": ver,
                         "dataset_uuid": ds_uuid,
                         "dag_id": d.dag_id,
                         "dag_version": d.version,
-                        "location": version_location(d.actor.org_id, ds_uuid, ver, out.backend),
+                        "location": version_location(d.org_id, ds_uuid, ver, out.backend),
+                        "state": "building" if d.building else "complete",
                     },
                 )
-                d.conn.execute(_Q.swap_current, {"dataset_uuid": ds_uuid, "dataset_version": ver})
+            d.conn.execute(
+                _O.insert_version_output,
+                {
+                    "dag_id": d.dag_id,
+                    "version": d.version,
+                    "job": name,
+                    "dataset_uuid": ds_uuid,
+                    "dataset_version": ver,
+                },
+            )
+        d.conn.execute(
+            _O.insert_version_job,
+            {
+                "dag_id": d.dag_id,
+                "version": d.version,
+                "job": name,
+                "since_version": d.version if cut else live_lineage.get(name, 0),
+            },
+        )
 
 
-def _publish_names(d: _Deploy) -> None:
-    """Publishing is metadata only: names move, data does not."""
-    d.conn.execute(_Q.unpublish_dag, {"dag_id": d.dag_id})
+def _publish_names(d: _Deploy, *, apply: bool = True) -> None:
+    """Publishing is metadata only: names move, data does not. A building version's names
+    are checked now and move at its cutover."""
+    if apply:
+        d.conn.execute(_Q.unpublish_dag, {"dag_id": d.dag_id})
     for i, pub in enumerate(d.spec.publish):
         ds_uuid = d.outputs[(pub.job, pub.output_index)]
         owner = d.conn.execute(
-            _Q.dataset_by_name, {"org_id": d.actor.org_id, "name": pub.dataset}
+            _Q.dataset_by_name, {"org_id": d.org_id, "name": pub.dataset}
         ).fetchone()
         if owner is not None and owner["producer_dag_id"] != d.dag_id:
             other = d.conn.execute(_Q.dag_by_id, {"dag_id": owner["producer_dag_id"]}).fetchone()
@@ -233,9 +342,10 @@ def _publish_names(d: _Deploy) -> None:
                 )
             )
             continue
-        d.conn.execute(_Q.publish, {"dataset_uuid": ds_uuid, "name": pub.dataset})
+        if apply:
+            d.conn.execute(_Q.publish, {"dataset_uuid": ds_uuid, "name": pub.dataset})
         d.published[pub.dataset] = ds_uuid
-    for pub in d.spec.publish:
+    for pub in d.spec.publish if apply else []:
         if pub.hot_window is not None and {pub.dataset, pub.hot_window.of} <= d.published.keys():
             d.conn.execute(
                 _Q.set_hot_window,
@@ -274,7 +384,7 @@ def _wire_subscriptions(d: _Deploy) -> None:
 def _shared_dataset(d: _Deploy, job: str, i: int, inp: SharedRead) -> UUID | None:
     """Another DAG's published dataset, if it exists (else a problem) and the actor may read it."""
     ds = d.conn.execute(
-        _Q.dataset_by_name, {"org_id": d.actor.org_id, "name": inp.from_.dataset}
+        _Q.dataset_by_name, {"org_id": d.org_id, "name": inp.from_.dataset}
     ).fetchone()
     if ds is None:
         d.problems.append(
@@ -285,17 +395,18 @@ def _shared_dataset(d: _Deploy, job: str, i: int, inp: SharedRead) -> UUID | Non
         )
         return None
     producer = d.conn.execute(_Q.dag_by_id, {"dag_id": ds["producer_dag_id"]}).fetchone()
-    if not can_read(d.actor, ds, producer):
+    if not can_read(d.deployer, ds, producer):
         raise Forbidden(
-            f"{d.source}: jobs.{job}.inputs[{i}]: '{d.actor.name}' may not read dataset "
+            f"{d.source}: jobs.{job}.inputs[{i}]: '{d.deployer.name}' may not read dataset "
             f"'{inp.from_.dataset}' (not in its read_roles)"
         )
     ds_uuid: UUID = ds["dataset_uuid"]
     return ds_uuid
 
 
-def _pool_slots(d: _Deploy) -> None:
-    """Worker pool slots as the spec lists them; slots it no longer lists are retired."""
+def _pool_slots(d: _Deploy, *, retire: bool = True) -> None:
+    """Worker pool slots as the spec lists them; slots it no longer lists are retired (when
+    the version goes live: the live version may still need them while another builds)."""
     pools: list[str] = []
     idxs: list[int] = []
     for pool, slots in d.spec.worker_pools.items():
@@ -312,7 +423,8 @@ def _pool_slots(d: _Deploy) -> None:
             )
             pools.append(pool)
             idxs.append(i)
-    d.conn.execute(_Q.retire_slots, {"dag_id": d.dag_id, "pools": pools, "idx": idxs})
+    if retire:
+        d.conn.execute(_Q.retire_slots, {"dag_id": d.dag_id, "pools": pools, "idx": idxs})
 
 
 def _check_secrets(d: _Deploy) -> None:
@@ -322,7 +434,7 @@ def _check_secrets(d: _Deploy) -> None:
         s for slots in d.spec.worker_pools.values() for slot in slots for s in slot.secrets.values()
     }
     for row in d.conn.execute(
-        _S.secrets_named, {"org_id": d.actor.org_id, "names": sorted(wanted)}
+        _S.secrets_named, {"org_id": d.org_id, "names": sorted(wanted)}
     ).fetchall():
         if row["org_id"] is None:
             d.problems.append(
@@ -331,9 +443,9 @@ def _check_secrets(d: _Deploy) -> None:
                     f"secret '{row['name']}' is not set (trace secrets set {row['name']})",
                 )
             )
-        elif not can_use_secret(d.actor, row):
+        elif not can_use_secret(d.deployer, row):
             raise Forbidden(
-                f"{d.source}: worker_pools: '{d.actor.name}' may not use secret '{row['name']}' "
+                f"{d.source}: worker_pools: '{d.deployer.name}' may not use secret '{row['name']}' "
                 "(not its owner, an admin, or in its use_roles)"
             )
 
@@ -343,11 +455,50 @@ def _init_cron(d: _Deploy) -> None:
         d.conn.execute(_Q.init_cron, {"dag_id": d.dag_id, "trigger": cron.name})
 
 
-def _activate(d: _Deploy) -> None:
-    """The last step: any problem found on the way raises here, so nothing above stays."""
+def _go_live(d: _Deploy) -> dict[str, rollout.Replay]:
+    """Nothing this version changes alters what a job produces (or it is the first): it is
+    live at once, and the outputs it cut (new jobs, first deploy) are current."""
+    key = {"dag_id": d.dag_id, "version": d.version}
+    d.conn.execute(_O.point_current, key)
+    d.conn.execute(_O.make_active, key)
+    if d.dag["active_version"] is not None:
+        d.conn.execute(
+            _O.set_version_state,
+            {"dag_id": d.dag_id, "version": d.dag["active_version"], "state": "retired"},
+        )
+    d.conn.execute(_O.set_version_state, {**key, "state": "active"})
+    return {}
+
+
+def _start_rebuild(d: _Deploy, intents: Intents, manual: bool) -> dict[str, rollout.Replay]:
+    """The version builds beside the live one: its rebuilt jobs replay the history they need
+    (and their downstream follows as the rebuild runs); it goes live at cutover."""
+    key = {"dag_id": d.dag_id, "version": d.version}
+    d.conn.execute(_O.set_building, key)
+    d.conn.execute(_O.set_version_state, {**key, "state": "building"})
+    d.conn.execute(_O.set_manual_cutover, {**key, "manual": manual})
+    return rollout.replay(
+        d.conn,
+        intents,
+        dag=d.dag,
+        version=d.version,
+        spec=d.spec,
+        jobs=d.rebuild,
+        kind="deploy",
+        fired_by=d.deployer.user_id,
+    )
+
+
+def apply_live_spec(conn: Connection[Any], dag: dict[str, Any], spec: DagSpec) -> None:
+    """What goes live with a version at its cutover or rollback: dataset shapes, published
+    names and hot windows, retired pool slots. Checked at deploy; a conflict arisen since
+    (another DAG took a name) refuses the change."""
+    d = _Deploy(conn, None, spec, "", f"DAG '{dag['name']}'", dag, False, {})
+    _assign_datasets(d)
+    _publish_names(d)
+    _pool_slots(d)
     if d.problems:
-        raise DagInvalid(d.source, d.problems)
-    d.conn.execute(_Q.activate, {"dag_id": d.dag_id, "version": d.version})
+        raise Conflict("publish_conflict", "; ".join(f"{p.path}: {p.message}" for p in d.problems))
 
 
 def _materialization(stored: dict[str, Any]) -> dict[str, Any]:

@@ -114,8 +114,8 @@ def _tick_one(dispatcher: Dispatcher, c: dict[str, Any], now: datetime) -> bool:
             config=config,
             fired_by=None,
         )
-        for s in specs:
-            dispatcher.create_task(s, conn)
+        for s, status in specs:
+            dispatcher.create_task(s, conn, status)
         conn.execute(
             _T.cron_advance, {"dag_id": c["dag_id"], "trigger": c["trigger"], "fire_at": latest}
         )

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header
 
 from trace_platform.api.auth import ActorDependency
-from trace_platform.api.bodies import DeployBody, TriggerBody
+from trace_platform.api.bodies import DeployBody, RollbackBody, TriggerBody
 from trace_platform.api.routes import trace_router
+from trace_platform.control.changes import plan_json
 from trace_platform.identity import Actor
 from trace_platform.services import Services
 
@@ -19,16 +20,22 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
     r = trace_router()
 
     @r.post("/v1/dags", status_code=201)
-    def deploy_dag(body: DeployBody, user: Actor = Depends(actor)) -> dict[str, Any]:
-        res = cp.deploy(user, body.yaml, body.source or "<request>")
-        return {
-            "dag_id": res.dag_id,
-            "name": res.name,
-            "version": res.version,
-            "created": res.created,
-            "rebuilt_jobs": res.rebuilt_jobs,
-            "datasets": res.datasets,
-        }
+    def deploy_dag(
+        body: DeployBody,
+        user: Actor = Depends(actor),
+        dry_run: bool = False,
+        manual_cutover: bool = False,
+    ) -> dict[str, Any]:
+        """Deploy; with `dry_run` nothing changes and the answer is the diff (changed jobs,
+        whether each alters its data, the rebuilt subgraph and the history it replays)."""
+        res = cp.deploy(
+            user,
+            body.yaml,
+            body.source or "<request>",
+            dry_run=dry_run,
+            manual_cutover=manual_cutover,
+        )
+        return {**plan_json(res), "dry_run": dry_run}
 
     @r.get("/v1/dags")
     def list_dags(user: Actor = Depends(actor)) -> list[dict[str, Any]]:
@@ -39,6 +46,28 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
         name: str, user: Actor = Depends(actor), version: int | None = None
     ) -> dict[str, Any]:
         return cp.show_dag(user, name, version)
+
+    @r.get("/v1/dags/{name}/status")
+    def dag_status(name: str, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.changes.status(user, name)
+
+    @r.post("/v1/dags/{name}/cutover")
+    def dag_cutover(name: str, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.changes.cutover(user, name)
+
+    @r.post("/v1/dags/{name}/rollback")
+    def dag_rollback(
+        name: str, user: Actor = Depends(actor), body: RollbackBody | None = None
+    ) -> dict[str, Any]:
+        return cp.changes.rollback(user, name, body.to if body else None)
+
+    @r.post("/v1/dags/{name}/pause")
+    def dag_pause(name: str, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.changes.set_paused(user, name, True)
+
+    @r.post("/v1/dags/{name}/resume")
+    def dag_resume(name: str, user: Actor = Depends(actor)) -> dict[str, Any]:
+        return cp.changes.set_paused(user, name, False)
 
     @r.post("/v1/dags/{name}/trigger", status_code=201)
     def trigger_dag(

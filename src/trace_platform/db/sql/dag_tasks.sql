@@ -4,30 +4,82 @@
 SELECT spec FROM dag_versions WHERE dag_id = %(dag_id)s AND version = %(version)s;
 
 -- name: job_outputs
+-- What the job writes in this DAG version: each output's dataset version from the version's map.
 SELECT ds.dataset_uuid, ds.producer_output_index AS output_index, ds.backend, ds.dataset_name,
-       c.dataset_version, v.location
-FROM datasets ds
-LEFT JOIN dataset_current c ON c.dataset_uuid = ds.dataset_uuid
-LEFT JOIN dataset_versions v ON v.dataset_version = c.dataset_version
-WHERE ds.producer_dag_id = %(dag_id)s AND ds.producer_job = %(job)s
+       o.dataset_version, v.location
+FROM dag_version_outputs o
+JOIN datasets ds ON ds.dataset_uuid = o.dataset_uuid
+JOIN dataset_versions v ON v.dataset_version = o.dataset_version
+WHERE o.dag_id = %(dag_id)s AND o.dag_version = %(version)s AND o.job = %(job)s
 ORDER BY ds.producer_output_index;
 
 -- name: job_inputs
--- Each input pinned to the version current now, for the whole life of the task.
-SELECT s.input_index, ds.dataset_uuid, ds.dataset_name, ds.backend, c.dataset_version, v.location
+-- Each input pinned for the whole life of the task: a dataset of the same DAG at the version
+-- this DAG version writes (a rebuild reads what it rebuilds), another DAG's at its current one.
+SELECT s.input_index, ds.dataset_uuid, ds.dataset_name, ds.backend,
+       coalesce(o.dataset_version, c.dataset_version) AS dataset_version, v.location
 FROM dag_subscriptions s
 JOIN datasets ds ON ds.dataset_uuid = s.dataset_uuid
+LEFT JOIN dag_version_outputs o
+  ON o.dag_id = s.dag_id AND o.dag_version = s.dag_version AND o.dataset_uuid = s.dataset_uuid
 LEFT JOIN dataset_current c ON c.dataset_uuid = ds.dataset_uuid
-LEFT JOIN dataset_versions v ON v.dataset_version = c.dataset_version
+LEFT JOIN dataset_versions v ON v.dataset_version = coalesce(o.dataset_version, c.dataset_version)
 WHERE s.dag_id = %(dag_id)s AND s.dag_version = %(version)s AND s.job = %(job)s
 ORDER BY s.input_index;
 
+-- name: lock_dags_shared
+-- Fan-out holds the subscribing DAGs' locks shared, so a deploy, cutover or rollback (which
+-- takes them exclusive) sees each event either wholly before it or wholly after.
+SELECT pg_advisory_xact_lock_shared(hashtextextended('trace-dag:' || dag_id::text, 0))
+FROM (SELECT DISTINCT dag_id FROM dag_subscriptions
+      WHERE dataset_uuid = %(dataset_uuid)s ORDER BY dag_id) AS s;
+
+-- name: lock_dag_shared
+SELECT pg_advisory_xact_lock_shared(hashtextextended('trace-dag:' || %(dag_id)s::text, 0));
+
 -- name: subscribers
-SELECT DISTINCT s.dag_id, s.dag_version, s.job
+-- Who gets a task for an event on a dataset, written to dataset version `written`:
+-- * in the producer's own DAG, each live version (active, building) whose map has exactly that
+--   version, so a rebuild's output feeds only the rebuild and a late task of a retired version
+--   feeds nobody unless what it wrote is still live;
+-- * in other DAGs, the live versions, when `written` is the dataset's current version.
+-- A building version gets tasks only for the jobs it rebuilds; they are 'buffered' (held until
+-- cutover) unless the event comes from the rebuild itself.
+SELECT s.dag_id, s.dag_version, s.job,
+       CASE WHEN s.dag_version = d.building_version
+                 AND NOT (s.dag_id = %(producer_dag)s AND s.dag_version = %(producer_version)s)
+            THEN 'buffered' ELSE 'queued' END AS status
 FROM dag_subscriptions s
-JOIN dags d ON d.dag_id = s.dag_id AND d.active_version = s.dag_version AND NOT d.paused
+JOIN dags d ON d.dag_id = s.dag_id
 WHERE s.dataset_uuid = %(dataset_uuid)s AND d.org_id = %(org_id)s AND s.triggers
-ORDER BY s.dag_id, s.job;
+  AND (s.dag_version = d.active_version OR s.dag_version = d.building_version)
+  AND CASE WHEN s.dag_id = %(producer_dag)s
+           THEN EXISTS (SELECT 1 FROM dag_version_outputs o
+                        WHERE o.dag_id = s.dag_id AND o.dag_version = s.dag_version
+                          AND o.dataset_uuid = s.dataset_uuid
+                          AND o.dataset_version = %(written)s)
+           ELSE EXISTS (SELECT 1 FROM dataset_current c
+                        WHERE c.dataset_uuid = s.dataset_uuid
+                          AND c.dataset_version = %(written)s)
+      END
+  AND (d.building_version IS NULL OR s.dag_version <> d.building_version
+       OR EXISTS (SELECT 1 FROM dag_version_jobs j
+                  WHERE j.dag_id = s.dag_id AND j.dag_version = s.dag_version AND j.job = s.job
+                    AND j.since_version = s.dag_version))
+ORDER BY s.dag_id, s.dag_version, s.job;
+
+-- name: source_jobs
+-- The live versions of a DAG a trigger starts: the active one, and a building one for the
+-- source jobs it rebuilds (held until cutover).
+SELECT v.version, j.job, CASE WHEN v.version = d.building_version THEN 'buffered' ELSE 'queued' END AS status
+FROM dags d
+JOIN dag_versions v ON v.dag_id = d.dag_id
+  AND (v.version = d.active_version OR v.version = d.building_version)
+JOIN dag_version_jobs j ON j.dag_id = d.dag_id AND j.dag_version = v.version
+WHERE d.dag_id = %(dag_id)s
+  AND (v.version = d.active_version OR j.since_version = v.version)
+  AND jsonb_array_length(coalesce(v.spec -> 'jobs' -> j.job -> 'inputs', '[]'::jsonb)) = 0
+ORDER BY v.version, j.job;
 
 -- name: insert_fire
 INSERT INTO trigger_fires (run_id, dag_id, dag_version, trigger, kind, fire_key, config, fired_by)

@@ -130,14 +130,17 @@ LIMIT %(limit)s;
 
 -- name: stranded_queued
 -- Claimable tasks nobody touched for a long time: their wake-up may have been dead-lettered.
-SELECT task_id, start_day
-FROM task_status
-WHERE status = 'queued'
-  AND NOT cancel_requested
-  AND next_attempt_at <= now()
-  AND updated_at < now() - make_interval(secs => %(after)s)
+-- (A paused DAG's tasks are not claimable; resume wakes them.)
+SELECT s.task_id, s.start_day
+FROM task_status s
+WHERE s.status = 'queued'
+  AND NOT s.cancel_requested
+  AND s.next_attempt_at <= now()
+  AND s.updated_at < now() - make_interval(secs => %(after)s)
+  AND NOT EXISTS (SELECT 1 FROM task_registry r JOIN dags d ON d.dag_id = r.dag_id
+                  WHERE r.task_id = s.task_id AND r.start_day = s.start_day AND d.paused)
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF s SKIP LOCKED;
 
 -- name: touch
 UPDATE task_status SET updated_at = now() WHERE task_id = ANY(%(ids)s);
@@ -248,6 +251,8 @@ WITH c AS (
     AND s.status = 'queued'
     AND s.next_attempt_at <= now()
     AND NOT s.cancel_requested
+    -- a paused DAG's tasks wait (resume wakes them)
+    AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
   RETURNING s.task_id, s.start_day, s.attempt, s.lease_token, s.lease_until
 ), a AS (
   INSERT INTO task_attempts (task_id, start_day, attempt, lease_token, worker_id)
@@ -283,8 +288,13 @@ WITH st AS (
 SELECT task_id FROM upd;
 
 -- name: operator_state
+-- A job's state belongs to its lineage (the DAG version whose deploy cut its outputs): a
+-- rebuild starts from none while the live version keeps its own.
 SELECT state, revision FROM operator_state
-WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s;
+WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s
+  AND lineage = coalesce((SELECT since_version FROM dag_version_jobs
+                          WHERE dag_id = %(dag_id)s AND dag_version = %(dag_version)s
+                            AND job = %(job)s), 0);
 
 -- name: lock_operator_state
 -- Serializes state saves of one job: a row lock cannot cover the first save, when there is no
@@ -292,9 +302,13 @@ WHERE org_id = %(org_id)s AND dag_id = %(dag_id)s AND job = %(job)s;
 SELECT pg_advisory_xact_lock(hashtextextended(%(org_id)s::text || %(dag_id)s::text || %(job)s, 0));
 
 -- name: save_operator_state
-INSERT INTO operator_state (org_id, dag_id, job, state, updated_by_task)
-VALUES (%(org_id)s, %(dag_id)s, %(job)s, %(state)s, %(task_id)s)
-ON CONFLICT (org_id, dag_id, job)
+INSERT INTO operator_state (org_id, dag_id, job, lineage, state, updated_by_task)
+VALUES (%(org_id)s, %(dag_id)s, %(job)s,
+        coalesce((SELECT since_version FROM dag_version_jobs
+                  WHERE dag_id = %(dag_id)s AND dag_version = %(dag_version)s
+                    AND job = %(job)s), 0),
+        %(state)s, %(task_id)s)
+ON CONFLICT (org_id, dag_id, job, lineage)
 DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task, updated_at = now(),
               revision = operator_state.revision + 1;
 
@@ -302,3 +316,7 @@ DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task
 -- Attempts lost to a concurrent state save: they do not count against max_attempts.
 SELECT count(*) AS n FROM task_attempts
 WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND outcome = 'state_conflict';
+
+-- name: task_dag_paused
+SELECT d.name, d.paused FROM task_registry r JOIN dags d ON d.dag_id = r.dag_id
+WHERE r.task_id = %(task_id)s;

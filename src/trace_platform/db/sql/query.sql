@@ -25,3 +25,11 @@ SELECT ds.dataset_name, ds.read_roles, ds.org_id, d.owner_user_id, d.deploy_role
 FROM datasets ds JOIN dags d ON d.dag_id = ds.producer_dag_id
 WHERE ds.org_id = %(org_id)s AND ds.dataset_name IS NOT NULL
 ORDER BY ds.dataset_name;
+
+-- name: insert_pin
+-- A query's lease on what it pins (see migration 0013): committed before it reads any commit.
+INSERT INTO query_pins (query_id, expires_at)
+VALUES (%(query_id)s, now() + make_interval(secs => %(ttl)s));
+
+-- name: delete_pin
+DELETE FROM query_pins WHERE query_id = %(query_id)s;

@@ -1,0 +1,184 @@
+"""Changing a running DAG, as its deployers see it: deploy (or only diff), follow a rebuild,
+cut over, roll back, pause and resume. The mechanics are in `registry/rollout.py`; this is who
+may do what, and the shape of the answers."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from trace_platform.dag.schema import DagSpec
+from trace_platform.dag.validate import parse
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.core import Dispatcher
+from trace_platform.errors import Conflict, NotFound
+from trace_platform.identity import Actor, can_deploy
+from trace_platform.registry import rollout
+from trace_platform.registry.deploy import DeployResult, apply_live_spec, deploy
+
+_R = Queries("registry")
+_O = Queries("rollout")
+
+log = logging.getLogger("trace.changes")
+
+
+def spec_of(conn: Connection[Any], dag_id: UUID, version: int) -> DagSpec:
+    row = conn.execute(_R.dag_version, {"dag_id": dag_id, "version": version}).fetchone()
+    if row is None:
+        raise NotFound(f"DAG has no version {version}")
+    return DagSpec.model_validate(row["spec"])
+
+
+def plan_json(res: DeployResult) -> dict[str, Any]:
+    """A deploy's answer: what changed, what rebuilds, what it replays, what serves now."""
+    return {
+        "dag_id": res.dag_id,
+        "name": res.name,
+        "version": res.version,
+        "created": res.created,
+        "live": res.live,
+        "active_version": res.active_version,
+        "manual_cutover": res.manual_cutover,
+        "abandoned_version": res.abandoned,
+        "changes": [asdict(c) for c in res.changes],
+        "rebuilt_jobs": res.rebuilt_jobs,
+        "replays": {
+            j: {"tasks": r.tasks, "scopes": r.scopes} for j, r in sorted(res.replays.items())
+        },
+        "datasets": res.datasets,
+    }
+
+
+class DagChanges:
+    def __init__(self, pool: ConnectionPool, dispatcher: Dispatcher) -> None:
+        self.pool = pool
+        self.intents = dispatcher.intents
+
+    def deploy(
+        self,
+        actor: Actor,
+        source_yaml: str,
+        source: str = "<request>",
+        *,
+        dry_run: bool = False,
+        manual_cutover: bool = False,
+    ) -> DeployResult:
+        """Deploy, or with `dry_run` the same deploy rolled back: its answer is the diff."""
+        spec = parse(source_yaml, source)  # every file-local problem, before touching state
+        with self.pool.connection() as conn, conn.transaction() as tx:
+            res = deploy(
+                conn,
+                actor,
+                spec,
+                source_yaml,
+                source,
+                intents=self.intents,
+                manual_cutover=manual_cutover,
+            )
+            if dry_run:
+                raise psycopg.Rollback(tx)
+        return res
+
+    def _deployable(self, conn: Connection[Any], actor: Actor, name: str) -> dict[str, Any]:
+        """The DAG, if the actor may change it; for anyone else it does not exist."""
+        dag = conn.execute(_R.dag_by_name, {"org_id": actor.org_id, "name": name}).fetchone()
+        if dag is None or not can_deploy(actor, dag):
+            raise NotFound(f"no DAG named '{name}'")
+        return dag  # type: ignore[no-any-return]
+
+    def status(self, actor: Actor, name: str) -> dict[str, Any]:
+        """The live version, any rebuild in flight with its progress per job and the state of
+        each dataset it builds, and the version history."""
+        with self.pool.connection() as conn:
+            dag = self._deployable(conn, actor, name)
+            dag_id = dag["dag_id"]
+            building = dag["building_version"]
+            out: dict[str, Any] = {
+                "name": dag["name"],
+                "active_version": dag["active_version"],
+                "building_version": building,
+                "paused": dag["paused"],
+                "versions": conn.execute(_O.dag_versions, {"dag_id": dag_id}).fetchall(),
+            }
+            if building is not None:
+                rows = rollout.progress(conn, dag_id, building)
+                v = next(r for r in out["versions"] if r["version"] == building)
+                out["rebuild"] = {
+                    "version": building,
+                    "manual_cutover": v["manual_cutover"],
+                    "jobs": rows,
+                    "datasets": conn.execute(
+                        _O.dataset_status, {"dag_id": dag_id, "version": building}
+                    ).fetchall(),
+                    "blocked_by": rollout.blockers(rows),
+                }
+        return out
+
+    def cutover(self, actor: Actor, name: str) -> dict[str, Any]:
+        with self.pool.connection() as conn, conn.transaction():
+            dag = self._deployable(conn, actor, name)
+            return self._cutover(conn, dag["dag_id"])
+
+    def _cutover(
+        self, conn: Connection[Any], dag_id: UUID, expect: int | None = None
+    ) -> dict[str, Any]:
+        res = rollout.cutover(conn, self.intents, dag_id, expect=expect)
+        dag = conn.execute(_R.dag_by_id, {"dag_id": dag_id}).fetchone()
+        apply_live_spec(conn, dag, spec_of(conn, dag_id, res["version"]))
+        return res
+
+    def rollback(self, actor: Actor, name: str, to: int | None = None) -> dict[str, Any]:
+        with self.pool.connection() as conn, conn.transaction():
+            dag = self._deployable(conn, actor, name)
+            dag_id = dag["dag_id"]
+            res = rollout.rollback(
+                conn,
+                self.intents,
+                dag_id,
+                to=to,
+                spec_of=lambda v: spec_of(conn, dag_id, v),
+                fired_by=actor.user_id,
+            )
+            if res["rolled_back"] is not None:
+                live = conn.execute(_R.dag_by_id, {"dag_id": dag_id}).fetchone()
+                apply_live_spec(conn, live, spec_of(conn, dag_id, res["version"]))
+        return res
+
+    def set_paused(self, actor: Actor, name: str, paused: bool) -> dict[str, Any]:
+        with self.pool.connection() as conn, conn.transaction():
+            dag = self._deployable(conn, actor, name)
+            return rollout.set_paused(conn, self.intents, dag["dag_id"], paused)
+
+    def auto_cutover(self) -> list[dict[str, Any]]:
+        """Cuts over every rebuild that is complete and not waiting for a manual cutover."""
+        done = []
+        with self.pool.connection() as conn:
+            candidates = conn.execute(_O.building_dags).fetchall()
+        for c in candidates:
+            with self.pool.connection() as conn:
+                if rollout.blockers(rollout.progress(conn, c["dag_id"], c["building_version"])):
+                    continue
+                try:
+                    with conn.transaction():
+                        done.append(self._cutover(conn, c["dag_id"], c["building_version"]))
+                except Conflict as e:  # moved on meanwhile (a deploy, a new task): next round
+                    log.info("cutover of %s not done: %s", c["dag_id"], e)
+        for d in done:
+            log.info("cut over DAG %s to version %s", d["dag"], d["version"])
+        return done
+
+
+def run_cutovers(changes: DagChanges, stop: Any, interval: float) -> None:
+    """The loop that cuts completed rebuilds over (an API background thread)."""
+    while not stop.is_set():
+        try:
+            changes.auto_cutover()
+        except Exception:  # a bad round must not end the loop
+            log.exception("automatic cutover round failed")
+        stop.wait(interval)

@@ -1,0 +1,431 @@
+"""Safe change: a DAG version that changes what jobs produce is built beside the live one, then
+cut over (or later rolled back) in one transaction that moves every affected `dataset_current`
+pointer and the active dag_version together.
+
+While a version builds, the live one keeps serving and processing; events for the jobs being
+rebuilt are recorded as 'buffered' tasks of the new version (see `subscribers` in
+dag_tasks.sql) and released at cutover. Each function runs inside the caller's transaction,
+holding the DAG's lock exclusive (`lock`), so event fan-out sees any change whole.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+
+from trace_platform import faults
+from trace_platform.contract import EventIn, RangeSpec
+from trace_platform.dag.schema import DagSpec, JobOutputRef, SharedRead
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.dag_tasks import event_json, fire_event, job_task
+from trace_platform.dispatcher.intents import Intents
+from trace_platform.errors import Conflict
+
+_Q = Queries("rollout")
+_R = Queries("registry")
+
+SCOPES_SHOWN = 20  # scopes listed per job in a plan; the count is always whole
+
+
+@dataclass
+class Replay:
+    """What one job replays: the scopes (ranges, partitions, cursors, trigger firings) of the
+    history its inputs hold."""
+
+    job: str
+    tasks: int = 0
+    scopes: list[str] = field(default_factory=list)
+
+    def add(self, scope: str) -> None:
+        self.tasks += 1
+        if len(self.scopes) < SCOPES_SHOWN:
+            self.scopes.append(scope)
+
+
+def lock(conn: Connection[Any], dag_id: UUID) -> dict[str, Any]:
+    """The DAG's row and its change lock, both held to the end of the transaction."""
+    conn.execute(_Q.lock_dag, {"dag_id": dag_id})
+    row = conn.execute(_Q.dag_for_update, {"dag_id": dag_id}).fetchone()
+    assert row is not None
+    return row  # type: ignore[no-any-return]
+
+
+def version_map(conn: Connection[Any], dag_id: UUID, version: int) -> dict[UUID, UUID]:
+    """dataset -> the dataset version this DAG version writes."""
+    rows = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": version}).fetchall()
+    return {r["dataset_uuid"]: r["dataset_version"] for r in rows}
+
+
+def lineage(conn: Connection[Any], dag_id: UUID, version: int) -> dict[str, int]:
+    """job -> the DAG version whose deploy cut its outputs."""
+    rows = conn.execute(_Q.version_jobs, {"dag_id": dag_id, "version": version}).fetchall()
+    return {r["job"]: r["since_version"] for r in rows}
+
+
+# -- replays -------------------------------------------------------------------------------
+def replay(
+    conn: Connection[Any],
+    intents: Intents,
+    *,
+    dag: dict[str, Any],
+    version: int,
+    spec: DagSpec,
+    jobs: Iterable[str],
+    kind: str,
+    fired_by: UUID | None,
+    status: str = "queued",
+    check_consumed: bool = False,
+) -> dict[str, Replay]:
+    """Tasks of `version` for `jobs` over the history their inputs hold: for each triggering
+    input that is not itself rebuilt here, the events of its current version (the newest per
+    scope); for a source job, the trigger firings. Inputs rebuilt here feed the rebuild
+    downstream as it runs. With `check_consumed`, history a task writing the same outputs
+    already consumed is skipped (a rollback catches up only on what it missed)."""
+    jobs = set(jobs)
+    dag_id: UUID = dag["dag_id"]
+    vmap = version_map(conn, dag_id, version)
+    current = _current(conn, list(vmap))
+    rebuilt = {ds for ds, ver in vmap.items() if current.get(ds) != ver}
+    run_id = uuid.uuid4()
+    conn.execute(
+        _Q.insert_change_run,
+        {
+            "run_id": run_id,
+            "dag_id": dag_id,
+            "dag_version": version,
+            "kind": kind,
+            "fire_key": f"{kind}:v{version}:{run_id}",
+            "config": Jsonb({"jobs": sorted(jobs)}),
+            "fired_by": fired_by,
+        },
+    )
+    plans: dict[str, Replay] = {}
+    for name in sorted(jobs):
+        plan = plans[name] = Replay(name)
+        target = [
+            {"dataset_version": str(ver)} for _, ver in _outputs_of(conn, dag_id, version, name)
+        ]
+        for input_event, event_id, scope in _history(
+            conn, dag, spec, name, current, rebuilt, Jsonb(target), check_consumed
+        ):
+            _replay_task(
+                conn, intents, dag, version, name, spec, run_id, input_event, event_id, status
+            )
+            plan.add(scope)
+    return plans
+
+
+def _history(
+    conn: Connection[Any],
+    dag: dict[str, Any],
+    spec: DagSpec,
+    name: str,
+    current: dict[UUID, UUID],
+    rebuilt: set[UUID],
+    target: Jsonb,
+    check_consumed: bool,
+) -> list[tuple[dict[str, Any], UUID | None, str]]:
+    """(input event, its id, its scope) for every piece of history job `name` replays."""
+    common = {
+        "dag_id": dag["dag_id"],
+        "job": name,
+        "target": target,
+        "check_consumed": check_consumed,
+    }
+    job = spec.jobs[name]
+    if not job.inputs:
+        return [
+            (
+                fire_event(f["trigger"], f["kind"], f["fire_key"], f["config"]),
+                None,
+                f"{f['kind']}:{f['trigger']}:{f['fire_key']}",
+            )
+            for f in conn.execute(_Q.replay_fires, common).fetchall()
+        ]
+    out: list[tuple[dict[str, Any], UUID | None, str]] = []
+    for inp in job.inputs:
+        if not inp.triggers:
+            continue
+        ds = _input_dataset(conn, dag, inp)
+        if ds is None or ds in rebuilt:
+            continue  # rebuilt here: its new events reach this job as the rebuild runs
+        written = current.get(ds) or _current(conn, [ds]).get(ds)
+        if written is None:
+            continue
+        params = {
+            **common,
+            "dataset_uuid": ds,
+            "written": Jsonb([{"dataset_version": str(written)}]),
+        }
+        for e in conn.execute(_Q.replay_events, params).fetchall():
+            ev = EventIn(
+                dataset_uuid=e["dataset_uuid"],
+                cursor=e["cursor"],
+                partition_key=e["partition_key"],
+                range=RangeSpec(start=e["range_start"], end=e["range_end"])
+                if e["range_start"] is not None
+                else None,
+                payload=e["payload"],
+            )
+            out.append(
+                (event_json(e["event_id"], e["producer_task_id"], ev), e["event_id"], ev.dedupe_key)
+            )
+    return out
+
+
+def _replay_task(
+    conn: Connection[Any],
+    intents: Intents,
+    dag: dict[str, Any],
+    version: int,
+    name: str,
+    spec: DagSpec,
+    run_id: UUID,
+    input_event: dict[str, Any],
+    event_id: UUID | None,
+    status: str,
+) -> None:
+    task = job_task(
+        conn,
+        org_id=dag["org_id"],
+        dag_id=dag["dag_id"],
+        version=version,
+        job_name=name,
+        job=spec.jobs[name],
+        run_id=run_id,
+        input_event_id=event_id,
+        input_event=input_event,
+    )
+    intents.create_task(task, conn, status)
+
+
+def _outputs_of(
+    conn: Connection[Any], dag_id: UUID, version: int, job: str
+) -> list[tuple[UUID, UUID]]:
+    rows = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": version}).fetchall()
+    return [(r["dataset_uuid"], r["dataset_version"]) for r in rows if r["job"] == job]
+
+
+def _current(conn: Connection[Any], datasets: list[UUID]) -> dict[UUID, UUID]:
+    rows = conn.execute(_Q.current_of, {"datasets": datasets}).fetchall()
+    return {r["dataset_uuid"]: r["dataset_version"] for r in rows}
+
+
+def _input_dataset(conn: Connection[Any], dag: dict[str, Any], inp: Any) -> UUID | None:
+    if isinstance(inp, JobOutputRef):
+        key = {"dag_id": dag["dag_id"], "job": inp.job, "idx": inp.output}
+        row = conn.execute(_R.dataset_by_producer, key).fetchone()
+    else:
+        assert isinstance(inp, SharedRead)
+        key = {"org_id": dag["org_id"], "name": inp.from_.dataset}
+        row = conn.execute(_R.dataset_by_name, key).fetchone()
+    return row["dataset_uuid"] if row else None
+
+
+# -- progress, cutover, rollback -----------------------------------------------------------
+def progress(conn: Connection[Any], dag_id: UUID, version: int) -> list[dict[str, Any]]:
+    """Per job of `version`: its tasks, how many succeeded, wait, are held, failed."""
+    return conn.execute(_Q.progress, {"dag_id": dag_id, "version": version}).fetchall()
+
+
+def blockers(rows: list[dict[str, Any]]) -> str | None:
+    """Why a building version cannot cut over yet (None: it can)."""
+    pending = sum(r["pending"] for r in rows)
+    failed = [f"{r['job']} ({r['failed']})" for r in rows if r["failed"]]
+    if failed:
+        return (
+            f"rebuild tasks failed: {', '.join(failed)}; fix and deploy again, or abandon the "
+            "rebuild with `trace dag rollback`"
+        )
+    if pending:
+        return f"{pending} rebuild task{'s' if pending != 1 else ''} still queued or running"
+    return None
+
+
+def cutover(
+    conn: Connection[Any], intents: Intents, dag_id: UUID, *, expect: int | None = None
+) -> dict[str, Any]:
+    """Makes the building version live: every pointer of its map, the active version, its held
+    work released and the replaced version's outstanding work on rebuilt jobs canceled, all
+    in the caller's one transaction. Refused while any rebuild task waits or failed."""
+    dag = lock(conn, dag_id)
+    version = dag["building_version"]
+    if version is None or (expect is not None and version != expect):
+        raise Conflict(
+            "no_rebuild",
+            f"DAG '{dag['name']}' has no rebuild in flight"
+            + (f" for version {expect}" if expect is not None else ""),
+        )
+    why = blockers(progress(conn, dag_id, version))
+    if why is not None:
+        raise Conflict("rebuild_incomplete", f"version {version} cannot cut over yet: {why}")
+    previous = dag["active_version"]
+    rebuilt = [j for j, since in lineage(conn, dag_id, version).items() if since == version]
+    key = {"dag_id": dag_id, "version": version}
+    conn.execute(_Q.complete_versions, key)
+    swapped = conn.execute(_Q.point_current, key).fetchall()
+    faults.point("rollout.cutover_after_swap")  # chaos: die with pointers half-written
+    conn.execute(_Q.make_active, key)
+    if previous is not None:
+        conn.execute(
+            _Q.set_version_state, {"dag_id": dag_id, "version": previous, "state": "retired"}
+        )
+    conn.execute(_Q.set_version_state, {**key, "state": "active"})
+    canceled = conn.execute(
+        _Q.cancel_work,
+        {
+            "dag_id": dag_id,
+            "versions": [v for v in _live_versions(conn, dag_id) if v != version],
+            "jobs": rebuilt,
+            "reason": f"superseded by version {version} at cutover",
+        },
+    ).fetchall()
+    released = _release(conn, intents, dag_id, version)
+    return {
+        "dag": dag["name"],
+        "version": version,
+        "previous": previous,
+        "datasets_swapped": len(swapped),
+        "released": released,
+        "canceled": len(canceled),
+    }
+
+
+def _release(conn: Connection[Any], intents: Intents, dag_id: UUID, version: int) -> int:
+    rows = conn.execute(_Q.release_buffered, {"dag_id": dag_id, "version": version}).fetchall()
+    for r in rows:
+        intents.wake(conn, r["task_id"], r["start_day"])
+    return len(rows)
+
+
+def _live_versions(conn: Connection[Any], dag_id: UUID) -> list[int]:
+    rows = conn.execute(_Q.dag_versions, {"dag_id": dag_id}).fetchall()
+    return [r["version"] for r in rows]
+
+
+def abandon(conn: Connection[Any], dag: dict[str, Any], reason: str) -> int | None:
+    """Drops a rebuild in flight: its versions abandoned, its work canceled (a running attempt
+    is asked to stop, and lands nothing if it finishes anyway)."""
+    version = dag["building_version"]
+    if version is None:
+        return None
+    key = {"dag_id": dag["dag_id"], "version": version}
+    conn.execute(_Q.abandon_versions, key)
+    conn.execute(_Q.set_version_state, {**key, "state": "abandoned"})
+    conn.execute(_Q.set_building, {"dag_id": dag["dag_id"], "version": None})
+    conn.execute(
+        _Q.cancel_work,
+        {"dag_id": dag["dag_id"], "versions": [version], "jobs": None, "reason": reason},
+    )
+    dag["building_version"] = None
+    return int(version)
+
+
+def rollback(
+    conn: Connection[Any],
+    intents: Intents,
+    dag_id: UUID,
+    *,
+    to: int | None,
+    spec_of: Any,
+    fired_by: UUID | None,
+) -> dict[str, Any]:
+    """Puts `to` (default: the version active before this one) back live in one transaction:
+    pointers and active version swapped back, the rolled-back version's queued and held work
+    canceled and its running attempts asked to stop (whatever they report lands nothing), a
+    rebuild in flight abandoned. Work the restored version missed while it was not live is
+    replayed for it. `spec_of(version)` gives a version's DagSpec."""
+    dag = lock(conn, dag_id)
+    active = dag["active_version"]
+    abandoned = abandon(conn, dag, "rolled back")
+    if to is None:
+        if abandoned is not None:
+            return {
+                "dag": dag["name"],
+                "version": active,
+                "rolled_back": None,
+                "abandoned": abandoned,
+                "replays": {},
+            }
+        to = _previous_active(conn, dag_id, active)
+    if to == active:
+        raise Conflict("already_active", f"version {to} of DAG '{dag['name']}' is already active")
+    states = {r["version"]: r for r in conn.execute(_Q.dag_versions, {"dag_id": dag_id})}
+    if to not in states:
+        raise Conflict("unknown_version", f"DAG '{dag['name']}' has no version {to}")
+    if states[to]["state"] == "abandoned":
+        raise Conflict("abandoned", f"version {to} of DAG '{dag['name']}' was never completed")
+    outs = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": to}).fetchall()
+    spec: DagSpec = spec_of(to)
+    wanted = sum(len(j.outputs) for j in spec.jobs.values())
+    if len(outs) < wanted or any(o["state"] != "complete" for o in outs):
+        raise Conflict(
+            "not_restorable",
+            f"version {to} of DAG '{dag['name']}' cannot be restored: some of its dataset "
+            "versions were purged or never completed",
+        )
+    key = {"dag_id": dag_id, "version": to}
+    swapped = conn.execute(_Q.point_current, key).fetchall()
+    conn.execute(_Q.make_active, key)
+    conn.execute(
+        _Q.set_version_state, {"dag_id": dag_id, "version": active, "state": "rolled_back"}
+    )
+    conn.execute(_Q.set_version_state, {**key, "state": "active"})
+    canceled = conn.execute(
+        _Q.cancel_work,
+        {"dag_id": dag_id, "versions": [active], "jobs": None, "reason": "rolled back"},
+    ).fetchall()
+    # Jobs whose outputs differ between the two versions missed what came while `to` was not
+    # live: each catches up on it (what it already consumed is skipped).
+    old_map, new_map = version_map(conn, dag_id, active), version_map(conn, dag_id, to)
+    differing = {ds for ds in new_map if old_map.get(ds) != new_map[ds]}
+    jobs = {o["job"] for o in outs if o["dataset_uuid"] in differing}
+    plans = replay(
+        conn,
+        intents,
+        dag={**dag, "active_version": to},
+        version=to,
+        spec=spec,
+        jobs=jobs,
+        kind="rollback",
+        fired_by=fired_by,
+        check_consumed=True,
+    )
+    return {
+        "dag": dag["name"],
+        "version": to,
+        "rolled_back": active,
+        "abandoned": abandoned,
+        "datasets_swapped": len(swapped),
+        "canceled": len(canceled),
+        "replays": {j: p.tasks for j, p in plans.items() if p.tasks},
+    }
+
+
+def _previous_active(conn: Connection[Any], dag_id: UUID, active: int) -> int:
+    rows = conn.execute(_Q.dag_versions, {"dag_id": dag_id}).fetchall()
+    for r in rows:  # newest first
+        if r["version"] < active and r["activated_at"] is not None and r["state"] == "retired":
+            return int(r["version"])
+    raise Conflict("no_previous", f"version {active} has no earlier live version to roll back to")
+
+
+def set_paused(
+    conn: Connection[Any], intents: Intents, dag_id: UUID, paused: bool
+) -> dict[str, Any]:
+    """Pause: the DAG's tasks are still created (nothing is lost) but none is claimed; running
+    attempts finish. Resume wakes every waiting task."""
+    dag = lock(conn, dag_id)
+    conn.execute(_Q.set_paused, {"dag_id": dag_id, "paused": paused})
+    woken = 0
+    if not paused and dag["paused"]:
+        for r in conn.execute(_Q.queued_of_dag, {"dag_id": dag_id}).fetchall():
+            intents.wake(conn, r["task_id"], r["start_day"])
+            woken += 1
+    return {"dag": dag["name"], "paused": paused, "woken": woken}
