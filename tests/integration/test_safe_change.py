@@ -485,3 +485,38 @@ def test_a_cutover_killed_mid_transaction_leaves_every_pointer_old(
     assert services.control.changes.cutover(me, "chg")["datasets_swapped"] == 2
     after = current(services)
     assert after["chg_agg"] != before["chg_agg"] and after["chg_decoded"] != before["chg_decoded"]
+
+
+def input_events(services: Services, job: str) -> list[dict[str, Any]]:
+    rows = q(
+        services,
+        "SELECT input_event FROM task_registry WHERE job = %s ORDER BY created_at",
+        job,
+    )
+    return [r["input_event"] for r in rows]
+
+
+def test_a_replace_correction_reruns_exactly_the_downstream_of_its_scope(live: Services) -> None:
+    services = live
+    before = {j: len(input_events(services, j)) for j in ("decode", "agg", "side")}
+    fire(services, (100, 199))  # the source rewrites one range it had committed
+    ran = run_all(services)
+    assert sorted(ran) == [
+        ("agg", 1, "100-199"),
+        ("decode", 1, "100-199"),
+        ("side", 1, "100-199"),
+        ("source", 1, "fire"),
+    ]
+    for job in ("decode", "agg", "side"):
+        events = input_events(services, job)
+        assert len(events) == before[job] + 1
+        assert events[-1]["invalidates"] is True and events[-1]["range"]["start"] == 100
+        assert not any(e.get("invalidates") for e in events[:-1])
+    # Each rewrite retired the files it replaced; the commits point at the new ones.
+    retired = q(services, "SELECT count(*) AS n FROM retired_locations WHERE reason = 'superseded'")
+    assert retired[0]["n"] == 4  # source, decode, agg, side: one scope each
+    assert commits(services, "chg_agg") == [("range:0-99", 1), ("range:100-199", 1)]
+    # A first commit of a new scope is no invalidation.
+    fire(services, (700, 799))
+    run_all(services)
+    assert "invalidates" not in input_events(services, "agg")[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from trace_platform.operators.ranges import completed_windows, merge, split
+from trace_platform.operators.ranges import completed_windows, invalidated_windows, merge, split
 
 
 def test_merge_joins_touching_and_overlapping_ranges() -> None:
@@ -33,3 +33,14 @@ def test_windows_follow_the_origin_and_ignore_blocks_before_it() -> None:
     # A range spanning several windows completes all of them at once.
     _, done = completed_windows([], (0, 3000), 1000, 0)
     assert done == [(0, 1000), (1000, 2000), (2000, 3000)]
+
+
+def test_a_rewritten_range_reopens_exactly_the_complete_windows_it_overlaps() -> None:
+    covered = [(0, 300), (400, 450)]  # windows of 100: [0,100) [100,200) [200,300) complete
+    assert invalidated_windows(covered, (150, 250), 100, 0) == [(100, 200), (200, 300)]
+    assert invalidated_windows(covered, (100, 200), 100, 0) == [(100, 200)]
+    # A window not complete yet is not reopened: its first manifest is still to come.
+    assert invalidated_windows(covered, (420, 430), 100, 0) == []
+    assert invalidated_windows(covered, (250, 420), 100, 0) == [(200, 300)]
+    assert invalidated_windows(covered, (5, 5), 100, 0) == []
+    assert invalidated_windows([(50, 250)], (60, 70), 100, 50) == [(50, 150)]

@@ -4,6 +4,7 @@ starts, in the same transaction) and output commits. A task speaks only for its 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Set as AbstractSet
 from typing import Any
 from uuid import UUID
 
@@ -36,15 +37,18 @@ def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> d
 
 def commit_outputs(
     conn: Connection[Any], st: dict[str, Any], attempt: int, commits: list[OutputCommit]
-) -> int:
+) -> set[tuple[str, str]]:
+    """Lands the commits; returns the (dataset, scope) pairs of `replace` outputs that rewrote
+    an earlier commit: the events for those scopes are invalidations."""
     outputs = check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
+    rewritten: set[tuple[str, str]] = set()
     for c in commits:
         version = c.dataset_version or (outputs.get(str(c.dataset_uuid)) or {}).get(
             "dataset_version"
         )
         if version is None:
             raise Invalid(f"output commit for dataset {c.dataset_uuid} needs a dataset_version")
-        conn.execute(
+        row = conn.execute(
             _Q.insert_commit,
             {
                 "commit_id": uuid.uuid4(),
@@ -61,8 +65,10 @@ def commit_outputs(
                 "byte_count": c.byte_count,
                 "dag_version": st.get("dag_version"),
             },
-        )
-    return len(commits)
+        ).fetchone()
+        if row is not None and row["update_strategy"] == "replace":
+            rewritten.add((str(c.dataset_uuid), c.scope))
+    return rewritten
 
 
 class Emitter:
@@ -73,9 +79,16 @@ class Emitter:
         self.intents = intents
 
     def insert(
-        self, conn: Connection[Any], st: dict[str, Any], attempt: int, events: list[EventIn]
+        self,
+        conn: Connection[Any],
+        st: dict[str, Any],
+        attempt: int,
+        events: list[EventIn],
+        rewritten: AbstractSet[tuple[str, str]] = frozenset(),
     ) -> tuple[list[UUID], int, int]:
-        """Stores new events and, in the same transaction, creates the tasks they start."""
+        """Stores new events and, in the same transaction, creates the tasks they start. An
+        event for a scope this attempt rewrote (`rewritten`, from `commit_outputs`) reaches its
+        readers as an invalidation: what they built from that scope before is stale."""
         if not events:
             return [], 0, 0
         check_outputs(st, [e.dataset_uuid for e in events], "an event")
@@ -109,8 +122,14 @@ class Emitter:
             if row is None:  # a duplicate returns nothing and starts nothing
                 continue
             accepted.append(row["event_id"])
+            invalidates = (str(ev.dataset_uuid), ev.dedupe_key) in rewritten
             for spec, status in tasks_for_event(
-                conn, org_id=st["org_id"], producer=st, event_id=row["event_id"], event=ev
+                conn,
+                org_id=st["org_id"],
+                producer=st,
+                event_id=row["event_id"],
+                event=ev,
+                invalidates=invalidates,
             ):
                 self.intents.create_task(spec, conn, status)
                 created += 1

@@ -82,10 +82,13 @@ def tasks_for_event(
     producer: dict[str, Any],
     event_id: UUID,
     event: EventIn,
+    invalidates: bool = False,
 ) -> list[tuple[TaskSpec, str]]:
     """One task for every job of a live DAG version that reads the event's dataset at the
     version the producer wrote (see `subscribers`), with the status it starts in: 'queued', or
-    'buffered' for a rebuild's work held until cutover."""
+    'buffered' for a rebuild's work held until cutover. An invalidation (the producer rewrote
+    the scope, or says so in the payload, as an aggregator re-emitting a window does) reaches
+    its readers marked `invalidates`."""
     conn.execute(_Q.lock_dags_shared, {"dataset_uuid": event.dataset_uuid})
     written = next(
         (
@@ -108,6 +111,8 @@ def tasks_for_event(
     specs: list[tuple[TaskSpec, str]] = []
     cache: dict[tuple[UUID, int], dict[str, JobSpec]] = {}
     input_event = event_json(event_id, producer["task_id"], event)
+    if invalidates or event.payload.get("invalidates") is True:
+        input_event["invalidates"] = True
     for s in subs:
         key = (s["dag_id"], s["dag_version"])
         if key not in cache:  # one spec read per DAG version, however many of its jobs read

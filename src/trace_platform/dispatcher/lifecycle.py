@@ -221,8 +221,11 @@ class Lifecycle:
                 reject_finished(st, req)
             req = withdraw(st, req)
             req, conflict = self._compare_state(conn, st, req)
-            ids, dups, created = self.emitter.insert(conn, st, req.attempt, req.final_events)
-            committed = commit_outputs(conn, st, req.attempt, req.outputs)
+            # Commits first: an event for a scope they rewrote is an invalidation.
+            rewritten = commit_outputs(conn, st, req.attempt, req.outputs)
+            ids, dups, created = self.emitter.insert(
+                conn, st, req.attempt, req.final_events, rewritten
+            )
             self.slots.release(conn, req.task_id)
             status, next_at = self._settle(conn, st, req, conflict)
         return CompleteResponse(
@@ -233,7 +236,7 @@ class Lifecycle:
             events_accepted=len(ids),
             events_duplicate=dups,
             tasks_created=created,
-            outputs_committed=committed,
+            outputs_committed=len(req.outputs),
         )
 
     def _compare_state(

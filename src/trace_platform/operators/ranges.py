@@ -235,22 +235,40 @@ def completed_windows(
     return after, done
 
 
+def invalidated_windows(
+    covered: list[tuple[int, int]], rewritten: tuple[int, int], size: int, origin: int
+) -> list[tuple[int, int]]:
+    """The windows already complete before that overlap a rewritten range: their manifests go
+    out again, so what downstream built from them is rebuilt."""
+    s, e = rewritten
+    if e <= s:
+        return []
+    first = max(0, (s - origin) // size)
+    last = -(-(e - origin) // size)
+    windows = [(origin + k * size, origin + (k + 1) * size) for k in range(first, last)]
+    return [w for w in windows if covers(merge(covered), *w)]
+
+
 def range_aggregator(ctx: OperatorContext) -> OperatorResult:
     """The inverse of range_splitter: collects input ranges (in any order, duplicates
     included) in durable state and emits one manifest per fixed window
     [origin + k*size, origin + (k+1)*size) once every block of it has arrived. Config: `size`,
     `origin` (default 0). The state is saved by compare-and-set with the completion, so
-    concurrent runs cannot lose a range."""
-    rng = (ctx.task.input_event or {}).get("range")
+    concurrent runs cannot lose a range. A range that arrives as an invalidation (its producer
+    rewrote it) re-emits the complete windows it overlaps, marked as invalidations too."""
+    event = ctx.task.input_event or {}
+    rng = event.get("range")
     if not rng:
         raise PermanentError("range_aggregator needs range events from its input job")
     cfg = RangeAggregatorConfig.from_ctx(ctx)
     size, origin = cfg.size, cfg.origin
     state = ctx.task.operator_state or {}
     covered = [(int(a), int(b)) for a, b in state.get("covered", [])]
-    covered, windows = completed_windows(
-        covered, (int(rng["start"]), int(rng["end"])), size, origin
-    )
+    new = (int(rng["start"]), int(rng["end"]))
+    stale = invalidated_windows(covered, new, size, origin) if event.get("invalidates") else []
+    covered, windows = completed_windows(covered, new, size, origin)
     events = manifests(ctx, windows)
+    if stale:
+        events += manifests(ctx, stale, invalidates=True)
     ctx.progress(windows=len(events))
     return OperatorResult(events=events, state={"covered": [list(c) for c in covered]})

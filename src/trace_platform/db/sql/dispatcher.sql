@@ -227,7 +227,9 @@ WITH old AS (
 INSERT INTO retired_locations (org_id, backend, location, reason)
 SELECT ds.org_id, ds.backend, old.location, 'superseded'
 FROM old CROSS JOIN up JOIN datasets ds ON ds.dataset_uuid = %(dataset_uuid)s
-WHERE old.location IS NOT NULL AND old.location IS DISTINCT FROM up.location;
+WHERE old.location IS NOT NULL AND old.location IS DISTINCT FROM up.location
+-- A row back: the scope was rewritten (its dataset's strategy says whether that invalidates).
+RETURNING (SELECT update_strategy FROM datasets WHERE dataset_uuid = %(dataset_uuid)s) AS update_strategy;
 
 -- name: claim
 -- Lease a claimable task and open its attempt, in one round trip. `pooled` false claims only

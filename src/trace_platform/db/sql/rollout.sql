@@ -142,7 +142,7 @@ WHERE NOT %(check_consumed)s OR NOT EXISTS (
   SELECT 1 FROM task_registry t JOIN task_status ts ON ts.task_id = t.task_id
   WHERE t.dag_id = %(dag_id)s AND t.job = %(job)s AND t.input_event_id = x.event_id
     AND t.outputs @> %(target)s AND ts.status <> 'canceled')
-ORDER BY x.created_at, x.event_id;
+ORDER BY x.range_start NULLS LAST, x.created_at, x.partition_key, x.cursor, x.event_id;
 
 -- name: replay_fires
 -- The trigger firings a source job replays: every webhook and manual one (each carries its own
