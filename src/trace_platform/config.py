@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     retry_backoff_seconds: float = 2.0
     retry_backoff_max_seconds: float = 300.0
     reaper_interval_seconds: float = 1.0
+    # How often completed rebuilds are checked for their automatic cutover.
+    cutover_interval_seconds: float = 1.0
     # A queued, claimable task untouched this long gets a fresh wake-up (anti-entropy: a
     # wake-up can be dead-lettered, e.g. after the API was down for every delivery).
     rewake_after_seconds: float = 300.0

@@ -161,7 +161,9 @@ def test_a_deploy_rebuilds_beside_live_data_and_cuts_over_without_a_hole_or_a_mi
             return (st["blocked_by"] is None and held == [("200", "buffered")]) or None
 
         wait_for(ready, 600, "version 3 rebuilt, with the new range held")
-        assert probe(svc) == after  # still version 2's answers until the cutover
+        # Until the cutover, the rebuilt datasets answer as version 2; staking (not rebuilt)
+        # already has the new range: the live version kept processing.
+        assert probe(svc)[:4] == after[:4] and probe(svc)[4] > after[4]
         assert scopes(svc, "transfers", 2)[-1] == ("200", "succeeded")  # v2 stayed fresh
         cut = svc.control.changes.cutover(me, "monad_demo")
         assert (cut["version"], cut["released"]) == (3, 1)

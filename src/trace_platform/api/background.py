@@ -1,5 +1,6 @@
-"""The loops an API process may run beside its routes: the outbox publisher, the reaper and
-the cron scheduler, each a daemon thread started and stopped by the app's lifespan."""
+"""The loops an API process may run beside its routes: the outbox publisher, the reaper, the
+automatic cutover of completed rebuilds, the collector of retired files and the cron
+scheduler, each a daemon thread started and stopped by the app's lifespan."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
+from trace_platform.control.changes import run_cutovers
 from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.objectstore import make_store
 from trace_platform.registry.collector import Collector, run_collector
@@ -17,7 +19,8 @@ from trace_platform.triggers.cron import run_scheduler
 
 
 def background_threads(services: Services, stop: threading.Event) -> list[threading.Thread]:
-    """The publisher, reaper and scheduler threads (not started), all ending when `stop` is set."""
+    """The publisher, reaper, cutover and scheduler threads (not started), all ending when
+    `stop` is set."""
     s = services.settings
     collector = Collector(
         services.pool,
@@ -37,6 +40,12 @@ def background_threads(services: Services, stop: threading.Event) -> list[thread
             target=run_reaper,
             args=(services.dispatcher, stop, s.reaper_interval_seconds),
             name="reaper",
+            daemon=True,
+        ),
+        threading.Thread(
+            target=run_cutovers,
+            args=(services.control.changes, stop, s.cutover_interval_seconds),
+            name="cutover",
             daemon=True,
         ),
         threading.Thread(

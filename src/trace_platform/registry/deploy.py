@@ -71,17 +71,20 @@ class DeployResult:
 
 
 def _downstream(spec: DagSpec, changed: set[str]) -> set[str]:
-    """The changed jobs plus everything that depends on them, transitively."""
+    """The changed jobs plus everything that depends on them, transitively (one walk over the
+    reverse edges: linear in the DAG's size)."""
+    readers: dict[str, list[str]] = {}
+    for name, job in spec.jobs.items():
+        for i in job.inputs:
+            if isinstance(i, JobOutputRef):
+                readers.setdefault(i.job, []).append(name)
     out = set(changed)
-    grew = True
-    while grew:
-        grew = False
-        for name, job in spec.jobs.items():
-            if name in out:
-                continue
-            if any(isinstance(i, JobOutputRef) and i.job in out for i in job.inputs):
-                out.add(name)
-                grew = True
+    todo = list(changed)
+    while todo:
+        for reader in readers.get(todo.pop(), []):
+            if reader not in out:
+                out.add(reader)
+                todo.append(reader)
     return out
 
 
@@ -226,21 +229,26 @@ def _store_version(d: _Deploy) -> None:
 
 
 def _plan_rebuild(d: _Deploy) -> None:
-    """How each job differs from the live version, and which jobs produce different data now:
-    the ones whose materialization changed (or that are new) and all their downstream."""
-    for name, job in d.spec.jobs.items():
-        if name not in d.previous:
-            d.changes.append(JobChange(name, "added", True))
+    d.changes, d.rebuild = plan_changes(d.spec, d.previous)
+
+
+def plan_changes(spec: DagSpec, previous: dict[str, Any]) -> tuple[list[JobChange], set[str]]:
+    """How each job differs from the live version's (`previous`: its jobs as stored), and which
+    jobs produce different data now: the ones whose materialization changed (or that are new)
+    and all their downstream."""
+    changes: list[JobChange] = []
+    for name, job in spec.jobs.items():
+        if name not in previous:
+            changes.append(JobChange(name, "added", True))
             continue
-        before = JobSpec.model_validate(d.previous[name])
+        before = JobSpec.model_validate(previous[name])
         fields = [f for f in JobSpec.model_fields if getattr(before, f) != getattr(job, f)]
         if fields:
             affects = before.materialization() != job.materialization()
-            d.changes.append(JobChange(name, "modified", affects, fields))
-    for name in sorted(d.previous.keys() - d.spec.jobs.keys()):
-        d.changes.append(JobChange(name, "removed", False))
-    changed = {c.job for c in d.changes if c.affects_materialization}
-    d.rebuild = _downstream(d.spec, changed)
+            changes.append(JobChange(name, "modified", affects, fields))
+    for name in sorted(previous.keys() - spec.jobs.keys()):
+        changes.append(JobChange(name, "removed", False))
+    return changes, _downstream(spec, {c.job for c in changes if c.affects_materialization})
 
 
 def _assign_datasets(d: _Deploy, *, shape: bool = True) -> None:
