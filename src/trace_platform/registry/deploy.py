@@ -254,11 +254,13 @@ def plan_changes(spec: DagSpec, previous: dict[str, Any]) -> tuple[list[JobChang
 def _assign_datasets(d: _Deploy, *, shape: bool = True) -> None:
     """Every output is a dataset with a stable identity, kept across versions of the DAG. Its
     shape (backend, update strategy) changes only when a version that has it goes live."""
+    known = {
+        (r["producer_job"], r["producer_output_index"]): r
+        for r in d.conn.execute(_Q.datasets_of_dag, {"dag_id": d.dag_id}).fetchall()
+    }
     for name, job in d.spec.jobs.items():
         for idx, out in enumerate(job.outputs):
-            row = d.conn.execute(
-                _Q.dataset_by_producer, {"dag_id": d.dag_id, "job": name, "idx": idx}
-            ).fetchone()
+            row = known.get((name, idx))
             ds_uuid: UUID = row["dataset_uuid"] if row else uuid.uuid4()
             fields = {
                 "dataset_uuid": ds_uuid,
@@ -278,7 +280,7 @@ def _assign_datasets(d: _Deploy, *, shape: bool = True) -> None:
                         "idx": idx,
                     },
                 )
-            elif shape:
+            elif shape and any(row[k] != v for k, v in fields.items()):
                 d.conn.execute(_Q.update_dataset_shape, fields)
             d.outputs[(name, idx)] = ds_uuid
 

@@ -43,6 +43,9 @@ UPDATE dags SET deploy_roles = %(roles)s WHERE dag_id = %(dag_id)s;
 SELECT * FROM datasets
 WHERE producer_dag_id = %(dag_id)s AND producer_job = %(job)s AND producer_output_index = %(idx)s;
 
+-- name: datasets_of_dag
+SELECT * FROM datasets WHERE producer_dag_id = %(dag_id)s;
+
 -- name: dataset_by_name
 SELECT ds.*, c.dataset_version AS current_version, v.location AS version_location
 FROM datasets ds
