@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sync_bench.py
 	$(BIN)/python bench/query_bench.py
 	$(BIN)/python bench/sandbox_bench.py
+	$(BIN)/python bench/change_bench.py --demo
 
 up: $(STAMP)
 	$(BIN)/trace up

@@ -13,13 +13,14 @@ import polars as pl
 import pytest
 
 from tests.support.dags import admin, finished_run
+from tests.support.datasets import committed_keys
 from tests.support.invariants import assert_invariants
 from tests.support.wait import wait_for
 from trace_platform.chain import Rpc
 from trace_platform.config import Settings
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.lite.stack import LiteStack
-from trace_platform.objectstore import list_all, make_store
+from trace_platform.objectstore import make_store
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=5, blocks=2000, accounts=100, validators=6, epoch_blocks=100)
@@ -76,8 +77,7 @@ def check_datasets(stack: LiteStack, settings: Settings, url: str) -> None:
     counts = {}
     for name in ("blocks", "transactions", "logs", "traces"):
         ds = svc.control.show_dataset(me, name)
-        prefix = f"org/{me.org_id}/dataset/{ds['dataset_uuid']}/version/{ds['current_version']}/"
-        files = [o.key for o in list_all(store, prefix)]
+        files = committed_keys(svc, name)
         frame = pl.concat([pl.read_parquet(io.BytesIO(store.get(k))) for k in files])
         counts[name] = (frame.height, ds["row_count"])
         if name == "blocks":

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from tests.support.dags import admin, finished_run
+from tests.support.datasets import committed_keys
 from tests.support.invariants import assert_datasets_complete, assert_invariants
 from trace_platform.chain import Rpc, calldata
 from trace_platform.config import Settings
@@ -18,7 +19,7 @@ from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import STAKING_ADDRESS
 from trace_platform.lite.demo import saved_rows
 from trace_platform.lite.stack import LiteStack
-from trace_platform.objectstore import list_all, make_store
+from trace_platform.objectstore import make_store
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=3, blocks=300, accounts=40, validators=4, epoch_blocks=50)
@@ -37,8 +38,9 @@ def read_dataset(stack: LiteStack, settings: Settings, name: str) -> pl.DataFram
     me = admin(stack.services)
     ds = stack.services.control.show_dataset(me, name)
     store = make_store(settings)
-    prefix = f"org/{me.org_id}/dataset/{ds['dataset_uuid']}/version/{ds['current_version']}/"
-    frames = [pl.read_parquet(io.BytesIO(store.get(o.key))) for o in list_all(store, prefix)]
+    frames = [
+        pl.read_parquet(io.BytesIO(store.get(k))) for k in committed_keys(stack.services, name)
+    ]
     frame = pl.concat(frames)
     assert frame.height == ds["row_count"]
     return frame

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.support.dags import admin
-from trace_platform.objectstore import make_store
+from trace_platform.objectstore import list_all, make_store
 from trace_platform.operators.hot_window import load_range
 from trace_platform.operators.output import range_prefix
 from trace_platform.services import Services
@@ -71,3 +71,21 @@ def load_hot(
     ds = current(services, name)
     location = version_location(services, ds["current_version"])
     return load_range(services.dsn, location, name, table, start, end, window)
+
+
+def committed_keys(services: Services, name: str) -> list[str]:
+    """The object keys a published dataset's current version holds: the files under each of its
+    commits' locations (a retry's or replay's superseded files may still sit beside them until
+    the collector runs, so a reader follows the commits, never lists the version's prefix)."""
+    with services.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT dc.location FROM dataset_commits dc "
+            "JOIN dataset_current c ON c.dataset_version = dc.dataset_version "
+            "JOIN datasets d ON d.dataset_uuid = c.dataset_uuid "
+            "WHERE d.dataset_name = %s AND dc.location IS NOT NULL ORDER BY dc.scope",
+            [name],
+        ).fetchall()
+    store = make_store(services.settings)
+    return [
+        o.key for r in rows for o in list_all(store, r["location"]) if o.key.endswith(".parquet")
+    ]
