@@ -154,6 +154,19 @@ class EventIn(_Body):
         return scope_key(self.partition_key, self.range)
 
 
+BLOCK_HASH = r"^0x[0-9a-f]{64}$"
+
+
+class ChainIdentity(_Body):
+    """Which chain a block range was read from: a reorg or a reset chain with the same id
+    changes the hashes, so a commit that records them can be checked against the node."""
+
+    chain_id: int = Field(ge=0)
+    first_hash: str = Field(pattern=BLOCK_HASH)  # the range's first block
+    parent_hash: str = Field(pattern=BLOCK_HASH)  # that block's parent
+    last_hash: str = Field(pattern=BLOCK_HASH)  # the range's last block
+
+
 class OutputCommit(_Body):
     """A committed piece of an output dataset version: a partition, a range, or all of it."""
 
@@ -164,6 +177,7 @@ class OutputCommit(_Body):
     location: str | None = Field(default=None, max_length=2048)
     row_count: int | None = Field(default=None, ge=0)
     byte_count: int | None = Field(default=None, ge=0)
+    chain: ChainIdentity | None = None  # raw chain data: the blocks it was read from
 
     @model_validator(mode="after")
     def _one_scope(self) -> Self:
@@ -185,6 +199,7 @@ class CommittedScope(BaseModel):
     scope: str
     range: RangeSpec | None = None
     location: str
+    chain: ChainIdentity | None = None
 
 
 class EventsRequest(LeaseRef):

@@ -158,7 +158,8 @@ def test_a_deploy_rebuilds_beside_live_data_and_cuts_over_without_a_hole_or_a_mi
         def ready() -> bool | None:
             st = svc.control.changes.status(me, "monad_demo")["rebuild"]
             held = [s for s in scopes(svc, "transfers", 3) if s[1] == "buffered"]
-            return (st["blocked_by"] is None and held == [("200", "buffered")]) or None
+            idle = active_work(svc) == 0  # the live version done with the new range too
+            return (st["blocked_by"] is None and held == [("200", "buffered")] and idle) or None
 
         wait_for(ready, 600, "version 3 rebuilt, with the new range held")
         # Until the cutover, the rebuilt datasets answer as version 2; staking (not rebuilt)

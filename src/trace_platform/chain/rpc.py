@@ -47,3 +47,9 @@ class Rpc:
 
     def close(self) -> None:
         self.http.close()
+
+    def __enter__(self) -> Rpc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -20,7 +20,12 @@ from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.errors import Conflict, NotFound
 from trace_platform.identity import Actor, can_deploy
 from trace_platform.registry import rollout
-from trace_platform.registry.deploy import DeployResult, apply_live_spec, deploy
+from trace_platform.registry.deploy import (
+    DeployResult,
+    apply_live_spec,
+    deploy,
+    live_spec_problems,
+)
 
 _R = Queries("registry")
 _O = Queries("rollout")
@@ -55,6 +60,11 @@ def plan_json(res: DeployResult) -> dict[str, Any]:
     }
 
 
+def _conflicts(conn: Connection[Any], dag: dict[str, Any], spec: DagSpec) -> str | None:
+    problems = live_spec_problems(conn, dag, spec)
+    return f"cannot go live: {'; '.join(problems)}" if problems else None
+
+
 class DagChanges:
     def __init__(self, pool: ConnectionPool, dispatcher: Dispatcher) -> None:
         self.pool = pool
@@ -80,6 +90,7 @@ class DagChanges:
                 source,
                 intents=self.intents,
                 manual_cutover=manual_cutover,
+                dry_run=dry_run,
             )
             if dry_run:
                 raise psycopg.Rollback(tx)
@@ -116,7 +127,8 @@ class DagChanges:
                     "datasets": conn.execute(
                         _O.dataset_status, {"dag_id": dag_id, "version": building}
                     ).fetchall(),
-                    "blocked_by": rollout.blockers(rows),
+                    "blocked_by": rollout.blockers(rows)
+                    or _conflicts(conn, dag, spec_of(conn, dag_id, building)),
                 }
         return out
 
@@ -128,7 +140,9 @@ class DagChanges:
     def _cutover(
         self, conn: Connection[Any], dag_id: UUID, expect: int | None = None
     ) -> dict[str, Any]:
-        res = rollout.cutover(conn, self.intents, dag_id, expect=expect)
+        res = rollout.cutover(
+            conn, self.intents, dag_id, expect=expect, spec_of=lambda d, v: spec_of(conn, d, v)
+        )
         dag = conn.execute(_R.dag_by_id, {"dag_id": dag_id}).fetchone()
         apply_live_spec(conn, dag, spec_of(conn, dag_id, res["version"]))
         return res
@@ -142,7 +156,7 @@ class DagChanges:
                 self.intents,
                 dag_id,
                 to=to,
-                spec_of=lambda v: spec_of(conn, dag_id, v),
+                spec_of=lambda d, v: spec_of(conn, d, v),
                 fired_by=actor.user_id,
             )
             if res["rolled_back"] is not None:
@@ -161,14 +175,16 @@ class DagChanges:
         with self.pool.connection() as conn:
             candidates = conn.execute(_O.building_dags).fetchall()
         for c in candidates:
-            with self.pool.connection() as conn:
-                if rollout.blockers(rollout.progress(conn, c["dag_id"], c["building_version"])):
-                    continue
-                try:
+            try:
+                with self.pool.connection() as conn:
+                    if rollout.blockers(rollout.progress(conn, c["dag_id"], c["building_version"])):
+                        continue
                     with conn.transaction():
                         done.append(self._cutover(conn, c["dag_id"], c["building_version"]))
-                except Conflict as e:  # moved on meanwhile (a deploy, a new task): next round
-                    log.info("cutover of %s not done: %s", c["dag_id"], e)
+            except Conflict as e:  # moved on meanwhile, or a name taken: status says why
+                log.info("cutover of %s not done: %s", c["dag_id"], e)
+            except Exception:  # one DAG's trouble must not stop the others' cutovers
+                log.exception("cutover of %s failed", c["dag_id"])
         for d in done:
             log.info("cut over DAG %s to version %s", d["dag"], d["version"])
         return done

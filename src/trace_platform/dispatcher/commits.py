@@ -35,6 +35,22 @@ def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> d
     return outputs
 
 
+def purged_outputs(
+    conn: Connection[Any], st: dict[str, Any], commits: list[OutputCommit]
+) -> list[str]:
+    """The output versions these commits name that an admin purged since the task was made
+    (a task naming a dataset it does not produce is refused first)."""
+    outputs = check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
+    wanted = {
+        str(c.dataset_version or (outputs.get(str(c.dataset_uuid)) or {}).get("dataset_version"))
+        for c in commits
+    } - {"None"}
+    if not wanted:
+        return []
+    rows = conn.execute(_Q.existing_versions, {"versions": sorted(wanted)}).fetchall()
+    return sorted(wanted - {str(r["dataset_version"]) for r in rows})
+
+
 def commit_outputs(
     conn: Connection[Any], st: dict[str, Any], attempt: int, commits: list[OutputCommit]
 ) -> set[tuple[str, str]]:
@@ -64,6 +80,10 @@ def commit_outputs(
                 "row_count": c.row_count,
                 "byte_count": c.byte_count,
                 "dag_version": st.get("dag_version"),
+                "chain_id": c.chain.chain_id if c.chain else None,
+                "first_block_hash": c.chain.first_hash if c.chain else None,
+                "last_block_hash": c.chain.last_hash if c.chain else None,
+                "parent_hash": c.chain.parent_hash if c.chain else None,
             },
         ).fetchone()
         if row is not None and row["update_strategy"] == "replace":
@@ -138,6 +158,7 @@ class Emitter:
     def emit(self, req: EventsRequest) -> EventsResponse:
         """Events reported while the attempt runs (`/internal/events`)."""
         with self.pool.connection() as conn, conn.transaction():
+            conn.execute(_Q.lock_task_dag_shared, {"task_id": req.task_id})
             st = fenced(conn, req)
             reject_finished(st, req)
             reject_withdrawn(st, req)

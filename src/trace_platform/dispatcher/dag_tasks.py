@@ -111,7 +111,9 @@ def tasks_for_event(
     specs: list[tuple[TaskSpec, str]] = []
     cache: dict[tuple[UUID, int], dict[str, JobSpec]] = {}
     input_event = event_json(event_id, producer["task_id"], event)
-    if invalidates or event.payload.get("invalidates") is True:
+    # Invalidations cascade: a task redoing an invalidated scope invalidates what it emits, so
+    # every reader downstream recomputes without knowing the first cause.
+    if invalidates or producer.get("reprocessing") or event.payload.get("invalidates") is True:
         input_event["invalidates"] = True
     for s in subs:
         key = (s["dag_id"], s["dag_version"])

@@ -46,19 +46,25 @@ def reject_finished(st: dict[str, Any], ref: LeaseRef) -> None:
         )
 
 
-# DAG versions whose work may no longer land: rolled back, or abandoned by a later deploy.
-WITHDRAWN = ("rolled_back", "abandoned")
-
-
-def withdraw(st: dict[str, Any], req: CompleteRequest) -> CompleteRequest:
-    """A success of a task whose DAG version was withdrawn lands nothing: it ends canceled,
-    without its events, outputs or state, so a rolled-back version never commits again."""
-    if st.get("version_state") not in WITHDRAWN or req.outcome != "succeeded":
+def withdraw(
+    st: dict[str, Any], req: CompleteRequest, purged: list[str] | None = None
+) -> CompleteRequest:
+    """A success that may no longer land lands nothing: it ends canceled, without its events,
+    outputs or state. Either the task is withdrawn (its DAG version was rolled back or
+    abandoned, and its job is not the live version's), so a rolled-back version never commits
+    again; or an admin purged an output version it writes (`purged`)."""
+    if req.outcome != "succeeded" or not (st.get("withdrawn") or purged):
         return req
+    why = (
+        f"DAG version {st['dag_version']} was {st['version_state'].replace('_', ' ')}"
+        if st.get("withdrawn")
+        else f"output version{'s' if len(purged or []) > 1 else ''} {', '.join(purged or [])} "
+        "purged since the task was made"
+    )
     return req.model_copy(
         update={
             "outcome": "canceled",
-            "error": f"DAG version {st['dag_version']} was {st['version_state'].replace('_', ' ')}",
+            "error": why,
             "final_events": [],
             "outputs": [],
             "operator_state": None,
@@ -67,7 +73,7 @@ def withdraw(st: dict[str, Any], req: CompleteRequest) -> CompleteRequest:
 
 
 def reject_withdrawn(st: dict[str, Any], ref: LeaseRef) -> None:
-    if st.get("version_state") in WITHDRAWN:
+    if st.get("withdrawn"):
         raise Conflict(
             "version_withdrawn",
             f"task {ref.task_id} belongs to DAG version {st['dag_version']}, which was "

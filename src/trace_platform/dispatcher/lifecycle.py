@@ -31,7 +31,7 @@ from trace_platform.contract import (
 )
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher import reads, state
-from trace_platform.dispatcher.commits import Emitter, commit_outputs
+from trace_platform.dispatcher.commits import Emitter, commit_outputs, purged_outputs
 from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished, withdraw
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
@@ -212,6 +212,7 @@ class Lifecycle:
                         task_id=req.task_id, attempt=req.attempt, status="succeeded"
                     )
         with self.pool.connection() as conn, conn.transaction():
+            conn.execute(_Q.lock_task_dag_shared, {"task_id": req.task_id})
             st = fenced(conn, req)
             if st["status"] in ("succeeded", "canceled"):
                 if st["status"] == req.outcome:  # the same report again: idempotent
@@ -219,7 +220,7 @@ class Lifecycle:
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 reject_finished(st, req)
-            req = withdraw(st, req)
+            req = withdraw(st, req, purged_outputs(conn, st, req.outputs))
             req, conflict = self._compare_state(conn, st, req)
             # Commits first: an event for a scope they rewrote is an invalidation.
             rewritten = commit_outputs(conn, st, req.attempt, req.outputs)

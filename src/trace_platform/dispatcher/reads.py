@@ -9,7 +9,13 @@ from uuid import UUID
 
 from psycopg import Connection
 
-from trace_platform.contract import CommittedScope, DatasetRef, RangeSpec, scope_key
+from trace_platform.contract import (
+    ChainIdentity,
+    CommittedScope,
+    DatasetRef,
+    RangeSpec,
+    scope_key,
+)
 from trace_platform.db.queries import Queries
 from trace_platform.operators import WHOLE_INPUT_OPERATORS
 
@@ -28,10 +34,11 @@ def outputs_with_strategies(
     conn: Connection[Any], outputs: list[dict[str, Any]]
 ) -> list[DatasetRef]:
     refs = [DatasetRef(**r) for r in outputs]
-    rows = conn.execute(_Q.output_strategies, {"uuids": [r.dataset_uuid for r in refs]}).fetchall()
-    by_uuid = {r["dataset_uuid"]: r for r in rows}
+    versions = [r.dataset_version for r in refs if r.dataset_version is not None]
+    rows = conn.execute(_Q.output_strategies, {"versions": versions}).fetchall()
+    by_version = {r["dataset_version"]: r for r in rows}
     for ref in refs:
-        row = by_uuid.get(ref.dataset_uuid)
+        row = by_version.get(ref.dataset_version)
         if row is not None:
             ref.update_strategy = row["update_strategy"]
             ref.unique_key = list(row["unique_key"]) or None
@@ -59,7 +66,8 @@ def committed_reads(
         for o in outputs
         if rng is not None and o.update_strategy == "append" and o.unique_key and o.dataset_version
     ]
-    if not (scoped or whole or appends):
+    own = [o.dataset_version for o in outputs if scope is not None and o.dataset_version]
+    if not (scoped or whole or appends or own):
         return []
     rows = conn.execute(
         _Q.committed_reads,
@@ -67,6 +75,7 @@ def committed_reads(
             "scoped": scoped,
             "whole": whole,
             "appends": appends,
+            "own": own,
             "scope": scope,
             "range_start": rng.start if rng else None,
             "range_end": rng.end if rng else None,
@@ -81,6 +90,14 @@ def committed_reads(
             if r["range_start"] is not None and r["range_end"] is not None
             else None,
             location=r["location"],
+            chain=ChainIdentity(
+                chain_id=r["chain_id"],
+                first_hash=r["first_block_hash"],
+                parent_hash=r["parent_hash"],
+                last_hash=r["last_block_hash"],
+            )
+            if r["chain_id"] is not None
+            else None,
         )
         for r in rows
     ]

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from trace_platform.contract import EventIn, OutputCommit, RangeSpec
+from trace_platform.chain.identity import RangeMissing, identity
+from trace_platform.chain.rpc import Rpc
+from trace_platform.contract import ChainIdentity, EventIn, OutputCommit, RangeSpec, scope_key
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import (
     OperatorContext,
@@ -92,9 +94,6 @@ class CryoIngestConfig(OperatorConfig):
 
 
 def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
-    import cryo
-    import pyarrow.parquet as pq
-
     event = ctx.task.input_event or {}
     rng = event.get("range")
     if not rng:
@@ -109,9 +108,74 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
     rpc = cfg.rpc_url or ctx.env.get("RPC_URL")
     if not rpc:
         raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
+    with Rpc(rpc) as node:
+        chain = range_identity(node, start, end)
+        if already_holds(ctx, chain):
+            # A backfill's completeness check: every output holds this range, read from the
+            # chain the node has now. Nothing to redo, nothing downstream to wake.
+            ctx.progress(unchanged=True)
+            return OperatorResult()
+        result = _ingest(ctx, cfg, rpc, start, end, chain)
+        if range_identity(node, start, end) != chain:
+            raise OperatorError(
+                f"the chain changed under blocks {start}-{end - 1} while they were read (a "
+                "reorg); the range is read again"
+            )
+    return result
+
+
+def range_identity(node: Rpc, start: int, end: int) -> ChainIdentity:
+    try:
+        return identity(node, start, end)
+    except RangeMissing as e:
+        raise OperatorError(f"blocks {start}-{end - 1}: {e} (retrying)") from None
+
+
+def already_holds(ctx: OperatorContext, chain: ChainIdentity) -> bool:
+    """Whether every output already committed this range from exactly this chain."""
+    scope = scope_key(None, RangeSpec(**(ctx.task.input_event or {})["range"]))
+    held = {
+        c.dataset_version: c.chain
+        for c in ctx.task.committed
+        if c.scope == scope and c.chain is not None
+    }
+    return bool(ctx.task.outputs) and all(
+        held.get(o.dataset_version) == chain for o in ctx.task.outputs
+    )
+
+
+def _check_blocks(table: Any, chain: ChainIdentity, start: int, end: int) -> None:
+    """The blocks Cryo wrote are the ones the identity names (else the node moved between)."""
+    if table.num_rows == 0 or "block_hash" not in table.column_names:
+        return
+    rows = table.sort_by("block_number").select(["block_number", "block_hash"]).to_pylist()
+    first, last = rows[0], rows[-1]
+    if (
+        first["block_number"] != start
+        or last["block_number"] != end - 1
+        or "0x" + first["block_hash"].hex() != chain.first_hash
+        or "0x" + last["block_hash"].hex() != chain.last_hash
+    ):
+        raise OperatorError(
+            f"blocks {start}-{end - 1} as read do not match the node's chain now (a reorg); "
+            "the range is read again"
+        )
+
+
+def _ingest(
+    ctx: OperatorContext,
+    cfg: CryoIngestConfig,
+    rpc: str,
+    start: int,
+    end: int,
+    chain: ChainIdentity,
+) -> OperatorResult:
+    import cryo
+    import pyarrow.parquet as pq
+
     store = ctx.store
     result = OperatorResult()
-    for datatype, out in zip(datatypes, ctx.task.outputs, strict=True):
+    for datatype, out in zip(cfg.datatypes, ctx.task.outputs, strict=True):
         stage = ctx.workdir / datatype
         shutil.rmtree(stage, ignore_errors=True)
         stage.mkdir(parents=True)
@@ -141,6 +205,8 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
             # Rewrite with pyarrow: Spark's reader rejects some pages polars writes
             # ("Corrupted RLE data"); the stored files must be readable by every engine.
             table = pq.read_table(f)
+            if datatype == "blocks":
+                _check_blocks(table, chain, start, end)
             pq.write_table(table, f, compression="zstd")
             rows += table.num_rows
             size += f.stat().st_size
@@ -153,6 +219,7 @@ def cryo_ingest(ctx: OperatorContext) -> OperatorResult:
                 location=prefix,
                 row_count=rows,
                 byte_count=size,
+                chain=chain,
             )
         )
         result.events.append(

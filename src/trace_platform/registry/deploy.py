@@ -140,11 +140,12 @@ def deploy(
     *,
     intents: Intents,
     manual_cutover: bool = False,
+    dry_run: bool = False,
 ) -> DeployResult:
     """Run inside the caller's transaction; raises DagInvalid/Forbidden to roll it all back.
     `spec` is what `parse(source_yaml)` returned: every file-local check (the size caps
     included) has passed before a transaction is opened."""
-    d = _lock_dag(conn, actor, spec, source_yaml, source)
+    d = _lock_dag(conn, actor, spec, source_yaml, source, dry_run)
     _supersede_rebuild(d)
     _store_version(d)
     _plan_rebuild(d)
@@ -157,7 +158,8 @@ def deploy(
     _init_cron(d)
     if d.problems:  # every step has run: all problems are reported at once
         raise DagInvalid(d.source, d.problems)
-    replays = _go_live(d) if not d.building else _start_rebuild(d, intents, manual_cutover)
+    build = d.building
+    replays = _start_rebuild(d, intents, manual_cutover, dry_run) if build else _go_live(d)
     return DeployResult(
         d.dag_id,
         spec.name,
@@ -175,9 +177,15 @@ def deploy(
 
 
 def _lock_dag(
-    conn: Connection[Any], actor: Actor, spec: DagSpec, source_yaml: str, source: str
+    conn: Connection[Any],
+    actor: Actor,
+    spec: DagSpec,
+    source_yaml: str,
+    source: str,
+    dry_run: bool,
 ) -> _Deploy:
-    """The DAG row (made on a first deploy), locked, once the actor may deploy it."""
+    """The DAG row (made on a first deploy), locked, once the actor may deploy it. A dry run
+    holds the change lock shared: events keep flowing while it plans."""
     created = (
         conn.execute(
             _Q.insert_dag,
@@ -190,13 +198,15 @@ def _lock_dag(
         ).rowcount
         == 1
     )
-    dag = conn.execute(_Q.dag_for_update, {"org_id": actor.org_id, "name": spec.name}).fetchone()
+    # Not locked yet: the change lock comes first, then the row (every change takes them in
+    # that order; a row locked first would deadlock with a cutover).
+    dag = conn.execute(_Q.dag_by_name, {"org_id": actor.org_id, "name": spec.name}).fetchone()
     assert dag is not None
     if not can_deploy(actor, dag):
         raise Forbidden(
             f"'{actor.name}' may not deploy DAG '{spec.name}' (not its owner, an admin, or in its deploy roles)"
         )
-    dag = rollout.lock(conn, dag["dag_id"])
+    dag = rollout.lock(conn, dag["dag_id"], shared=dry_run)
     previous: dict[str, Any] = {}
     if dag["active_version"] is not None:
         prev = conn.execute(
@@ -309,6 +319,9 @@ def _cut_versions(d: _Deploy) -> None:
                         "dag_version": d.version,
                         "location": version_location(d.org_id, ds_uuid, ver, out.backend),
                         "state": "building" if d.building else "complete",
+                        "backend": out.backend,
+                        "update_strategy": out.update_strategy,
+                        "unique_key": out.unique_key,
                     },
                 )
             d.conn.execute(
@@ -480,9 +493,12 @@ def _go_live(d: _Deploy) -> dict[str, rollout.Replay]:
     return {}
 
 
-def _start_rebuild(d: _Deploy, intents: Intents, manual: bool) -> dict[str, rollout.Replay]:
+def _start_rebuild(
+    d: _Deploy, intents: Intents, manual: bool, dry_run: bool
+) -> dict[str, rollout.Replay]:
     """The version builds beside the live one: its rebuilt jobs replay the history they need
-    (and their downstream follows as the rebuild runs); it goes live at cutover."""
+    (and their downstream follows as the rebuild runs); it goes live at cutover. A dry run
+    only counts the replays."""
     key = {"dag_id": d.dag_id, "version": d.version}
     d.conn.execute(_O.set_building, key)
     d.conn.execute(_O.set_version_state, {**key, "state": "building"})
@@ -496,6 +512,7 @@ def _start_rebuild(d: _Deploy, intents: Intents, manual: bool) -> dict[str, roll
         jobs=d.rebuild,
         kind="deploy",
         fired_by=d.deployer.user_id,
+        dry_run=dry_run,
     )
 
 
@@ -503,12 +520,22 @@ def apply_live_spec(conn: Connection[Any], dag: dict[str, Any], spec: DagSpec) -
     """What goes live with a version at its cutover or rollback: dataset shapes, published
     names and hot windows, retired pool slots. Checked at deploy; a conflict arisen since
     (another DAG took a name) refuses the change."""
+    problems = live_spec_problems(conn, dag, spec)
+    if problems:
+        raise Conflict("publish_conflict", "; ".join(problems))
     d = _Deploy(conn, None, spec, "", f"DAG '{dag['name']}'", dag, False, {})
     _assign_datasets(d)
     _publish_names(d)
     _pool_slots(d)
-    if d.problems:
-        raise Conflict("publish_conflict", "; ".join(f"{p.path}: {p.message}" for p in d.problems))
+
+
+def live_spec_problems(conn: Connection[Any], dag: dict[str, Any], spec: DagSpec) -> list[str]:
+    """What would refuse `spec` going live now (a name another DAG publishes meanwhile);
+    changes nothing."""
+    d = _Deploy(conn, None, spec, "", f"DAG '{dag['name']}'", dag, False, {})
+    _assign_datasets(d, shape=False)
+    _publish_names(d, apply=False)
+    return [f"{p.where}: {p.message}" for p in d.problems]
 
 
 def _materialization(stored: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ holding the DAG's lock exclusive (`lock`), so event fan-out sees any change whol
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -29,6 +29,7 @@ from trace_platform.errors import Conflict
 
 _Q = Queries("rollout")
 _R = Queries("registry")
+_T = Queries("dag_tasks")
 
 SCOPES_SHOWN = 20  # scopes listed per job in a plan; the count is always whole
 
@@ -48,8 +49,14 @@ class Replay:
             self.scopes.append(scope)
 
 
-def lock(conn: Connection[Any], dag_id: UUID) -> dict[str, Any]:
-    """The DAG's row and its change lock, both held to the end of the transaction."""
+def lock(conn: Connection[Any], dag_id: UUID, *, shared: bool = False) -> dict[str, Any]:
+    """The DAG's change lock, then its row, both held to the end of the transaction (`shared`:
+    only the change lock, shared, as event fan-out takes it: for a plan that changes nothing)."""
+    if shared:
+        conn.execute(_T.lock_dag_shared, {"dag_id": dag_id})
+        row = conn.execute(_R.dag_by_id, {"dag_id": dag_id}).fetchone()
+        assert row is not None
+        return row  # type: ignore[no-any-return]
     conn.execute(_Q.lock_dag, {"dag_id": dag_id})
     row = conn.execute(_Q.dag_for_update, {"dag_id": dag_id}).fetchone()
     assert row is not None
@@ -81,30 +88,36 @@ def replay(
     fired_by: UUID | None,
     status: str = "queued",
     check_consumed: bool = False,
+    invalidates: bool = False,
+    dry_run: bool = False,
+    only_inputs: set[UUID] | None = None,
 ) -> dict[str, Replay]:
     """Tasks of `version` for `jobs` over the history their inputs hold: for each triggering
     input that is not itself rebuilt here, the events of its current version (the newest per
     scope); for a source job, the trigger firings. Inputs rebuilt here feed the rebuild
     downstream as it runs. With `check_consumed`, history a task writing the same outputs
-    already consumed is skipped (a rollback catches up only on what it missed)."""
+    already consumed is skipped (a rollback catches up only on what it missed). With
+    `invalidates`, each replayed event reaches its task as an invalidation (what the job built
+    from it before is stale). A `dry_run` counts and creates nothing."""
     jobs = set(jobs)
     dag_id: UUID = dag["dag_id"]
     vmap = version_map(conn, dag_id, version)
     current = _current(conn, list(vmap))
     rebuilt = {ds for ds, ver in vmap.items() if current.get(ds) != ver}
     run_id = uuid.uuid4()
-    conn.execute(
-        _Q.insert_change_run,
-        {
-            "run_id": run_id,
-            "dag_id": dag_id,
-            "dag_version": version,
-            "kind": kind,
-            "fire_key": f"{kind}:v{version}:{run_id}",
-            "config": Jsonb({"jobs": sorted(jobs)}),
-            "fired_by": fired_by,
-        },
-    )
+    if not dry_run:
+        conn.execute(
+            _Q.insert_change_run,
+            {
+                "run_id": run_id,
+                "dag_id": dag_id,
+                "dag_version": version,
+                "kind": kind,
+                "fire_key": f"{kind}:v{version}:{run_id}",
+                "config": Jsonb({"jobs": sorted(jobs)}),
+                "fired_by": fired_by,
+            },
+        )
     plans: dict[str, Replay] = {}
     for name in sorted(jobs):
         plan = plans[name] = Replay(name)
@@ -112,12 +125,16 @@ def replay(
             {"dataset_version": str(ver)} for _, ver in _outputs_of(conn, dag_id, version, name)
         ]
         for input_event, event_id, scope in _history(
-            conn, dag, spec, name, current, rebuilt, Jsonb(target), check_consumed
+            conn, dag, spec, name, current, rebuilt, Jsonb(target), check_consumed, only_inputs
         ):
+            plan.add(scope)
+            if dry_run:
+                continue
+            if invalidates:
+                input_event["invalidates"] = True
             _replay_task(
                 conn, intents, dag, version, name, spec, run_id, input_event, event_id, status
             )
-            plan.add(scope)
     return plans
 
 
@@ -130,8 +147,10 @@ def _history(
     rebuilt: set[UUID],
     target: Jsonb,
     check_consumed: bool,
+    only_inputs: set[UUID] | None = None,
 ) -> list[tuple[dict[str, Any], UUID | None, str]]:
-    """(input event, its id, its scope) for every piece of history job `name` replays."""
+    """(input event, its id, its scope) for every piece of history job `name` replays (from
+    `only_inputs`, when given)."""
     common = {
         "dag_id": dag["dag_id"],
         "job": name,
@@ -153,7 +172,7 @@ def _history(
         if not inp.triggers:
             continue
         ds = _input_dataset(conn, dag, inp)
-        if ds is None or ds in rebuilt:
+        if ds is None or ds in rebuilt or (only_inputs is not None and ds not in only_inputs):
             continue  # rebuilt here: its new events reach this job as the rebuild runs
         written = current.get(ds) or _current(conn, [ds]).get(ds)
         if written is None:
@@ -238,18 +257,27 @@ def blockers(rows: list[dict[str, Any]]) -> str | None:
     """Why a building version cannot cut over yet (None: it can)."""
     pending = sum(r["pending"] for r in rows)
     failed = [f"{r['job']} ({r['failed']})" for r in rows if r["failed"]]
-    if failed:
-        return (
-            f"rebuild tasks failed: {', '.join(failed)}; fix and deploy again, or abandon the "
-            "rebuild with `trace dag rollback`"
+    canceled = [f"{r['job']} ({r['canceled']})" for r in rows if r["canceled"]]
+    if failed or canceled:
+        # Either leaves a hole in what the rebuild holds: going live would serve it.
+        what = "; ".join(
+            f"rebuild tasks {verb}: {', '.join(jobs)}"
+            for verb, jobs in (("failed", failed), ("canceled", canceled))
+            if jobs
         )
+        return f"{what}; fix and deploy again, or abandon the rebuild with `trace dag rollback`"
     if pending:
         return f"{pending} rebuild task{'s' if pending != 1 else ''} still queued or running"
     return None
 
 
 def cutover(
-    conn: Connection[Any], intents: Intents, dag_id: UUID, *, expect: int | None = None
+    conn: Connection[Any],
+    intents: Intents,
+    dag_id: UUID,
+    *,
+    spec_of: Callable[[UUID, int], DagSpec],
+    expect: int | None = None,
 ) -> dict[str, Any]:
     """Makes the building version live: every pointer of its map, the active version, its held
     work released and the replaced version's outstanding work on rebuilt jobs canceled, all
@@ -287,6 +315,7 @@ def cutover(
         },
     ).fetchall()
     released = _release(conn, intents, dag_id, version)
+    readers = refresh_readers(conn, intents, dag_id, [r["dataset_uuid"] for r in swapped], spec_of)
     return {
         "dag": dag["name"],
         "version": version,
@@ -294,7 +323,41 @@ def cutover(
         "datasets_swapped": len(swapped),
         "released": released,
         "canceled": len(canceled),
+        "readers": readers,
     }
+
+
+def refresh_readers(
+    conn: Connection[Any],
+    intents: Intents,
+    dag_id: UUID,
+    datasets: list[UUID],
+    spec_of: Callable[[UUID, int], DagSpec],
+) -> dict[str, int]:
+    """Other DAGs reading swapped datasets built from what was current before: each reading
+    job re-runs over the new version's history, as invalidations (so its downstream follows),
+    in a run of its own DAG. Returns tasks made per reading DAG."""
+    if not datasets:
+        return {}
+    out: dict[str, int] = {}
+    for r in conn.execute(_Q.shared_readers, {"dag_id": dag_id, "datasets": datasets}).fetchall():
+        conn.execute(_T.lock_dag_shared, {"dag_id": r["dag_id"]})
+        reader = conn.execute(_R.dag_by_id, {"dag_id": r["dag_id"]}).fetchone()
+        assert reader is not None
+        plans = replay(
+            conn,
+            intents,
+            dag=reader,
+            version=reader["active_version"],
+            spec=spec_of(r["dag_id"], reader["active_version"]),
+            jobs=r["jobs"],
+            kind="upstream",
+            fired_by=None,
+            invalidates=True,
+            only_inputs=set(datasets),
+        )
+        out[reader["name"]] = sum(p.tasks for p in plans.values())
+    return out
 
 
 def _release(conn: Connection[Any], intents: Intents, dag_id: UUID, version: int) -> int:
@@ -333,14 +396,14 @@ def rollback(
     dag_id: UUID,
     *,
     to: int | None,
-    spec_of: Any,
+    spec_of: Callable[[UUID, int], DagSpec],
     fired_by: UUID | None,
 ) -> dict[str, Any]:
     """Puts `to` (default: the version active before this one) back live in one transaction:
     pointers and active version swapped back, the rolled-back version's queued and held work
     canceled and its running attempts asked to stop (whatever they report lands nothing), a
     rebuild in flight abandoned. Work the restored version missed while it was not live is
-    replayed for it. `spec_of(version)` gives a version's DagSpec."""
+    replayed for it. `spec_of(dag_id, version)` gives a version's DagSpec."""
     dag = lock(conn, dag_id)
     active = dag["active_version"]
     abandoned = abandon(conn, dag, "rolled back")
@@ -362,7 +425,7 @@ def rollback(
     if states[to]["state"] == "abandoned":
         raise Conflict("abandoned", f"version {to} of DAG '{dag['name']}' was never completed")
     outs = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": to}).fetchall()
-    spec: DagSpec = spec_of(to)
+    spec = spec_of(dag_id, to)
     wanted = sum(len(j.outputs) for j in spec.jobs.values())
     if len(outs) < wanted or any(o["state"] != "complete" for o in outs):
         raise Conflict(
@@ -377,15 +440,21 @@ def rollback(
         _Q.set_version_state, {"dag_id": dag_id, "version": active, "state": "rolled_back"}
     )
     conn.execute(_Q.set_version_state, {**key, "state": "active"})
+    # Only the jobs the two versions do not share: the others' work is the same in both, it
+    # goes on (and lands) whichever version made it.
+    before, after = lineage(conn, dag_id, active), lineage(conn, dag_id, to)
+    jobs = {j for j, since in after.items() if before.get(j) != since}
     canceled = conn.execute(
         _Q.cancel_work,
-        {"dag_id": dag_id, "versions": [active], "jobs": None, "reason": "rolled back"},
+        {
+            "dag_id": dag_id,
+            "versions": [active],
+            "jobs": sorted(j for j, since in before.items() if after.get(j) != since),
+            "reason": "rolled back",
+        },
     ).fetchall()
-    # Jobs whose outputs differ between the two versions missed what came while `to` was not
-    # live: each catches up on it (what it already consumed is skipped).
-    old_map, new_map = version_map(conn, dag_id, active), version_map(conn, dag_id, to)
-    differing = {ds for ds in new_map if old_map.get(ds) != new_map[ds]}
-    jobs = {o["job"] for o in outs if o["dataset_uuid"] in differing}
+    # Jobs whose outputs differ missed what came while `to` was not live: each catches up on
+    # it (what it already consumed is skipped).
     plans = replay(
         conn,
         intents,
@@ -397,6 +466,7 @@ def rollback(
         fired_by=fired_by,
         check_consumed=True,
     )
+    readers = refresh_readers(conn, intents, dag_id, [r["dataset_uuid"] for r in swapped], spec_of)
     return {
         "dag": dag["name"],
         "version": to,
@@ -405,6 +475,7 @@ def rollback(
         "datasets_swapped": len(swapped),
         "canceled": len(canceled),
         "replays": {j: p.tasks for j, p in plans.items() if p.tasks},
+        "readers": readers,
     }
 
 

@@ -7,12 +7,14 @@ be reading them."""
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Any
 from uuid import UUID
 
 from psycopg import Connection
 
 from trace_platform.db.queries import Queries
+from trace_platform.registry import rollout
 
 _R = Queries("registry")
 
@@ -22,10 +24,13 @@ def list_versions(conn: Connection[Any], dataset_uuid: UUID) -> list[dict[str, A
     return conn.execute(_R.versions_of_dataset, {"dataset_uuid": dataset_uuid}).fetchall()
 
 
-def keep_reasons(version: dict[str, Any], newest: set[UUID]) -> list[str]:
+def keep_reasons(
+    version: dict[str, Any], newest: AbstractSet[UUID], pinned: AbstractSet[UUID] = frozenset()
+) -> list[str]:
     """Why a purge keeps this version (none: it goes)."""
     reasons = [
         ("current", version["current"]),
+        ("pinned by unfinished tasks", version["dataset_version"] in pinned),
         ("building", version["state"] == "building"),
         ("active map", version["active_map"]),
         ("building map", version["building_map"]),
@@ -39,16 +44,24 @@ def purge(
 ) -> dict[str, Any]:
     """Purges every version of `dataset` (a registry row) but the `keep` newest complete ones,
     the current one, building ones and those the DAG's active or building version maps. Runs
-    in the caller's transaction, holding the producing DAG's row so a cutover or rollback
-    cannot swap pointers to a version being deleted."""
-    conn.execute(_R.purge_lock_dag, {"dag_id": dataset["producer_dag_id"]})
+    in the caller's transaction, holding the producing DAG's change lock so a cutover or
+    rollback cannot swap pointers to a version being deleted, and no completion lands a commit
+    on it meanwhile (one after finds it gone and lands nothing). Versions an unfinished task
+    reads or writes are kept."""
+    rollout.lock(conn, dataset["producer_dag_id"])
     rows = list_versions(conn, dataset["dataset_uuid"])
+    pinned = {
+        r["dataset_version"]
+        for r in conn.execute(
+            _R.pinned_versions, {"dataset_uuid": dataset["dataset_uuid"]}
+        ).fetchall()
+    }
     complete = [r["dataset_version"] for r in rows if r["state"] == "complete"]
     newest = set(complete[:keep])  # rows come newest first
     kept: list[dict[str, Any]] = []
     purged: list[dict[str, Any]] = []
     for r in rows:
-        reasons = keep_reasons(r, newest)
+        reasons = keep_reasons(r, newest, pinned)
         if reasons:
             kept.append({"dataset_version": r["dataset_version"], "reasons": reasons})
         else:

@@ -5,8 +5,8 @@ SELECT spec FROM dag_versions WHERE dag_id = %(dag_id)s AND version = %(version)
 
 -- name: job_outputs
 -- What the job writes in this DAG version: each output's dataset version from the version's map.
-SELECT ds.dataset_uuid, ds.producer_output_index AS output_index, ds.backend, ds.dataset_name,
-       o.dataset_version, v.location
+SELECT ds.dataset_uuid, ds.producer_output_index AS output_index,
+       coalesce(v.backend, ds.backend) AS backend, ds.dataset_name, o.dataset_version, v.location
 FROM dag_version_outputs o
 JOIN datasets ds ON ds.dataset_uuid = o.dataset_uuid
 JOIN dataset_versions v ON v.dataset_version = o.dataset_version
@@ -16,7 +16,7 @@ ORDER BY ds.producer_output_index;
 -- name: job_inputs
 -- Each input pinned for the whole life of the task: a dataset of the same DAG at the version
 -- this DAG version writes (a rebuild reads what it rebuilds), another DAG's at its current one.
-SELECT s.input_index, ds.dataset_uuid, ds.dataset_name, ds.backend,
+SELECT s.input_index, ds.dataset_uuid, ds.dataset_name, coalesce(v.backend, ds.backend) AS backend,
        coalesce(o.dataset_version, c.dataset_version) AS dataset_version, v.location
 FROM dag_subscriptions s
 JOIN datasets ds ON ds.dataset_uuid = s.dataset_uuid

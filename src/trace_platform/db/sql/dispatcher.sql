@@ -28,11 +28,24 @@ SET finished_at = coalesce(finished_at, now()),
 WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND attempt = %(attempt)s;
 
 -- name: status_for_update
--- version_state: whether the DAG version that made the task was rolled back or abandoned since.
+-- version_state: whether the DAG version that made the task was rolled back or abandoned since;
+-- reprocessing: the task redoes a scope upstream invalidated (its own events invalidate too).
 SELECT s.*, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds, r.org_id,
        r.outputs, r.run_id, r.dag_id, r.dag_version, r.job,
+       coalesce((r.input_event ->> 'invalidates')::boolean, false) AS reprocessing,
        (SELECT v.state FROM dag_versions v
-        WHERE v.dag_id = r.dag_id AND v.version = r.dag_version) AS version_state
+        WHERE v.dag_id = r.dag_id AND v.version = r.dag_version) AS version_state,
+       -- withdrawn: its version was rolled back or abandoned and its job's lineage is not the
+       -- live version's (a job both versions share keeps its work).
+       EXISTS (SELECT 1 FROM dag_versions v
+               WHERE v.dag_id = r.dag_id AND v.version = r.dag_version
+                 AND v.state IN ('rolled_back', 'abandoned'))
+       AND NOT EXISTS (SELECT 1 FROM dag_version_jobs j1
+                       JOIN dags d ON d.dag_id = j1.dag_id
+                       JOIN dag_version_jobs j2 ON j2.dag_id = j1.dag_id
+                        AND j2.dag_version = d.active_version AND j2.job = j1.job
+                       WHERE j1.dag_id = r.dag_id AND j1.dag_version = r.dag_version
+                         AND j1.job = r.job AND j2.since_version = j1.since_version) AS withdrawn
 FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
 WHERE s.task_id = %(task_id)s
@@ -214,22 +227,29 @@ WITH old AS (
 ), up AS (
   INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, attempt, scope,
                                partition_key, range_start, range_end, location, row_count,
-                               byte_count, dag_version)
+                               byte_count, dag_version, chain_id, first_block_hash,
+                               last_block_hash, parent_hash)
   VALUES (%(commit_id)s, %(dataset_uuid)s, %(dataset_version)s, %(task_id)s, %(attempt)s, %(scope)s,
           %(partition_key)s, %(range_start)s, %(range_end)s, %(location)s, %(row_count)s,
-          %(byte_count)s, %(dag_version)s)
+          %(byte_count)s, %(dag_version)s, %(chain_id)s, %(first_block_hash)s,
+          %(last_block_hash)s, %(parent_hash)s)
   ON CONFLICT (dataset_version, scope) DO UPDATE
   SET task_id = EXCLUDED.task_id, attempt = EXCLUDED.attempt, location = EXCLUDED.location,
       dag_version = EXCLUDED.dag_version,
-      row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now()
+      row_count = EXCLUDED.row_count, byte_count = EXCLUDED.byte_count, created_at = now(),
+      chain_id = EXCLUDED.chain_id, first_block_hash = EXCLUDED.first_block_hash,
+      last_block_hash = EXCLUDED.last_block_hash, parent_hash = EXCLUDED.parent_hash
   RETURNING location
 )
 INSERT INTO retired_locations (org_id, backend, location, reason)
-SELECT ds.org_id, ds.backend, old.location, 'superseded'
+SELECT ds.org_id, coalesce(v.backend, ds.backend), old.location, 'superseded'
 FROM old CROSS JOIN up JOIN datasets ds ON ds.dataset_uuid = %(dataset_uuid)s
+LEFT JOIN dataset_versions v ON v.dataset_version = %(dataset_version)s
 WHERE old.location IS NOT NULL AND old.location IS DISTINCT FROM up.location
 -- A row back: the scope was rewritten (its dataset's strategy says whether that invalidates).
-RETURNING (SELECT update_strategy FROM datasets WHERE dataset_uuid = %(dataset_uuid)s) AS update_strategy;
+RETURNING (SELECT coalesce(v.update_strategy, d.update_strategy)
+           FROM dataset_versions v JOIN datasets d USING (dataset_uuid)
+           WHERE v.dataset_version = %(dataset_version)s) AS update_strategy;
 
 -- name: claim
 -- Lease a claimable task and open its attempt, in one round trip. `pooled` false claims only
@@ -322,3 +342,14 @@ WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND outcome = 'state_c
 -- name: task_dag_paused
 SELECT d.name, d.paused FROM task_registry r JOIN dags d ON d.dag_id = r.dag_id
 WHERE r.task_id = %(task_id)s;
+
+-- name: lock_task_dag_shared
+-- A report that may fan out takes its DAG's change lock shared BEFORE its status row: the
+-- order a cutover or rollback (change lock exclusive, then task rows) takes them too.
+SELECT pg_advisory_xact_lock_shared(hashtextextended('trace-dag:' || dag_id::text, 0))
+FROM task_registry WHERE task_id = %(task_id)s AND dag_id IS NOT NULL;
+
+-- name: existing_versions
+-- The output versions a completion commits to that still exist, held against a purge.
+SELECT dataset_version FROM dataset_versions WHERE dataset_version = ANY(%(versions)s)
+FOR KEY SHARE;

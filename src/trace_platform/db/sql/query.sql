@@ -3,11 +3,13 @@
 -- name: pin_datasets
 -- The named datasets plus their published hot windows, each with its current version and that
 -- version's committed locations: one statement, so one snapshot for every pin.
-SELECT ds.dataset_uuid, ds.dataset_name, ds.backend, ds.read_roles, ds.org_id,
+SELECT ds.dataset_uuid, ds.dataset_name, coalesce(v.backend, ds.backend) AS backend,
+       ds.read_roles, ds.org_id,
        ds.hot_window_of, ds.hot_window_key,
        d.owner_user_id, d.deploy_roles,
        c.dataset_version, v.location AS version_location,
-       CASE WHEN ds.backend = 'postgres' THEN to_regclass(v.location) IS NOT NULL END AS table_exists,
+       CASE WHEN coalesce(v.backend, ds.backend) = 'postgres'
+            THEN to_regclass(v.location) IS NOT NULL END AS table_exists,
        ARRAY(SELECT dc.location FROM dataset_commits dc
              WHERE dc.dataset_version = c.dataset_version AND dc.location IS NOT NULL
              ORDER BY dc.scope) AS commit_locations

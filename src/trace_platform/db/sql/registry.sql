@@ -126,14 +126,18 @@ ORDER BY ds.dataset_name;
 -- name: set_read_roles
 UPDATE datasets SET read_roles = %(roles)s WHERE dataset_uuid = %(dataset_uuid)s;
 
--- name: reset_operator_state
-DELETE FROM operator_state WHERE dag_id = %(dag_id)s AND job = ANY(%(jobs)s);
-
 -- Dataset versions: listed, and purged by an admin (never automatically).
 
--- name: purge_lock_dag
--- The producing DAG's row: a purge takes turns with deploys, cutovers and rollbacks.
-SELECT dag_id FROM dags WHERE dag_id = %(dag_id)s FOR UPDATE;
+-- name: pinned_versions
+-- Versions of the dataset an unfinished task reads or writes: a purge keeps them (the task
+-- would find its files gone, or commit to a version that no longer exists).
+SELECT DISTINCT (x ->> 'dataset_version')::uuid AS dataset_version
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+CROSS JOIN LATERAL jsonb_array_elements(r.input_versions || r.outputs) AS x
+WHERE s.status IN ('queued', 'buffered', 'running')
+  AND x ->> 'dataset_uuid' = %(dataset_uuid)s::text
+  AND x ->> 'dataset_version' IS NOT NULL;
 
 -- name: versions_of_dataset
 -- Every version of a dataset, newest first, with what still needs it: the served pointer, the

@@ -28,8 +28,10 @@ INSERT INTO dag_version_jobs (dag_id, dag_version, job, since_version)
 VALUES (%(dag_id)s, %(version)s, %(job)s, %(since_version)s);
 
 -- name: insert_dataset_version
-INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, location, state)
-VALUES (%(dataset_version)s, %(dataset_uuid)s, %(dag_id)s, %(dag_version)s, %(location)s, %(state)s);
+INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, location, state,
+                              backend, update_strategy, unique_key)
+VALUES (%(dataset_version)s, %(dataset_uuid)s, %(dag_id)s, %(dag_version)s, %(location)s, %(state)s,
+        %(backend)s, %(update_strategy)s, %(unique_key)s);
 
 -- name: set_version_state
 UPDATE dag_versions
@@ -185,3 +187,12 @@ ORDER BY o.job, ds.producer_output_index;
 
 -- name: current_of
 SELECT dataset_uuid, dataset_version FROM dataset_current WHERE dataset_uuid = ANY(%(datasets)s);
+
+-- name: shared_readers
+-- Other DAGs' live jobs woken by these datasets: after a swap they re-run over the new history.
+SELECT s.dag_id, array_agg(DISTINCT s.job ORDER BY s.job) AS jobs
+FROM dag_subscriptions s
+JOIN dags d ON d.dag_id = s.dag_id AND s.dag_version = d.active_version
+WHERE s.dataset_uuid = ANY(%(datasets)s) AND s.dag_id <> %(dag_id)s AND s.triggers
+GROUP BY s.dag_id
+ORDER BY s.dag_id;
