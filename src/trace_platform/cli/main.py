@@ -28,6 +28,7 @@ from trace_platform.cli.control import (
 )
 from trace_platform.cli.devnet import devnet_app
 from trace_platform.cli.query import query
+from trace_platform.cli.verify import verify
 from trace_platform.config import Settings, get_settings, shown
 from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgresError
@@ -51,6 +52,7 @@ app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
 app.add_typer(devnet_app, name="devnet")
 app.command("query")(query)
+app.command("verify")(verify)
 
 console = Console()
 
