@@ -10,10 +10,12 @@ import subprocess
 import sys
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.cli import trace
 from tests.support.dags import admin, user
 from tests.support.wait import wait_for
 from trace_platform.contract import (
@@ -524,3 +526,36 @@ def test_a_replace_correction_reruns_exactly_the_downstream_of_its_scope(live: S
     fire(services, (700, 799))
     run_all(services)
     assert "invalidates" not in input_events(services, "agg")[-1]
+
+
+def test_the_cli_diffs_follows_cuts_over_and_rolls_back(
+    live: Services, dsn: str, tmp_path: Path
+) -> None:
+    """The commands a user runs, as a subprocess against the same database."""
+    env = {
+        "TRACE_STATE_DSN": dsn,
+        "TRACE_HOME": str(live.settings.home),
+        "TRACE_OPERATOR_REGISTRY": "testing",
+    }
+    dag = tmp_path / "chg.yaml"
+    dag.write_text(pipeline("b"))
+    diff = trace(["dag", "diff", str(dag)], env)
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert "decode" in diff.stdout and "would rebuild: agg, decode" in diff.stdout
+    assert "range:0-99, range:100-199" in diff.stdout
+    assert q(live, "SELECT count(*) AS n FROM dag_versions")[0]["n"] == 1  # nothing changed
+    out = trace(["dag", "deploy", "--manual-cutover", str(dag)], env)
+    assert "version 2 (building)" in out.stdout, out.stdout + out.stderr
+    run_all(live)
+    status = trace(["dag", "status", "chg"], env)
+    assert "version 2 building (manual cutover)" in status.stdout, status.stdout
+    assert "ready to cut over" in status.stdout
+    cut = trace(["dag", "cutover", "chg"], env)
+    assert "cut over to version 2 (from 1): 2 datasets swapped" in cut.stdout, cut.stdout
+    back = trace(["dag", "rollback", "chg", "--to", "1"], env)
+    assert "rolled back to version 1 (from 2)" in back.stdout, back.stdout + back.stderr
+    again = trace(["dag", "rollback", "chg", "--to", "1"], env)
+    assert again.returncode == 1 and "already active" in again.stdout
+    paused = trace(["dag", "pause", "chg"], env)
+    assert "paused" in paused.stdout
+    assert "(paused)" in trace(["dag", "status", "chg"], env).stdout

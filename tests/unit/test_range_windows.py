@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import random
 
-from trace_platform.operators.ranges import completed_windows, invalidated_windows, merge, split
+from trace_platform.operators.ranges import (
+    completed_windows,
+    invalidated_windows,
+    merge,
+    reorged,
+    split,
+)
 
 
 def test_merge_joins_touching_and_overlapping_ranges() -> None:
@@ -44,3 +50,11 @@ def test_a_rewritten_range_reopens_exactly_the_complete_windows_it_overlaps() ->
     assert invalidated_windows(covered, (250, 420), 100, 0) == [(200, 300)]
     assert invalidated_windows(covered, (5, 5), 100, 0) == []
     assert invalidated_windows([(50, 250)], (60, 70), 100, 50) == [(50, 150)]
+
+
+def test_a_reorg_reemits_every_recorded_range_from_the_first_the_node_disowns() -> None:
+    recent = [(0, 100, "0xa"), (100, 200, "0xb"), (200, 300, "0xc")]
+    assert reorged(recent, ["0xa", "0xb", "0xc"]) == []
+    assert reorged(recent, ["0xa", "0xB2", "0xc"]) == [(100, 200), (200, 300)]
+    assert reorged(recent, ["0xa", "0xb", None]) == [(200, 300)]  # the chain got shorter
+    assert reorged([], []) == []

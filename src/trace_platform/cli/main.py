@@ -392,8 +392,14 @@ def demo(
         int | None, typer.Option(min=1, help="blocks per range (default 500, or as last synced)")
     ] = None,
     workers: Annotated[int, typer.Option(min=1)] = 2,
+    devnet_seed: Annotated[
+        int | None,
+        typer.Option(help="the devnet's activity seed (another seed: another chain, same id)"),
+    ] = None,
 ) -> None:
-    """The Monad demo: sync a chain range, analyse it, print the analytics and charts."""
+    """The Monad demo: sync a chain range, analyse it, print the analytics and charts. Data
+    already synced is reused only if the node still has the same blocks (hashes compared)."""
+    from trace_platform.devnet import ChainSpec
     from trace_platform.lite.demo import run_demo
 
     raise typer.Exit(
@@ -406,6 +412,7 @@ def demo(
             chunk_size=chunk_size,
             workers=workers,
             console=console,
+            devnet_spec=ChainSpec(seed=devnet_seed) if devnet_seed is not None else None,
         )
     )
 

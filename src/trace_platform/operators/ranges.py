@@ -71,7 +71,10 @@ RUN_CONFIG_KEYS = ("from_block", "to_block", "chunk_size")
 
 class ChainTipConfig(OperatorConfig):
     chunk_size: int = Field(default=100, ge=1, le=MAX_BLOCK)
+    # The reorg buffer: ranges stop this many blocks below the (finalized) head.
     safety_blocks: int = Field(default=3, ge=0, le=1_000_000)
+    # How many of the last emitted ranges each run re-checks against the node's hashes.
+    recheck_ranges: int = Field(default=16, ge=0, le=1000)
     start_block: int = Field(default=0, ge=0, le=MAX_BLOCK)
     rpc_url: str | None = Field(default=None, max_length=2048)
 
@@ -157,10 +160,13 @@ def range_splitter(ctx: OperatorContext) -> list[EventIn]:
 
 def chain_tip(ctx: OperatorContext) -> OperatorResult:
     """Tip following: each run emits the complete, aligned ranges between where the last run
-    stopped (durable operator state) and the chain head minus `safety_blocks` (Monad's `latest`
-    is speculative; `finalized` is used when the node has it). Config: `chunk_size`,
-    `start_block`, `safety_blocks`, `rpc_url` (else the slot's RPC_URL). A run emits at most
-    MAX_RANGES_PER_REQUEST ranges; the next run goes on from there."""
+    stopped (durable operator state) and the chain head minus `safety_blocks` (the reorg
+    buffer: Monad's `latest` is speculative; `finalized` is used when the node has it). Config:
+    `chunk_size`, `start_block`, `safety_blocks`, `recheck_ranges`, `rpc_url` (else the slot's
+    RPC_URL). A run emits at most MAX_RANGES_PER_REQUEST ranges; the next run goes on from
+    there. Every run first re-checks the last block hash of the last `recheck_ranges` ranges it
+    emitted: from the first the node no longer confirms (a reorg below the buffer), those
+    ranges are emitted again, so they are re-read and everything built from them redone."""
     from trace_platform.chain import Rpc, RpcError
 
     cfg = ChainTipConfig.from_ctx(ctx)
@@ -170,22 +176,57 @@ def chain_tip(ctx: OperatorContext) -> OperatorResult:
         raise PermanentError("no RPC: set config.rpc_url or RPC_URL in the worker pool slot")
     state = ctx.task.operator_state or {}
     start = int(state.get("next_block", cfg.start_block))
-    rpc = Rpc(rpc_url)
-    try:
+    recent = [(int(a), int(b), str(h)) for a, b, h in state.get("recent", [])]
+    with Rpc(rpc_url) as rpc:
         try:
             head = int(rpc.call("eth_getBlockByNumber", "finalized", False)["number"], 16)
         except (RpcError, TypeError, KeyError):
             head = rpc.block_number()
-    finally:
-        rpc.close()
-    safe = head - cfg.safety_blocks
-    stop = ((safe + 1) // size) * size  # only whole chunks: the same ranges a backfill makes
-    if stop > start and count_ranges(start, stop - 1, size) > MAX_RANGES_PER_REQUEST:
-        stop = (start // size + MAX_RANGES_PER_REQUEST) * size  # the rest on the next run
-    spans = split(start, stop - 1, size) if stop > start else []
-    events = deliver(ctx, spans, head=head)
-    ctx.progress(head=head, emitted=len(spans))
-    return OperatorResult(events=events, state={"next_block": max(start, stop), "head": head})
+        gone = reorged(recent, last_hashes(rpc, [b for _, b, _ in recent]))
+        stale = gone
+        safe = head - cfg.safety_blocks
+        # A reorged range now above the buffer (the new chain is shorter) waits for the head
+        # like any new range: following the tip starts over from it.
+        later = [s for s, e in stale if e > safe + 1]
+        if later:
+            start = min(later)
+            stale = [(s, e) for s, e in stale if e <= safe + 1]
+        stop = ((safe + 1) // size) * size  # only whole chunks: the same ranges a backfill makes
+        if stop > start and count_ranges(start, stop - 1, size) > MAX_RANGES_PER_REQUEST:
+            stop = (start // size + MAX_RANGES_PER_REQUEST) * size  # the rest on the next run
+        spans = split(start, stop - 1, size) if stop > start else []
+        emitted = stale + spans
+        hashes = last_hashes(rpc, [e for _, e in emitted])
+    events = deliver(ctx, stale, head=head, reorg=True) + deliver(ctx, spans, head=head)
+    kept = [r for r in recent if (r[0], r[1]) not in set(gone)]
+    recent = sorted(kept + [(s, e, h) for (s, e), h in zip(emitted, hashes, strict=True)])
+    recent = recent[-cfg.recheck_ranges :] if cfg.recheck_ranges else []
+    ctx.progress(head=head, emitted=len(spans), reorged=len(stale))
+    return OperatorResult(
+        events=events,
+        state={
+            "next_block": max(start, stop),
+            "head": head,
+            "recent": [list(r) for r in recent],
+        },
+    )
+
+
+def last_hashes(rpc: Any, ends: list[int]) -> list[str | None]:
+    """The hash of block `end - 1` for each half-open range end (None: no such block now)."""
+    if not ends:
+        return []
+    blocks = rpc.batch([("eth_getBlockByNumber", [hex(e - 1), False]) for e in ends])
+    return [b["hash"].lower() if b else None for b in blocks]
+
+
+def reorged(recent: list[tuple[int, int, str]], now: list[str | None]) -> list[tuple[int, int]]:
+    """The recorded ranges from the first whose last block hash the node no longer has: a
+    reorg there replaced every block after it too."""
+    for i, ((_, _, was), is_now) in enumerate(zip(recent, now, strict=True)):
+        if was != is_now:
+            return [(s, e) for s, e, _ in recent[i:]]
+    return []
 
 
 def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -21,3 +21,13 @@ WHERE r.dag_id = (SELECT dag_id FROM dags WHERE name = %(dag)s)
 -- {dataset} is formatted in as a table name (a published dataset name); the Query Service's
 -- guard accepts it only as such.
 SELECT count(*) FROM {dataset}
+
+-- name: raw_identities
+-- The ranges the raw datasets' current versions hold, with the chain each was read from.
+SELECT DISTINCT c.range_start, c.range_end, c.chain_id, c.first_block_hash, c.parent_hash,
+       c.last_block_hash
+FROM datasets ds
+JOIN dataset_current cur USING (dataset_uuid)
+JOIN dataset_commits c ON c.dataset_version = cur.dataset_version
+WHERE ds.dataset_name = ANY(%(names)s) AND c.range_start IS NOT NULL
+ORDER BY c.range_start;

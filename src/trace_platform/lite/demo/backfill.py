@@ -66,9 +66,14 @@ def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
                     info = f"{rows.get('blocks', 0):,} blocks, {rows.get('transactions', 0):,} txs, {rows.get('logs', 0):,} logs {info}"
                 total = totals.get(job) or max(len(mine), 1)
                 progress.update(bar, completed=done, total=total, info=info)
-            if tasks and all(t["status"] in TERMINAL for t in tasks) and len(tasks) > 1:
+            failing = any(t["status"] == "failed" for t in tasks)
+            if (
+                tasks
+                and all(t["status"] in TERMINAL for t in tasks)
+                and (len(tasks) > 1 or failing)
+            ):
                 # Downstream tasks are created with their upstream's completion, so when all
-                # are terminal the run is over.
+                # are terminal the run is over (a failed first task ends it alone).
                 break
             time.sleep(0.5)
     failed = [t for t in tasks if t["status"] != "succeeded"]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from trace_platform.chain import Rpc
+from trace_platform.chain.identity import Mismatch, mismatches
+from trace_platform.contract import ChainIdentity
 from trace_platform.db.queries import Queries
 from trace_platform.identity import Actor, lite_admin
 from trace_platform.lite.demo.dag import DAG_NAME
@@ -27,6 +30,31 @@ def coverage(svc: Services, names: tuple[str, ...]) -> dict[str, dict[str, Any]]
     with svc.pool.connection() as conn:
         rows = conn.execute(_Q.current_coverage, {"names": list(names)}).fetchall()
     return {r["dataset_name"]: r for r in rows}
+
+
+def chain_changes(svc: Services, plan: DemoPlan) -> list[Mismatch]:
+    """The synced ranges the node no longer confirms (their block hashes differ: a reorg, or a
+    chain reset under the same id), or that were synced without hashes."""
+    with svc.pool.connection() as conn:
+        rows = conn.execute(_Q.raw_identities, {"names": list(RAW)}).fetchall()
+    committed: dict[tuple[int, int], ChainIdentity | None] = {}
+    for r in rows:
+        key = (r["range_start"], r["range_end"])
+        ident = (
+            ChainIdentity(
+                chain_id=r["chain_id"],
+                first_hash=r["first_block_hash"],
+                parent_hash=r["parent_hash"],
+                last_hash=r["last_block_hash"],
+            )
+            if r["chain_id"] is not None
+            else None
+        )
+        if key in committed and committed[key] != ident:
+            ident = None  # the datasets disagree about this range: read it again
+        committed[key] = ident
+    with Rpc(plan.rpc_url) as rpc:
+        return mismatches(rpc, committed)
 
 
 def complete(svc: Services, plan: DemoPlan) -> bool:

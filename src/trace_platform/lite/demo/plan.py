@@ -56,12 +56,10 @@ def keep_boundaries(
 
 
 def devnet_plan(
-    a: int | None, b: int | None, chunk: int, previous: dict[str, Any] | None
+    a: int | None, b: int | None, chunk: int, previous: dict[str, Any] | None, spec: Any
 ) -> DemoPlan:
-    """The devnet's plan; its token is the last run's (`previous`), else the first deployment."""
-    from trace_platform.devnet import ChainSpec
-
-    spec = ChainSpec()
+    """The devnet's plan (`spec`: its ChainSpec); its token is the last run's (`previous`), else
+    the first deployment."""
     return DemoPlan(
         rpc_url="http://127.0.0.1:8545",
         token=(previous or {}).get("token", "0x5fbdb2315678afecb367f032d93f642f64180aa3"),

@@ -22,7 +22,7 @@ def _cell(column: str, value: Any) -> str:
         return ""
     if column in AMOUNTS or column.startswith("0x"):
         return f"{int(value) / 10**18:,.2f}"  # display only; the data stays exact
-    return str(value)
+    return str(value)  # exact amounts (e.g. token_supplies) arrive as exact decimal text
 
 
 def _table(title: str, rows: list[dict[str, Any]], limit: int = 12) -> Table:
@@ -54,6 +54,8 @@ def analytics(svc: Services, plan: DemoPlan, out_dir: Path, console: Console) ->
         "[dim](amounts in tokens: base units ÷ 10^18; the datasets hold exact integers)[/dim]"
     )
     console.print(_table("(1) Total supply by block", supply))
+    supplies = saved_rows(svc, me, "token_supplies")
+    console.print(_table("    …and every token's supply, exact base units", supplies, limit=10))
     top = saved_rows(svc, me, "top_holders", token=plan.token, n=10)
     console.print(_table(f"(2) Top 10 holders at block {plan.to_block}", top, limit=10))
     history = saved_rows(svc, me, "holder_history", token=plan.token, n=5, every=every)

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from trace_platform.config import Settings
 from trace_platform.lite.demo.backfill import backfill
 from trace_platform.lite.demo.dag import DEMO_DAG, dag_text
-from trace_platform.lite.demo.data import admin, complete
+from trace_platform.lite.demo.data import admin, chain_changes, complete
 from trace_platform.lite.demo.plan import (
     chain_plan,
     devnet_plan,
@@ -34,6 +34,7 @@ def run_demo(
     chunk_size: int | None = None,
     workers: int = 2,
     console: Console | None = None,
+    devnet_spec: Any = None,
 ) -> int:
     console = console or Console()
     if not console.is_terminal:  # logs and CI: wide enough for the tables
@@ -43,7 +44,10 @@ def run_demo(
     devnet = None
     previous = last_run(state_file)
     if rpc_url is None:
-        plan = devnet_plan(from_block, to_block, chunk_size or 500, previous)
+        from trace_platform.devnet import ChainSpec
+
+        spec = devnet_spec or ChainSpec()
+        plan = devnet_plan(from_block, to_block, chunk_size or 500, previous, spec)
     else:
         if token is None or from_block is None or to_block is None:
             console.print("[red]error:[/red] --rpc-url needs --token, --from-block and --to-block")
@@ -59,17 +63,24 @@ def run_demo(
     with LiteStack(settings, workers=workers) as stack:
         svc = stack.services
         console.print(f"API at {stack.url}; objects under {settings.object_store_root}")
+        if rpc_url is None:
+            # Up first: the data on hand is complete only if the chain under it is the same.
+            devnet, plan.rpc_url, plan.token = _start_devnet(settings, console, spec)
         svc.control.deploy(admin(svc), dag_text(plan), str(DEMO_DAG))
-        if complete(svc, plan):
+        changed = chain_changes(svc, plan)
+        if changed:
+            console.print(
+                f"[yellow]{len(changed)} synced range{'s' if len(changed) > 1 else ''} no longer "
+                "match the chain[/yellow] (a reorg, or a chain reset under the same id): "
+                "re-syncing them and recomputing what was built from them"
+            )
+            for m in changed[:5]:
+                console.print(f"  {m.describe()}", highlight=False)
+        if not changed and complete(svc, plan):
             console.print(
                 f"[green]Blocks {plan.from_block}-{plan.to_block} are already synced and analysed[/green]: reusing them."
             )
         else:
-            if rpc_url is None:
-                devnet, plan.rpc_url, plan.token = _start_devnet(settings, console)
-                # 8545 may have been taken: point the pool at the node's real URL (pool env is
-                # not materialization, so the dataset versions stay).
-                svc.control.deploy(admin(svc), dag_text(plan), str(DEMO_DAG))
             console.print(
                 f"[bold]Backfilling blocks {plan.from_block}-{plan.to_block}[/bold] from {plan.rpc_url} "
                 f"in {plan.ranges} ranges of {plan.chunk_size}…"
@@ -88,11 +99,10 @@ def run_demo(
     return 0
 
 
-def _start_devnet(settings: Settings, console: Console) -> tuple[Any, str, str]:
-    from trace_platform.devnet import ChainSpec, Devnet
+def _start_devnet(settings: Settings, console: Console, spec: Any) -> tuple[Any, str, str]:
+    from trace_platform.devnet import Devnet
 
     devnet = Devnet(settings.home)
-    spec = ChainSpec()
     with Progress(
         TextColumn("devnet: generating blocks"),
         BarColumn(),
