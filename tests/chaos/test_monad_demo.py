@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -15,7 +16,8 @@ from tests.support.datasets import committed_keys
 from tests.support.invariants import assert_datasets_complete, assert_invariants
 from trace_platform.chain import Rpc, calldata
 from trace_platform.config import Settings
-from trace_platform.devnet import ChainSpec, Devnet
+from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
+from trace_platform.devnet.big_token import LINE, MAX
 from trace_platform.devnet.chain import STAKING_ADDRESS
 from trace_platform.lite.demo import saved_rows
 from trace_platform.lite.stack import LiteStack
@@ -27,11 +29,17 @@ DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.y
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ChainInfo]]:
     d = Devnet(tmp_path_factory.mktemp("devnet"))
     info, c = d.up(SPEC)
-    yield info.url, c.token
+    yield info.url, c
     d.down()
+
+
+@pytest.fixture(scope="module")
+def chain(devnet: tuple[str, ChainInfo]) -> tuple[str, str]:
+    """The devnet's RPC URL and its ordinary token."""
+    return devnet[0], devnet[1].token
 
 
 def read_dataset(stack: LiteStack, settings: Settings, name: str) -> pl.DataFrame:
@@ -47,11 +55,13 @@ def read_dataset(stack: LiteStack, settings: Settings, name: str) -> pl.DataFram
 
 
 def test_golden_path_analytics_match_the_node(
-    settings: Settings, dsn: str, chain: tuple[str, str]
+    settings: Settings, dsn: str, devnet: tuple[str, ChainInfo]
 ) -> None:
     """The golden path (phase 7's regression harness): the demo DAG end to end, then the three
-    analytics through the Query Service against the node's own views, then the invariants."""
-    url, token = chain
+    analytics through the Query Service against the node's own views (the ordinary token and
+    the large-amount one), then the invariants."""
+    url, info = devnet
+    token = info.token
     rpc = Rpc(url)
     dag = (
         DEMO.read_text()
@@ -97,9 +107,19 @@ def test_golden_path_analytics_match_the_node(
         assert rows == [[node_txs]]
         assert saved_rows(svc, me, "recent_blocks", n=3)[0]["block_number"] == head
 
-        # Decoded amounts are exact: the DECIMAL value equals the uint256 text, no overflow.
-        bad = "SELECT count(*) FROM erc20_transfers WHERE value_overflow OR CAST(value AS VARCHAR) <> value_text"
-        assert svc.query.query(me, bad).as_json()["rows"] == [[0]]
+        # Decoded amounts are exact for any uint256: 2^256-1 itself, and amounts past 10^38.
+        big = info.big_token
+        rows = svc.query.query(
+            me,
+            f"SELECT max(value), count(*) FILTER (WHERE value >= {LINE}), count(*) "
+            f"FROM erc20_transfers WHERE token_address = '{big}'",
+        ).as_json()["rows"]
+        node_logs = rpc.call(
+            "eth_getLogs", {"fromBlock": "0x0", "toBlock": hex(head), "address": big}
+        )
+        amounts = [int(log["data"], 16) for log in node_logs]
+        assert rows == [[str(MAX), sum(a >= LINE for a in amounts), len(amounts)]]
+        assert len(amounts) >= 16
 
         # (1) Supply by block = totalSupply() at that block.
         supply = {
@@ -157,8 +177,42 @@ def test_golden_path_analytics_match_the_node(
                 needed += 1
             assert conc[end]["nakamoto_coefficient"] == needed
 
+        # The large-amount token, exactly: supply and every holder's balance at each block of its
+        # script (and the block before), against the node.
+        check_large_amount_token(svc, me, rpc, info, head)
+
         assert_invariants(svc)
         assert_datasets_complete(svc)
+
+
+def check_large_amount_token(svc: Any, me: Any, rpc: Rpc, info: ChainInfo, head: int) -> None:
+    big = info.big_token
+    logs = rpc.call("eth_getLogs", {"fromBlock": "0x0", "toBlock": hex(head), "address": big})
+    blocks = sorted({int(log["blockNumber"], 16) + d for log in logs for d in (-1, 0)} | {head})
+    supply = {
+        r["block_number"]: int(r["total_supply"])
+        for r in saved_rows(svc, me, "token_supply", token=big)
+    }
+    for b in blocks:
+        assert supply[b] == rpc.eth_call(big, calldata("totalSupply()"), b), b
+    assert max(supply.values()) == MAX  # the script mints 2^256-1 onto an empty supply
+    changes = svc.query.query(
+        me,
+        "SELECT account, block_number, balance FROM token_balances "
+        f"WHERE token_address = '{big}' ORDER BY account, block_number",
+    ).as_json()["rows"]
+    assert {a for a, _, _ in changes} == set(info.big_holders)
+    for holder in info.big_holders:
+        history = [(b, int(v)) for a, b, v in changes if a == holder]
+        for b in blocks:
+            ours = next((v for at, v in reversed(history) if at <= b), 0)
+            node = rpc.eth_call(big, calldata("balanceOf(address)", holder), b)
+            assert ours == node, (holder, b)
+    top = saved_rows(svc, me, "top_holders", token=big, n=4)
+    assert top and all(
+        int(r["balance"]) == rpc.eth_call(big, calldata("balanceOf(address)", r["account"]), head)
+        for r in top
+    )
 
 
 SQL_DAG = """
@@ -178,15 +232,18 @@ jobs:
     worker_pool: rpc
   transfers:
     operator: decode_erc20_transfers
+    config: {token_address: "TOKEN"}
     inputs: [{job: ingest}]
     outputs: [{}]
   supply:
     operator: sql_transform
     config:
       sql: >
-        SELECT block_number, SUM(SUM(CASE WHEN from_address = '0x0000000000000000000000000000000000000000'
-        THEN value WHEN to_address = '0x0000000000000000000000000000000000000000' THEN -value ELSE 0 END))
-        OVER (ORDER BY block_number) AS total_supply FROM input_0 GROUP BY block_number
+        SELECT block_number, u256_sum(u256_sum(CASE
+        WHEN from_address = '0x0000000000000000000000000000000000000000' THEN value
+        WHEN to_address = '0x0000000000000000000000000000000000000000' THEN u256_neg(value)
+        ELSE u256(0) END)) OVER (ORDER BY block_number) AS total_supply
+        FROM input_0 GROUP BY block_number
     inputs: [{job: transfers}]
     outputs: [{}]
   broken:
@@ -208,7 +265,7 @@ def test_sql_transform_and_spark_errors(
         settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
     ) as stack:
         svc, me = stack.services, admin(stack.services)
-        svc.control.deploy(me, SQL_DAG.replace("RPC_ENDPOINT", url))
+        svc.control.deploy(me, SQL_DAG.replace("RPC_ENDPOINT", url).replace("TOKEN", token))
         run_id = svc.control.trigger(me, "supply_check")["run_id"]
 
         tasks = {t["job"]: t for t in finished_run(svc, run_id)}

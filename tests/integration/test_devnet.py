@@ -9,6 +9,7 @@ import pytest
 
 from trace_platform.chain import Rpc, calldata, topic0
 from trace_platform.devnet import ChainSpec, Devnet
+from trace_platform.devnet.big_token import MAX, SCRIPT, replay
 from trace_platform.devnet.chain import STAKING_ADDRESS
 
 pytestmark = pytest.mark.slow
@@ -114,3 +115,28 @@ def test_staking_events_reproduce_delegations(devnet: tuple[Devnet, Rpc]) -> Non
         assert view == amount
     total = rpc.eth_call(STAKING_ADDRESS, calldata("totalStake()"))
     assert total == sum(stake.values())
+
+
+def test_the_large_amount_token_follows_its_script(devnet: tuple[Devnet, Rpc]) -> None:
+    """2^200, 2^255, 2^256-1 and amounts across 10^38: the node agrees with the script, step by
+    step (and so with what the analytics must compute)."""
+    d, rpc = devnet
+    chain = d.chain()
+    assert chain is not None and chain.big_token and chain.big_token != chain.token
+    logs = rpc.call(
+        "eth_getLogs",
+        {"fromBlock": "0x0", "toBlock": hex(SPEC.blocks), "address": chain.big_token},
+    )
+    assert [int(log["data"], 16) for log in logs] == [s.amount for s in SCRIPT]
+
+    def who(i: int | None) -> str:
+        return ZERO if i is None else chain.big_holders[i]
+
+    for log, step in zip(logs, SCRIPT, strict=True):
+        assert (addr(log["topics"][1]), addr(log["topics"][2])) == (who(step.src), who(step.dst))
+    for log, supply in zip(logs, replay()[1], strict=True):
+        block = int(log["blockNumber"], 16)
+        assert rpc.eth_call(chain.big_token, calldata("totalSupply()"), block) == supply
+    assert max(replay()[1]) == MAX
+    for holder, balance in zip(chain.big_holders, replay()[0], strict=True):
+        assert rpc.eth_call(chain.big_token, calldata("balanceOf(address)", holder)) == balance

@@ -31,7 +31,7 @@ def result_table(result: Result, title: str | None = None, limit: int = 50) -> T
     numeric = {
         c["name"]
         for c in cols
-        if c["type"].startswith(("int", "uint", "decimal", "double", "float"))
+        if c["type"].startswith(("int", "uint", "decimal", "double", "float", "bignum"))
     }
     for c in table.columns:
         if c.header in numeric:

@@ -38,7 +38,12 @@ class Devnet:
         rpc = Rpc(info.url)
         try:
             known = self.chain()
-            if known is not None and known.spec == spec and rpc.block_number() == known.head:
+            if (
+                known is not None
+                and known.spec == spec
+                and known.big_token  # a chain.json from before the large-amount token
+                and rpc.block_number() == known.head
+            ):
                 return info, known
             if rpc.block_number() != 0:  # a different chain is running: start it over
                 self.node.stop()

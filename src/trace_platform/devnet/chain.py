@@ -1,5 +1,6 @@
-"""Deterministic chain activity on the devnet: a token (mint, burn, transfer) and Monad-style
-staking (validators, delegate, undelegate, withdraw, epochs). Same seed, same chain.
+"""Deterministic chain activity on the devnet: a token (mint, burn, transfer), a large-amount
+token (big_token.py: 2^200, 2^255, 2^256-1 and amounts across 10^38) and Monad-style staking
+(validators, delegate, undelegate, withdraw, epochs). Same seed, same chain.
 
 Within a block every account takes part in at most one action, so the outcome never depends
 on how the node orders transactions inside the block; every action is valid against the
@@ -16,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 from trace_platform.chain import Rpc, calldata
+from trace_platform.devnet import big_token
 
 STAKING_ADDRESS = "0x0000000000000000000000000000000000001000"
 DEPLOYER = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"  # anvil's first unlocked account
@@ -41,6 +43,8 @@ class ChainInfo:
     head: int
     accounts: list[str] = field(default_factory=list)
     validators: list[int] = field(default_factory=list)
+    big_token: str = ""  # empty in a chain.json written before it existed
+    big_holders: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -73,8 +77,12 @@ class Generator:
         self.stake: dict[tuple[int, str], int] = {}
         self.pending: dict[tuple[int, str], int] = {}  # withdrawId 0 per (validator, delegator)
         self.token = ""
+        self.big_token = ""
+        self.big_holders = big_token.holders(spec.seed)
         self.validators: list[int] = []
         self.block = int(rpc.call("eth_blockNumber"), 16)
+        # The large-amount token's script: one step per block, after setup, before the head.
+        self.big_steps = big_token.schedule(self.block + 3, spec.blocks - 1)
 
     def _tx(self, sender: str, to: str | None, data: str, value: int = 0) -> tuple[str, list[Any]]:
         tx: dict[str, Any] = {"from": sender, "data": data, "gas": hex(3_000_000)}
@@ -92,14 +100,19 @@ class Generator:
     def setup(self) -> None:
         r = self.rpc
         r.call("anvil_autoImpersonateAccount", True)
-        r.batch([("anvil_setBalance", [a, hex(10**9 * ETHER)]) for a in [DEPLOYER, *self.accounts]])
+        funded = [DEPLOYER, *self.accounts, *self.big_holders]
+        r.batch([("anvil_setBalance", [a, hex(10**9 * ETHER)]) for a in funded])
         token = compile_contract("Token")
         staking = compile_contract("Staking")
         r.call("anvil_setCode", STAKING_ADDRESS, staking["bytecode_runtime"])
-        self._mine([self._tx(DEPLOYER, None, token["bytecode"])])
+        # Both tokens in one block, the ordinary one first (its address stays the first
+        # deployment's, which the demo defaults to).
+        self._mine([self._tx(DEPLOYER, None, token["bytecode"])] * 2)
         block = r.call("eth_getBlockByNumber", hex(self.block), False)
-        receipt = r.call("eth_getTransactionReceipt", block["transactions"][0])
-        self.token = receipt["contractAddress"]
+        self.token, self.big_token = (
+            r.call("eth_getTransactionReceipt", tx)["contractAddress"]
+            for tx in block["transactions"]
+        )
         creates = []
         for v in range(1, self.spec.validators + 1):
             auth = self.accounts[v - 1]
@@ -186,15 +199,41 @@ class Generator:
                     )
         return calls
 
+    def _big_step(self, step: big_token.Step) -> tuple[str, list[Any]]:
+        """The large-amount token's step (its holders take no part in anything else)."""
+        to = self.big_holders[step.dst] if step.dst is not None else ""
+        if step.kind == "mint":
+            return self._tx(
+                DEPLOYER, self.big_token, calldata("mint(address,uint256)", to, step.amount)
+            )
+        assert step.src is not None
+        src = self.big_holders[step.src]
+        if step.kind == "transfer":
+            data = calldata("transfer(address,uint256)", to, step.amount)
+        else:
+            data = calldata("burn(uint256)", step.amount)
+        return self._tx(src, self.big_token, data)
+
     def run(self, progress: Any = None) -> ChainInfo:
+        big_token.replay(tuple(self.big_steps.values()))  # every step valid: nothing reverts
         self.setup()
         while self.block < self.spec.blocks:
             calls = self._actions()
+            step = self.big_steps.get(self.block + 1)  # the block being built
+            if step is not None:
+                calls.append(self._big_step(step))
             if self.block % self.spec.epoch_blocks == 0:
                 calls.append(self._tx(DEPLOYER, STAKING_ADDRESS, calldata("advanceEpoch()")))
             self._mine(calls)
             if progress is not None:
                 progress(self.block)
         return ChainInfo(
-            self.spec, self.token, STAKING_ADDRESS, self.block, self.accounts, self.validators
+            self.spec,
+            self.token,
+            STAKING_ADDRESS,
+            self.block,
+            self.accounts,
+            self.validators,
+            self.big_token,
+            self.big_holders,
         )

@@ -1,8 +1,9 @@
 """Spark operators that decode raw logs into exact, typed datasets.
 
-Token amounts stay exact integers end to end: `value_text` is the exact decimal string of the
-uint256; `value` is the same number as DECIMAL(38,0) when it fits, else NULL with
-`value_overflow` set — never a rounded float.
+Amounts are exact for every uint256: `value` / `amount_delta` hold the number's exact decimal
+text, marked as an amount (`trace_platform.spark.u256`: sql_transform reads it as limbs, the
+Query Service as BIGNUM). Never a rounded float, never a NULL for a number too big: an amount
+word that is not a whole uint256 fails the task, naming the log.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.inputs import fetch_parquet, scope_location
 from trace_platform.operators.output import publish_frame
+from trace_platform.spark import u256
 
 TRANSFER = topic0("Transfer(address,address,uint256)")
 STAKING = {
@@ -97,29 +99,28 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
         F.concat(F.lit("0x"), F.lower(F.hex("address"))).alias("token_address"),
         F.expr(_hex_address("topic1")).alias("from_address"),
         F.expr(_hex_address("topic2")).alias("to_address"),
-        uint_text("data").alias("value_text"),
+        u256.marked(uint_text("data"), "value"),
     )
-    return frame.withColumn("value", F.expr("try_cast(value_text AS DECIMAL(38,0))")).withColumn(
-        "value_overflow", F.col("value").isNull()
-    )
+    return frame
 
 
 def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
     """logs -> erc20_transfers(block_number, tx_hash, log_index, token_address, from_address,
-    to_address, value, value_text, value_overflow); config `token_address` narrows to one."""
+    to_address, value); config `token_address` narrows to one."""
     cfg = Erc20TransfersConfig.from_ctx(ctx)
     start, end = _range(ctx)
     logs = ctx.spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
     frame = transfers_frame(logs, cfg.token_address)
-    return publish_frame(
-        ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
-    )
+    with u256.invalid_amounts_fail():
+        return publish_frame(
+            ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
+        )
 
 
 def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
     """logs of the staking contract -> staking_events(block_number, tx_hash, log_index, event,
-    validator_id, delegator, amount_delta, amount_delta_text, epoch): Delegate adds stake,
-    Undelegate removes it, other events carry amount_delta 0."""
+    validator_id, delegator, amount_delta, epoch): Delegate adds stake, Undelegate removes it,
+    other events carry amount_delta 0."""
     from pyspark.sql import functions as F
 
     cfg = StakingEventsConfig.from_ctx(ctx)
@@ -141,6 +142,23 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
     uint_text = _uint_text()
     amount_word = F.when(event == "Delegate", F.substring("data", 1, 32)).when(
         event == "Undelegate", F.substring("data", 33, 32)
+    )
+    # A log too short to hold its amount is an error naming it, never a NULL or a wrong number.
+    short = F.raise_error(
+        F.concat(
+            F.lit(f"{u256.INVALID} in staking_events: "),
+            event,
+            F.lit(" log "),
+            F.concat(F.lit("0x"), F.lower(F.hex("transaction_hash"))),
+            F.lit(":"),
+            F.col("log_index").cast("string"),
+            F.lit(" has "),
+            F.length("data").cast("string"),
+            F.lit(" data bytes, no whole uint256 amount"),
+        )
+    )
+    amount_word = F.when(amount_word.isNotNull() & (F.length(amount_word) != 32), short).otherwise(
+        amount_word
     )
     frame = (
         logs.where(F.concat(F.lit("0x"), F.lower(F.hex("address"))) == address)
@@ -167,13 +185,13 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
             .alias("epoch"),
         )
     )
-    frame = frame.withColumn(
-        "amount_delta_text",
+    delta = (
         F.when(F.col("event") == "Undelegate", F.concat(F.lit("-"), F.col("amount_text")))
         .when(F.col("event") == "Delegate", F.col("amount_text"))
-        .otherwise(F.lit("0")),
-    ).drop("amount_text")
-    frame = frame.withColumn("amount_delta", F.expr("try_cast(amount_delta_text AS DECIMAL(38,0))"))
-    return publish_frame(
-        ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
+        .otherwise(F.lit("0"))
     )
+    frame = frame.withColumn("amount_delta", u256.marked(delta, "amount_delta")).drop("amount_text")
+    with u256.invalid_amounts_fail():
+        return publish_frame(
+            ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
+        )

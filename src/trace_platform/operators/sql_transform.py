@@ -8,6 +8,10 @@ paths, no DDL/DML, SET, CACHE, ADD JAR, function creation, …) and a refusal fa
 once, naming what was refused. Spark then runs the SQL regenerated from the checked tree, not
 the user's text, after its own parser agrees (`check_spark_plan`).
 
+Exact amounts (`trace_platform.spark.u256`): an input's amount columns (stored as exact text)
+read as limbs, the SQL computes with the u256 helpers, and every limbs column of the result is
+stored as exact text again. An amount that is not an integer fails the task, naming it.
+
 The batch path for heavy SQL (the Query Service stays interactive). The output version is
 rewritten as a whole: scope `all`."""
 
@@ -22,6 +26,7 @@ from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.inputs import fetch_parquet, version_locations
 from trace_platform.operators.output import publish_frame
+from trace_platform.spark import u256
 from trace_platform.spark.sql_guard import check_query, check_spark_plan
 
 
@@ -61,7 +66,7 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
         fetch_parquet(ctx, version_locations(ctx, ref), local)
         view = views[i]
         if any(local.iterdir()):
-            spark.read.parquet(str(local)).createOrReplaceTempView(view)
+            u256.read_amounts(spark.read.parquet(str(local)), view).createOrReplaceTempView(view)
         else:  # e.g. a range aggregator's manifests: they wake the job, they hold no rows
             empty.append((i, view))
     try:
@@ -78,4 +83,5 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
                     ) from None
             raise PermanentError(f"Spark SQL: {text}") from None
         raise
-    return publish_frame(ctx, frame)
+    with u256.invalid_amounts_fail():
+        return publish_frame(ctx, u256.write_amounts(frame))

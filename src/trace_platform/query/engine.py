@@ -23,6 +23,7 @@ import psycopg
 import pyarrow as pa
 
 from trace_platform.errors import Invalid
+from trace_platform.query import bignum
 from trace_platform.query.errors import LimitExceeded
 from trace_platform.query.pins import Pin
 
@@ -72,33 +73,40 @@ def _pg_table(location: str) -> str:
     return f"{PG_ALIAS}.{_q(schema)}.{_q(table)}"
 
 
-def _source(pin: Pin) -> str:
-    """A SELECT over one pinned dataset (without its hot window)."""
+def _source(pin: Pin, amounts: tuple[str, ...] = ()) -> str:
+    """A SELECT over one pinned dataset (without its hot window); `amounts` (exact decimal text)
+    read as BIGNUM."""
     if pin.backend == "postgres":
         assert pin.table is not None
         return f"SELECT * FROM {_pg_table(pin.table)}"
     files = ", ".join(_lit(local_path(f)) for f in pin.files)
+    exact = ", ".join(f"CAST({_q(c)} AS BIGNUM) AS {_q(c)}" for c in amounts)
+    columns = f"* REPLACE ({exact})" if exact else "*"
     # No hive partitioning: the `range=…` folders are layout, not a column.
-    return f"SELECT * FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false)"
+    return (
+        f"SELECT {columns} FROM read_parquet([{files}], union_by_name = true, "
+        "hive_partitioning = false)"
+    )
 
 
-def view_sql(pin: Pin) -> str:
-    """The view named like the dataset. With a hot window: every hot row, plus the cold rows of
-    every key the window does not hold (an anti join on the key), so a row present in both is
-    counted once, and a window that lags or has a gap loses nothing."""
+def view_sql(pin: Pin, amounts: tuple[str, ...] = ()) -> str:
+    """The view named like the dataset, its amount columns (`amounts`, Parquet only) as BIGNUM.
+    With a hot window: every hot row, plus the cold rows of every key the window does not hold
+    (an anti join on the key), so a row present in both is counted once, and a window that lags
+    or has a gap loses nothing."""
     hot = pin.hot
     if hot is None:
         if pin.empty:
             raise NoData(
                 f"dataset '{pin.name}' has no data yet (version {pin.version} has no commits)"
             )
-        return _source(pin)
+        return _source(pin, amounts)
     if not pin.files:
         return _source(hot)
     key = _q(pin.hot_key or "block_number")
     return (
         f"SELECT * FROM ({_source(hot)}) "
-        f"UNION ALL BY NAME SELECT cold.* FROM ({_source(pin)}) cold "
+        f"UNION ALL BY NAME SELECT cold.* FROM ({_source(pin, amounts)}) cold "
         f"ANTI JOIN (SELECT DISTINCT {key} FROM {_pg_table(hot.table or '')}) held USING ({key})"
     )
 
@@ -155,7 +163,8 @@ class Engine:
             if any(f.startswith("s3://") for f in files):
                 self._s3(con)
             for pin in pins.values():
-                con.execute(f"CREATE VIEW {_q(pin.name)} AS {view_sql(pin)}")
+                amounts = bignum.amount_columns(con, (local_path(f) for f in pin.files))
+                con.execute(f"CREATE VIEW {_q(pin.name)} AS {view_sql(pin, amounts)}")
             if files:
                 allowed = ", ".join(_lit(local_path(f)) for f in files)
                 con.execute(f"SET allowed_paths = [{allowed}]")
@@ -234,7 +243,8 @@ def run(
                 raise LimitExceeded.hit("max_rows", max_rows, export=export)
             if size > limits.max_result_bytes:
                 raise LimitExceeded.hit("max_result_bytes", limits.max_result_bytes, export=export)
-        return pa.Table.from_batches(batches, schema=reader.schema)
+        # BIGNUM (exact amounts) leaves as exact decimal text.
+        return bignum.to_text(pa.Table.from_batches(batches, schema=reader.schema))
     except duckdb.InterruptException:
         raise LimitExceeded.hit("timeout_seconds", limits.timeout_seconds, export=export) from None
     except (duckdb.OutOfMemoryException, MemoryError):

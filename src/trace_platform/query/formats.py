@@ -1,4 +1,7 @@
-"""Query results as JSON rows (exact: big integers and decimals as strings), CSV or Parquet."""
+"""Query results as JSON rows (exact: big integers and decimals as strings), CSV or Parquet.
+
+Exact amounts (DuckDB BIGNUM) arrive as decimal text already (`bignum.to_text`, in the query
+worker): JSON strings, CSV text, Parquet strings, reported with the type `bignum`."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from trace_platform.query.bignum import is_exact_text
 
 FORMATS = ("json", "csv", "parquet")
 
@@ -59,7 +64,10 @@ def _json_column(col: pa.ChunkedArray) -> list[Any]:
 
 
 def columns(table: pa.Table) -> list[dict[str, str]]:
-    return [{"name": f.name, "type": str(f.type)} for f in table.schema]
+    return [
+        {"name": f.name, "type": "bignum" if is_exact_text(f) else str(f.type)}
+        for f in table.schema
+    ]
 
 
 def rows(table: pa.Table) -> list[list[Any]]:

@@ -14,7 +14,9 @@ statement is checked against an allowlist before Spark sees it:
    sees only the CTEs before it, or itself when recursive; nothing outside its statement sees it;
    a subquery alias is never a table name). Table-valued functions and LATERAL VIEW take only the
    generators in `GENERATORS`. Hints: only Spark's plain join/partitioning hints, over names and
-   literals. Anything else is refused with `SqlRefused` naming what was refused.
+   literals. Anything else is refused with `SqlRefused` naming what was refused. The exact-amount
+   helpers (`u256_sum(x)`, …: `trace_platform.spark.helpers`) are expanded into the built-ins
+   they stand for before this check, so they are checked like hand-written SQL.
 2. What runs is not the user's text but the SQL regenerated from the checked tree (comments
    dropped, `:name` / `?` parameter markers kept), and that text is parsed and checked again, so
    the check holds for exactly the text Spark gets.
@@ -347,7 +349,7 @@ def check_query(sql: str, inputs: Iterable[str]) -> CheckedQuery:
     if "${" in sql:  # Spark substitutes these anywhere, string literals included
         raise _refuse("${…} variable substitution (it reads the environment and the config)")
     try:
-        tree = _parse_one(sql)
+        tree = _expand_helpers(_parse_one(sql))
         found = _check_tree(tree, names)
         try:
             text = tree.sql(dialect=DIALECT, comments=False, unsupported_level=ErrorLevel.RAISE)
@@ -367,6 +369,16 @@ def check_query(sql: str, inputs: Iterable[str]) -> CheckedQuery:
         ctes=frozenset(found.ctes),
         parameters=frozenset(found.parameters),
     )
+
+
+def _expand_helpers(tree: exp.Expression) -> exp.Expression:
+    """The u256 helpers (`trace_platform.spark.helpers`) as the built-ins they stand for."""
+    from trace_platform.spark import helpers
+
+    try:
+        return helpers.expand(tree)
+    except helpers.HelperMisused as e:
+        raise _refuse(f"the query: {e}") from None
 
 
 def _parse_one(sql: str) -> exp.Expression:

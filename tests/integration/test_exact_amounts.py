@@ -1,0 +1,508 @@
+"""Exact amounts end to end on the real parts: logs with 2^200, 2^255, 2^256-1 and amounts
+around 10^38 through the real decode operators (Spark), the demo DAG's analytics through
+sql_transform, then the Query Service (DuckDB over the files Spark wrote): every number equals
+Python's integer arithmetic, in JSON, CSV and Parquet."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import trace_platform.spark as tspark
+from tests.support.dags import admin
+from tests.support.datasets import commit_parquet
+from tests.support.operators import put_table, read_output, run_operator
+from trace_platform.chain import topic0
+from trace_platform.contract import RangeSpec
+from trace_platform.devnet.big_token import HOLDERS, LINE, MAX, SCRIPT, replay
+from trace_platform.objectstore.local import LocalStore
+from trace_platform.operators.context import PermanentError
+from trace_platform.operators.decode import decode_erc20_transfers, decode_staking_events
+from trace_platform.operators.sql_transform import sql_transform
+from trace_platform.query import formats, saved
+from trace_platform.services import Services
+from trace_platform.spark import u256
+from trace_platform.spark.sql_guard import check_query
+
+pytest.importorskip("pyspark")
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
+ZERO = "0x" + "00" * 20
+BIG = "0x" + "b1" * 20  # runs the devnet's large-amount script
+SMALL = "0x" + "5a" * 20  # ordinary amounts
+PEOPLE = ["0x" + f"{i:02x}" * 20 for i in range(1, HOLDERS + 3)]
+STAKING = "0x" + "00" * 18 + "1000"
+TRANSFER = bytes.fromhex(topic0("Transfer(address,address,uint256)")[2:])
+DELEGATE = bytes.fromhex(topic0("Delegate(uint64,address,uint256,uint64)")[2:])
+UNDELEGATE = bytes.fromhex(topic0("Undelegate(uint64,address,uint8,uint256,uint64)")[2:])
+BLOCKS = 200
+WINDOW = 25
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """The run's one Spark JVM (started here if no test before started it; left running)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    yield tspark.get_spark()
+
+
+def _word(n: int) -> bytes:
+    return n.to_bytes(32, "big")
+
+
+def _addr(a: str) -> bytes:
+    return b"\x00" * 12 + bytes.fromhex(a[2:])
+
+
+Transfer = tuple[int, int, str, str, str, int]  # block, log_index, token, from, to, value
+
+
+def transfers() -> list[Transfer]:
+    """The devnet's large-amount script (one step a block) and seeded ordinary transfers."""
+    out: list[Transfer] = []
+    holders = PEOPLE[:HOLDERS]
+    for i, s in enumerate(SCRIPT):
+        src = ZERO if s.src is None else holders[s.src]
+        dst = ZERO if s.dst is None else holders[s.dst]
+        out.append((5 + 7 * i, 0, BIG, src, dst, s.amount))
+    rnd = random.Random(3)
+    for n in range(150):
+        kind = rnd.random()
+        src = ZERO if kind < 0.3 else rnd.choice(PEOPLE)
+        dst = ZERO if 0.3 <= kind < 0.4 else rnd.choice(PEOPLE)
+        out.append((rnd.randrange(BLOCKS), 1 + n, SMALL, src, dst, rnd.randrange(1, 10**22)))
+    return out
+
+
+Stake = tuple[int, int, str, int, int]  # block, log_index, kind, validator, amount
+
+
+def stakes() -> list[Stake]:
+    """Delegations past uint256 in sum (two of 2^255 and one of 2^200 on validator 1), around
+    10^38, and undelegations."""
+    return [
+        (3, 0, "Delegate", 1, 2**255),
+        (4, 0, "Delegate", 2, LINE - 1),
+        (30, 0, "Delegate", 1, 2**255),
+        (31, 0, "Delegate", 2, 2),  # validator 2 crosses 10^38
+        (60, 0, "Undelegate", 2, LINE + 1),  # and falls to 0
+        (61, 0, "Delegate", 3, MAX),
+        (90, 0, "Delegate", 1, 2**200),
+        (120, 0, "Undelegate", 3, MAX - 10**30),
+        (150, 0, "Delegate", 4, 12345),
+    ]
+
+
+def log_table(rows: list[dict[str, Any]]) -> pa.Table:
+    cols = ["topic1", "topic2", "topic3"]
+    return pa.table(
+        {
+            "block_number": pa.array([r["block"] for r in rows], pa.int64()),
+            "transaction_hash": pa.array(
+                [(r["block"] * 1000 + r["log_index"]).to_bytes(32, "big") for r in rows]
+            ),
+            "log_index": pa.array([r["log_index"] for r in rows], pa.int32()),
+            "address": pa.array([bytes.fromhex(r["address"][2:]) for r in rows]),
+            "topic0": pa.array([r["topic0"] for r in rows]),
+            **{c: pa.array([r.get(c) for r in rows], pa.binary()) for c in cols},
+            "data": pa.array([r["data"] for r in rows]),
+        }
+    )
+
+
+def transfer_logs(ts: list[Transfer]) -> pa.Table:
+    return log_table(
+        [
+            {
+                "block": b,
+                "log_index": li,
+                "address": token,
+                "topic0": TRANSFER,
+                "topic1": _addr(src),
+                "topic2": _addr(dst),
+                "data": _word(v),
+            }
+            for b, li, token, src, dst, v in ts
+        ]
+    )
+
+
+def staking_logs(ss: list[Stake], truncated: bool = False) -> pa.Table:
+    rows = []
+    for b, li, kind, validator, amount in ss:
+        data = (
+            _word(amount) + _word(7) if kind == "Delegate" else _word(0) + _word(amount) + _word(7)
+        )
+        if truncated:
+            data = data[:20]
+        rows.append(
+            {
+                "block": b,
+                "log_index": li,
+                "address": STAKING,
+                "topic0": DELEGATE if kind == "Delegate" else UNDELEGATE,
+                "topic1": _word(validator),
+                "topic2": _addr(PEOPLE[validator]),
+                "data": data,
+            }
+        )
+    return log_table(rows)
+
+
+def supply_after_mints_and_burns() -> dict[int, int]:
+    """The large-amount token's supply after each mint and burn, by block (replay(): the
+    contract's arithmetic)."""
+    steps = zip(SCRIPT, replay()[1], strict=True)
+    return {5 + 7 * i: s for i, (step, s) in enumerate(steps) if step.kind != "transfer"}
+
+
+def demo_sql(job: str) -> tuple[str, dict[str, Any] | None]:
+    cfg = yaml.safe_load(DEMO.read_text())["jobs"][job]["config"]
+    return cfg["sql"], cfg.get("args")
+
+
+@pytest.fixture(scope="module")
+def pipeline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, pa.Table]:
+    """Logs -> decode -> the demo analytics, each step the real operator; every output as
+    committed (Arrow tables, Spark's schema metadata kept)."""
+    root = tmp_path_factory.mktemp("amounts")
+    store = LocalStore(root / "store")
+    rng = RangeSpec(start=0, end=BLOCKS)
+    logs = put_table(store, "in/logs/", transfer_logs(transfers()))
+    slogs = put_table(store, "in/slogs/", staking_logs(stakes()))
+    work = root / "work"
+    _, tr = run_operator(decode_erc20_transfers, store, work, [("logs", logs)], "out/tr/", rng=rng)
+    _, st_ = run_operator(decode_staking_events, store, work, [("logs", slogs)], "out/st/", rng=rng)
+    out = {"erc20_transfers": read_output(store, tr), "staking_events": read_output(store, st_)}
+    inputs = {"erc20_transfers": tr, "staking_events": st_}
+    for job, reads in (
+        ("token_supply", "erc20_transfers"),
+        ("token_balances", "erc20_transfers"),
+        ("validator_stake", "staking_events"),
+        ("staking_concentration", "validator_stake"),
+    ):
+        sql, args = demo_sql(job)
+        args = {"window_blocks": WINDOW} if args else None  # as the golden path sets it
+        _, loc = run_operator(
+            sql_transform,
+            store,
+            work,
+            [(reads, inputs[reads])],
+            f"out/{job}/",
+            {"sql": sql, "args": args},
+        )
+        inputs[job] = loc
+        out[job] = read_output(store, loc)
+    return out
+
+
+def _rows(table: pa.Table) -> list[dict[str, Any]]:
+    return table.to_pylist()  # type: ignore[no-any-return]
+
+
+def marked(table: pa.Table) -> set[str]:
+    """The columns Spark's footer marks as amounts."""
+    schema = json.loads(table.schema.metadata[b"org.apache.spark.sql.parquet.row.metadata"])
+    return {f["name"] for f in schema["fields"] if f["metadata"] == u256.AMOUNT_METADATA}
+
+
+def test_decode_keeps_every_uint256_exact_and_marked(pipeline: dict[str, pa.Table]) -> None:
+    t = pipeline["erc20_transfers"]
+    assert "value_overflow" not in t.column_names and "value_text" not in t.column_names
+    assert t.schema.field("value").type == pa.string()
+    got = sorted((r["block_number"], r["log_index"], int(r["value"])) for r in _rows(t))
+    assert got == sorted((b, li, v) for b, li, _, _, _, v in transfers())
+    values = {int(r["value"]) for r in _rows(t)}
+    assert {2**200, 2**255, MAX, LINE - 1, LINE + 1, LINE} <= values
+    assert marked(t) == {"value"} and marked(pipeline["staking_events"]) == {"amount_delta"}
+    amounts = {
+        "token_supply": {"supply_delta", "total_supply"},
+        "token_balances": {"delta", "balance"},
+    }
+    for job, columns in amounts.items():
+        assert marked(pipeline[job]) == columns
+    s = {
+        (r["block_number"], r["event"]): r["amount_delta"]
+        for r in _rows(pipeline["staking_events"])
+    }
+    assert s[(3, "Delegate")] == str(2**255) and s[(60, "Undelegate")] == str(-(LINE + 1))
+
+
+def test_amounts_stay_marked_through_an_append_outputs_deduplication(
+    spark: Any, tmp_path: Path
+) -> None:
+    """publish_frame de-duplicates an append output against the version's other scopes (a
+    dropDuplicates Spark's optimizer rewrites without the column's metadata): the files still
+    mark the amounts, or the analytics downstream would read text."""
+    store = LocalStore(tmp_path / "store")
+    ts = transfers()
+    early = put_table(store, "in/early/", transfer_logs([t for t in ts if t[0] < 100]))
+    every = put_table(store, "in/every/", transfer_logs(ts))
+    key = ["tx_hash", "log_index"]
+    first, second = RangeSpec(start=0, end=100), RangeSpec(start=0, end=BLOCKS)
+    work = tmp_path / "work"
+    _, a = run_operator(
+        decode_erc20_transfers, store, work, [("logs", early)], "out/", rng=first, unique_key=key
+    )
+    _, b = run_operator(
+        decode_erc20_transfers,
+        store,
+        work,
+        [("logs", every)],
+        "out/",
+        rng=second,
+        unique_key=key,
+        output_committed=[(first, a)],
+    )
+    later = read_output(store, b)
+    assert later.num_rows == sum(t[0] >= 100 for t in ts) > 0  # the early keys were dropped
+    assert marked(later) == {"value"}
+
+
+def test_token_supply_and_balances_are_exact(pipeline: dict[str, pa.Table]) -> None:
+    ts = transfers()
+    for token in (BIG, SMALL):
+        deltas: dict[int, int] = {}
+        for b, _, tok, src, dst, v in ts:
+            if tok == token and (src == ZERO or dst == ZERO):
+                deltas[b] = deltas.get(b, 0) + (v if src == ZERO else -v)
+        want, total = [], 0
+        for b in sorted(deltas):
+            total += deltas[b]
+            want.append((b, str(deltas[b]), str(total)))
+        got = [
+            (r["block_number"], r["supply_delta"], r["total_supply"])
+            for r in _rows(pipeline["token_supply"])
+            if r["token_address"] == token
+        ]
+        assert got == want, token
+    # The large-amount token's supply after each mint and burn is the contract's (replay()).
+    big = [
+        int(r["total_supply"]) for r in _rows(pipeline["token_supply"]) if r["token_address"] == BIG
+    ]
+    minted_or_burnt = [
+        s for step, s in zip(SCRIPT, replay()[1], strict=True) if step.kind != "transfer"
+    ]
+    assert big == minted_or_burnt and max(big) == MAX
+    balances: dict[tuple[str, str, int], int] = {}
+    for b, _, tok, src, dst, v in ts:
+        for account, d in ((src, -v), (dst, v)):
+            if account != ZERO:
+                balances[(tok, account, b)] = balances.get((tok, account, b), 0) + d
+    running: dict[tuple[str, str], int] = {}
+    want_b = []
+    for tok, account, b in sorted(balances):
+        running[(tok, account)] = running.get((tok, account), 0) + balances[(tok, account, b)]
+        want_b.append(
+            (tok, account, b, str(balances[(tok, account, b)]), str(running[(tok, account)]))
+        )
+    got_b = [
+        (r["token_address"], r["account"], r["block_number"], r["delta"], r["balance"])
+        for r in _rows(pipeline["token_balances"])
+    ]
+    assert got_b == want_b
+    final = {a: int(r) for (t, a), r in running.items() if t == BIG}
+    assert [final.get(h, 0) for h in PEOPLE[:HOLDERS]] == replay()[0]
+
+
+def test_validator_stake_and_concentration_are_exact(pipeline: dict[str, pa.Table]) -> None:
+    ss = stakes()
+    validators = sorted({v for _, _, _, v, _ in ss})
+    lo, hi = min(b for b, *_ in ss) // WINDOW, max(b for b, *_ in ss) // WINDOW
+    want: dict[tuple[int, int], int] = {}
+    for w in range(lo, hi + 1):
+        for v in validators:
+            want[((w + 1) * WINDOW - 1, v)] = sum(
+                a if kind == "Delegate" else -a
+                for b, _, kind, vv, a in ss
+                if vv == v and b // WINDOW <= w
+            )
+    rows = _rows(pipeline["validator_stake"])
+    assert {(r["window_end"], r["validator_id"]): int(r["stake"]) for r in rows} == want
+    assert max(want.values()) == 2 * 2**255 + 2**200  # past uint256: sums stay exact
+    for r in rows:  # ranks by the exact number (ties share a rank)
+        peers = [s for (end, _), s in want.items() if end == r["window_end"]]
+        assert r["stake_rank"] == 1 + sum(s > int(r["stake"]) for s in peers)
+    conc = {
+        r["window_end"]: int(r["total_stake"]) for r in _rows(pipeline["staking_concentration"])
+    }
+    totals: dict[int, int] = {}
+    for (end, _), s in want.items():
+        if s > 0:
+            totals[end] = totals.get(end, 0) + s
+    assert conc == totals
+
+
+def test_a_short_staking_log_is_an_error_naming_it(spark: Any, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    logs = put_table(store, "in/slogs/", staking_logs(stakes()[:2], truncated=True))
+    with pytest.raises(
+        PermanentError,
+        match=r"invalid amount in staking_events: Delegate log 0x0+bb8:0 has 20 data bytes",
+    ):
+        run_operator(
+            decode_staking_events,
+            store,
+            tmp_path / "work",
+            [("logs", logs)],
+            "out/",
+            rng=RangeSpec(start=0, end=BLOCKS),
+        )
+
+
+def test_an_amount_that_is_not_an_integer_is_an_error_naming_it(spark: Any, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    frame = spark.createDataFrame([(1, "12"), (2, "1.5")], "block_number BIGINT, value STRING")
+    frame = frame.withColumn("value", u256.marked(frame["value"], "value"))
+    stage = tmp_path / "stage"
+    frame.coalesce(1).write.parquet(str(stage))
+    store.put_file("in/t/part-0.parquet", next(stage.glob("*.parquet")))
+    with pytest.raises(PermanentError, match=r"invalid amount in erc20_transfers\.value: 1\.5"):
+        run_operator(
+            sql_transform,
+            store,
+            tmp_path / "work",
+            [("erc20_transfers", "in/t/")],
+            "out/",
+            {"sql": "SELECT u256_sum(value) AS total FROM erc20_transfers"},
+        )
+
+
+# --- the limbs against Python's integers --------------------------------------------------
+
+signed = st.integers(min_value=-MAX, max_value=MAX)
+edges = st.sampled_from([0, 1, MAX, 2**255, 2**200, LINE - 1, LINE, LINE + 1, 10**26, 10**52])
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.one_of(signed, edges, edges.map(lambda x: -x)), min_size=1, max_size=60))
+def test_limbs_sums_and_text_equal_python_integers(spark: Any, values: list[int]) -> None:
+    s = tspark.task_session()
+    try:
+        rows = [(i % 4, i, str(v)) for i, v in enumerate(values)]
+        frame = s.createDataFrame(rows, "g INT, i INT, v STRING")
+        frame = u256.read_amounts(frame.withColumn("v", u256.marked(frame["v"], "v")), "t")
+        frame.createOrReplaceTempView("t")
+        sql = check_query(
+            """SELECT g, u256_sum(v) AS total, u256_sum(u256_neg(v)) AS negated,
+                      u256_add(max(v), min(v)) AS extremes, u256_text(u256_sum(v)) AS text,
+                      u256_double(u256_sum(v)) AS approx, count(*) AS n
+               FROM t GROUP BY g""",
+            ["t"],
+        ).sql
+        out = s.sql(sql)
+        limbs = {r.g: r.total for r in out.collect()}
+        got = {r["g"]: r for r in u256.write_amounts(out).collect()}
+        window = check_query(
+            "SELECT i, u256_sum(v) OVER (PARTITION BY g ORDER BY i) AS running FROM t", ["t"]
+        ).sql
+        running = {r.i: r.running for r in u256.write_amounts(s.sql(window)).collect()}
+    finally:
+        tspark.end_task(s)
+    for g in {i % 4 for i in range(len(values))}:
+        xs = [v for i, v in enumerate(values) if i % 4 == g]
+        r = got[g]
+        assert (int(r["total"]), int(r["negated"]), r["text"]) == (sum(xs), -sum(xs), str(sum(xs)))
+        assert int(r["extremes"]) == max(xs) + min(xs)
+        assert r["approx"] == pytest.approx(float(sum(xs)), rel=1e-12, abs=1e-3)
+        l2, l1, l0 = (int(x) for x in limbs[g])  # floor form
+        assert 0 <= l1 < 10**26 and 0 <= l0 < 10**26 and l2 * 10**52 + l1 * 10**26 + l0 == sum(xs)
+    for i, v in enumerate(values):
+        prefix = [x for j, x in enumerate(values) if j % 4 == i % 4 and j <= i]
+        assert int(running[i]) == sum(prefix), v
+
+
+# --- the Query Service over the files Spark wrote ------------------------------------------
+
+PUBLISH = """
+name: amounts
+jobs:
+  src:
+    operator: noop
+    outputs: [{backend: parquet}, {backend: parquet}, {backend: parquet}, {backend: parquet}]
+publish:
+  - {job: src, output_index: 0, dataset: erc20_transfers}
+  - {job: src, output_index: 1, dataset: token_supply}
+  - {job: src, output_index: 2, dataset: token_balances}
+  - {job: src, output_index: 3, dataset: blocks}
+"""
+
+
+@pytest.fixture
+def published(services: Services, pipeline: dict[str, pa.Table]) -> Services:
+    services.control.deploy(admin(services), PUBLISH)
+    for name in ("erc20_transfers", "token_supply", "token_balances"):
+        commit_parquet(services, name, pipeline[name], 0, BLOCKS)
+    blocks = pa.table({"block_number": pa.array(range(BLOCKS), pa.int64())})
+    commit_parquet(services, "blocks", blocks, 0, BLOCKS)
+    return services
+
+
+def test_the_query_service_reads_amounts_as_exact_numbers(published: Services) -> None:
+    me = admin(published)
+    values = [v for *_, v in transfers()]
+    out = published.query.query(
+        me,
+        "SELECT sum(value) AS s, max(value) AS mx, min(value) AS mn, count(*) FROM erc20_transfers",
+    ).as_json()
+    assert [c["type"] for c in out["columns"][:3]] == ["bignum"] * 3
+    assert out["rows"] == [[str(sum(values)), str(MAX), str(min(values)), len(values)]]
+    assert sum(values) > MAX  # the sum itself is past uint256, and still exact
+    # Numeric order, not text order (as text, "9" > "115…").
+    top = published.query.query(
+        me, "SELECT value FROM erc20_transfers ORDER BY value DESC LIMIT 4"
+    ).as_json()["rows"]
+    assert [int(r[0]) for r in top] == sorted(values, reverse=True)[:4]
+    big = published.query.query(
+        me,
+        f"SELECT count(*) FROM erc20_transfers WHERE value >= {LINE} AND token_address = '{BIG}'",
+    ).as_json()["rows"]
+    assert big == [[sum(s.amount >= LINE for s in SCRIPT)]]
+
+
+def test_saved_queries_answer_exactly_for_the_large_amount_token(published: Services) -> None:
+    me = admin(published)
+    q = saved.load("token_supply")
+    rows = published.query.query(me, q.sql, q.params({"token": BIG})).as_json()["rows"]
+    by_block = {b: int(s) for b, s in rows}
+    assert len(by_block) == BLOCKS
+    for i, want in enumerate(replay()[1]):  # carried forward over the transfers' blocks too
+        assert by_block[5 + 7 * i] == want
+    q = saved.load("top_holders")
+    rows = published.query.query(me, q.sql, q.params({"token": BIG, "n": 4})).as_json()["rows"]
+    final = replay()[0]
+    want = sorted(((b, PEOPLE[i]) for i, b in enumerate(final) if b > 0), reverse=True)
+    assert [(int(r[2]), r[1]) for r in rows] == want
+
+
+def test_csv_and_parquet_results_carry_the_exact_digits(published: Services) -> None:
+    me = admin(published)
+    sql = f"SELECT block_number, total_supply FROM token_supply WHERE token_address = '{BIG}' ORDER BY 1"
+    result = published.query.query(me, sql)
+    want = [str(s) for s in supply_after_mints_and_burns().values()]
+    back = pcsv.read_csv(
+        io.BytesIO(formats.encode(result.table, "csv")),
+        convert_options=pcsv.ConvertOptions(column_types={"total_supply": pa.string()}),
+    )
+    assert back.column("total_supply").to_pylist() == want
+    assert str(MAX).encode() in formats.encode(result.table, "csv")
+    parquet = pq.read_table(io.BytesIO(formats.encode(result.table, "parquet")))
+    assert parquet.schema.field("total_supply").type == pa.string()
+    assert parquet.column("total_supply").to_pylist() == want
+    exported = published.query.export(me, sql, None, "parquet")
+    assert exported["row_count"] == len(want)
