@@ -119,10 +119,11 @@ def replay(
             },
         )
     plans: dict[str, Replay] = {}
+    outputs = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": version}).fetchall()
     for name in sorted(jobs):
         plan = plans[name] = Replay(name)
         target = [
-            {"dataset_version": str(ver)} for _, ver in _outputs_of(conn, dag_id, version, name)
+            {"dataset_version": str(o["dataset_version"])} for o in outputs if o["job"] == name
         ]
         for input_event, event_id, scope in _history(
             conn, dag, spec, name, current, rebuilt, Jsonb(target), check_consumed, only_inputs
@@ -156,6 +157,7 @@ def _history(
         "job": name,
         "target": target,
         "check_consumed": check_consumed,
+        "versions": _sharing(conn, dag, name) if check_consumed else [],
     }
     job = spec.jobs[name]
     if not job.inputs:
@@ -224,11 +226,15 @@ def _replay_task(
     intents.create_task(task, conn, status)
 
 
-def _outputs_of(
-    conn: Connection[Any], dag_id: UUID, version: int, job: str
-) -> list[tuple[UUID, UUID]]:
-    rows = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": version}).fetchall()
-    return [(r["dataset_uuid"], r["dataset_version"]) for r in rows if r["job"] == job]
+def _sharing(conn: Connection[Any], dag: dict[str, Any], job: str) -> list[int]:
+    """The DAG versions in which `job` has its lineage in the DAG's active version."""
+    since = lineage(conn, dag["dag_id"], dag["active_version"]).get(job)
+    if since is None:
+        return []
+    rows = conn.execute(
+        _Q.lineage_versions, {"dag_id": dag["dag_id"], "job": job, "since": since}
+    ).fetchall()
+    return [r["dag_version"] for r in rows]
 
 
 def _current(conn: Connection[Any], datasets: list[UUID]) -> dict[UUID, UUID]:

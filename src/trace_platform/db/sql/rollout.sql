@@ -129,7 +129,8 @@ WHERE NOT v.manual_cutover AND NOT d.paused;
 
 -- name: replay_events
 -- What a dataset holds at a version, as events: the newest event per scope from the tasks that
--- wrote that version, less those a task of `job` writing `target` already consumed.
+-- wrote that version, less those a task of `job` writing `target` already consumed (tasks of
+-- `versions`: the DAG versions sharing the job's lineage, so the lookup stays on an index).
 SELECT x.*
 FROM (
   SELECT DISTINCT ON (e.dedupe_key)
@@ -142,7 +143,8 @@ FROM (
 ) AS x
 WHERE NOT %(check_consumed)s OR NOT EXISTS (
   SELECT 1 FROM task_registry t JOIN task_status ts ON ts.task_id = t.task_id
-  WHERE t.dag_id = %(dag_id)s AND t.job = %(job)s AND t.input_event_id = x.event_id
+  WHERE t.dag_id = %(dag_id)s AND t.dag_version = ANY(%(versions)s) AND t.job = %(job)s
+    AND t.input_event_id = x.event_id
     AND t.outputs @> %(target)s AND ts.status <> 'canceled')
 ORDER BY x.range_start NULLS LAST, x.created_at, x.partition_key, x.cursor, x.event_id;
 
@@ -158,7 +160,8 @@ WHERE f.dag_id = %(dag_id)s
                                               WHERE dag_id = %(dag_id)s AND kind = 'cron')))
   AND (NOT %(check_consumed)s OR NOT EXISTS (
     SELECT 1 FROM task_registry t JOIN task_status ts ON ts.task_id = t.task_id
-    WHERE t.dag_id = %(dag_id)s AND t.job = %(job)s AND t.run_id = f.run_id
+    WHERE t.dag_id = %(dag_id)s AND t.dag_version = ANY(%(versions)s) AND t.job = %(job)s
+      AND t.run_id = f.run_id
       AND t.outputs @> %(target)s AND ts.status <> 'canceled'))
 ORDER BY f.created_at;
 
@@ -196,3 +199,8 @@ JOIN dags d ON d.dag_id = s.dag_id AND s.dag_version = d.active_version
 WHERE s.dataset_uuid = ANY(%(datasets)s) AND s.dag_id <> %(dag_id)s AND s.triggers
 GROUP BY s.dag_id
 ORDER BY s.dag_id;
+
+-- name: lineage_versions
+-- The DAG versions whose job `job` shares the lineage `since` (they write the same outputs).
+SELECT dag_version FROM dag_version_jobs
+WHERE dag_id = %(dag_id)s AND job = %(job)s AND since_version = %(since)s;
