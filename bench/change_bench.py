@@ -264,14 +264,20 @@ def stage_tasks(svc: Services, version: int) -> dict[str, int]:
     return {r["job"]: r["n"] for r in rows}
 
 
-def stage_busy(svc: Services) -> bool:
+def busy(svc: Services, dag: str) -> bool:
+    """Whether the DAG has work left (queued, running or held)."""
     with svc.pool.connection() as conn:
         row = conn.execute(
             "SELECT count(*) AS n FROM task_status s JOIN task_registry r USING (task_id, start_day) "
-            "JOIN dags d ON d.dag_id = r.dag_id WHERE d.name = 'decoder' "
-            "AND s.status IN ('queued', 'running', 'buffered')"
+            "JOIN dags d ON d.dag_id = r.dag_id WHERE d.name = %s "
+            "AND s.status IN ('queued', 'running', 'buffered')",
+            (dag,),
         ).fetchone()
     return bool(row and row["n"])
+
+
+def stage_busy(svc: Services) -> bool:
+    return busy(svc, "decoder")
 
 
 def rebuild_vs_fresh(settings: Settings, dsn: str, root: Path, blocks: int) -> None:
@@ -292,7 +298,9 @@ def rebuild_vs_fresh(settings: Settings, dsn: str, root: Path, blocks: int) -> N
             run = svc.control.trigger(
                 me, "sync", config={"from_block": 0, "to_block": blocks - 1, "chunk_size": 500}
             )["run_id"]
-            _wait(lambda: _run_done(svc, me, run), 1800)
+            # (The run's tree follows parent links into the paused decoder's tasks: wait on the
+            # sync DAG's own work instead.)
+            _wait(lambda: _run_done(svc, me, run, "sync") and not busy(svc, "sync"), 1800)
             # Fresh: the decode stage as ordinary work over the synced range.
             t0 = time.perf_counter()
             svc.control.changes.set_paused(me, "decoder", False)
@@ -330,8 +338,9 @@ def rebuild_vs_fresh(settings: Settings, dsn: str, root: Path, blocks: int) -> N
 PROBE = "SELECT count(*), max(total_supply) FROM token_supply"
 
 
-def _run_done(svc: Services, me: Actor, run: Any) -> bool:
-    tasks = svc.control.show_run(me, run)["tasks"]
+def _run_done(svc: Services, me: Actor, run: Any, dag: str) -> bool:
+    dag_id = svc.control.show_dag(me, dag)["dag_id"]
+    tasks = [t for t in svc.control.show_run(me, run)["tasks"] if t["dag_id"] == dag_id]
     if any(t["status"] == "failed" for t in tasks):
         raise SystemExit("demo bench: the sync run failed")
     return bool(tasks) and all(t["status"] in ("succeeded", "canceled") for t in tasks)
@@ -353,11 +362,13 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--demo", action="store_true", help="also the decode-stage rebuild vs fresh")
+    ap.add_argument("--demo-only", action="store_true", help="only the decode-stage figures")
     ap.add_argument("--blocks", type=int, default=2000)
     args = ap.parse_args()
 
     print(f"machine: {os.cpu_count()} cores")
-    planning(args.jobs)
+    if not args.demo_only:
+        planning(args.jobs)
     root = Path(tempfile.mkdtemp(prefix="trace-change-bench-", dir="/tmp"))
     root.chmod(0o755)
     pg = EmbeddedPostgres(root / "pg", durable=True)  # fsync on: real commit costs
@@ -370,10 +381,11 @@ def main() -> None:
         try:
             with svc.pool.connection() as conn:
                 me = lite_admin(conn)
-            cutover_rollback(svc, me, args.readers, args.rounds, args.history)
+            if not args.demo_only:
+                cutover_rollback(svc, me, args.readers, args.rounds, args.history)
         finally:
             svc.close()
-        if args.demo:
+        if args.demo or args.demo_only:
             rebuild_vs_fresh(settings, dsn, root, args.blocks)
     finally:
         pg.destroy()
