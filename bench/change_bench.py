@@ -285,7 +285,7 @@ def rebuild_vs_fresh(settings: Settings, dsn: str, root: Path, blocks: int) -> N
     from trace_platform.lite.stack import LiteStack
 
     devnet = Devnet(root / "devnet")
-    info, _ = devnet.up(ChainSpec(blocks=blocks, accounts=200, validators=5))
+    info, chain = devnet.up(ChainSpec(blocks=blocks, accounts=200, validators=5))
     try:
         with LiteStack(settings, workers=2, dsn=dsn) as stack:
             svc = stack.services
@@ -308,7 +308,7 @@ def rebuild_vs_fresh(settings: Settings, dsn: str, root: Path, blocks: int) -> N
             fresh = time.perf_counter() - t0
             fresh_answer = svc.query.query(me, PROBE).as_json()["rows"]
             # Rebuild: the same stage, re-made by a deploy (same output: the one token).
-            _, dec2 = split_demo(info.url, info.token)
+            _, dec2 = split_demo(info.url, chain.token)
             t0 = time.perf_counter()
             res = svc.control.deploy(me, dec2)
             _wait(
