@@ -6,7 +6,6 @@ Python's integer arithmetic, in JSON, CSV and Parquet."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import random
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trace_platform.spark as tspark
+from tests.support.amounts import ARROW_LIMBS, limbs, value
 from tests.support.dags import admin
 from tests.support.datasets import commit_parquet
 from tests.support.operators import put_table, read_output, run_operator
@@ -34,7 +34,6 @@ from trace_platform.operators.decode import decode_erc20_transfers, decode_staki
 from trace_platform.operators.sql_transform import sql_transform
 from trace_platform.query import formats, saved
 from trace_platform.services import Services
-from trace_platform.spark import u256
 from trace_platform.spark.sql_guard import check_query
 
 pytest.importorskip("pyspark")
@@ -209,67 +208,33 @@ def pipeline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     return out
 
 
+def amounts(table: pa.Table) -> set[str]:
+    """The columns stored as amounts (the limbs struct)."""
+    return {f.name for f in table.schema if f.type == ARROW_LIMBS}
+
+
 def _rows(table: pa.Table) -> list[dict[str, Any]]:
-    return table.to_pylist()  # type: ignore[no-any-return]
+    """Rows with every amount as a Python int."""
+    exact = amounts(table)
+    return [{k: value(v) if k in exact else v for k, v in r.items()} for r in table.to_pylist()]
 
 
-def marked(table: pa.Table) -> set[str]:
-    """The columns Spark's footer marks as amounts."""
-    schema = json.loads(table.schema.metadata[b"org.apache.spark.sql.parquet.row.metadata"])
-    return {f["name"] for f in schema["fields"] if f["metadata"] == u256.AMOUNT_METADATA}
-
-
-def test_decode_keeps_every_uint256_exact_and_marked(pipeline: dict[str, pa.Table]) -> None:
+def test_decode_keeps_every_uint256_exact(pipeline: dict[str, pa.Table]) -> None:
     t = pipeline["erc20_transfers"]
     assert "value_overflow" not in t.column_names and "value_text" not in t.column_names
-    assert t.schema.field("value").type == pa.string()
-    got = sorted((r["block_number"], r["log_index"], int(r["value"])) for r in _rows(t))
+    got = sorted((r["block_number"], r["log_index"], r["value"]) for r in _rows(t))
     assert got == sorted((b, li, v) for b, li, _, _, _, v in transfers())
-    values = {int(r["value"]) for r in _rows(t)}
-    assert {2**200, 2**255, MAX, LINE - 1, LINE + 1, LINE} <= values
-    assert marked(t) == {"value"} and marked(pipeline["staking_events"]) == {"amount_delta"}
-    amounts = {
-        "token_supply": {"supply_delta", "total_supply"},
-        "token_balances": {"delta", "balance"},
-    }
-    for job, columns in amounts.items():
-        assert marked(pipeline[job]) == columns
+    assert {2**200, 2**255, MAX, LINE - 1, LINE + 1, LINE} <= {r["value"] for r in _rows(t)}
+    for r in t.column("value").to_pylist():  # floor form, every limb in range
+        assert r == limbs(value(r))
+    assert amounts(t) == {"value"} and amounts(pipeline["staking_events"]) == {"amount_delta"}
+    assert amounts(pipeline["token_supply"]) == {"supply_delta", "total_supply"}
+    assert amounts(pipeline["token_balances"]) == {"delta", "balance"}
     s = {
         (r["block_number"], r["event"]): r["amount_delta"]
         for r in _rows(pipeline["staking_events"])
     }
-    assert s[(3, "Delegate")] == str(2**255) and s[(60, "Undelegate")] == str(-(LINE + 1))
-
-
-def test_amounts_stay_marked_through_an_append_outputs_deduplication(
-    spark: Any, tmp_path: Path
-) -> None:
-    """publish_frame de-duplicates an append output against the version's other scopes (a
-    dropDuplicates Spark's optimizer rewrites without the column's metadata): the files still
-    mark the amounts, or the analytics downstream would read text."""
-    store = LocalStore(tmp_path / "store")
-    ts = transfers()
-    early = put_table(store, "in/early/", transfer_logs([t for t in ts if t[0] < 100]))
-    every = put_table(store, "in/every/", transfer_logs(ts))
-    key = ["tx_hash", "log_index"]
-    first, second = RangeSpec(start=0, end=100), RangeSpec(start=0, end=BLOCKS)
-    work = tmp_path / "work"
-    _, a = run_operator(
-        decode_erc20_transfers, store, work, [("logs", early)], "out/", rng=first, unique_key=key
-    )
-    _, b = run_operator(
-        decode_erc20_transfers,
-        store,
-        work,
-        [("logs", every)],
-        "out/",
-        rng=second,
-        unique_key=key,
-        output_committed=[(first, a)],
-    )
-    later = read_output(store, b)
-    assert later.num_rows == sum(t[0] >= 100 for t in ts) > 0  # the early keys were dropped
-    assert marked(later) == {"value"}
+    assert s[(3, "Delegate")] == 2**255 and s[(60, "Undelegate")] == -(LINE + 1)
 
 
 def test_token_supply_and_balances_are_exact(pipeline: dict[str, pa.Table]) -> None:
@@ -282,7 +247,7 @@ def test_token_supply_and_balances_are_exact(pipeline: dict[str, pa.Table]) -> N
         want, total = [], 0
         for b in sorted(deltas):
             total += deltas[b]
-            want.append((b, str(deltas[b]), str(total)))
+            want.append((b, deltas[b], total))
         got = [
             (r["block_number"], r["supply_delta"], r["total_supply"])
             for r in _rows(pipeline["token_supply"])
@@ -290,13 +255,8 @@ def test_token_supply_and_balances_are_exact(pipeline: dict[str, pa.Table]) -> N
         ]
         assert got == want, token
     # The large-amount token's supply after each mint and burn is the contract's (replay()).
-    big = [
-        int(r["total_supply"]) for r in _rows(pipeline["token_supply"]) if r["token_address"] == BIG
-    ]
-    minted_or_burnt = [
-        s for step, s in zip(SCRIPT, replay()[1], strict=True) if step.kind != "transfer"
-    ]
-    assert big == minted_or_burnt and max(big) == MAX
+    big = [r["total_supply"] for r in _rows(pipeline["token_supply"]) if r["token_address"] == BIG]
+    assert big == list(supply_after_mints_and_burns().values()) and max(big) == MAX
     balances: dict[tuple[str, str, int], int] = {}
     for b, _, tok, src, dst, v in ts:
         for account, d in ((src, -v), (dst, v)):
@@ -306,15 +266,13 @@ def test_token_supply_and_balances_are_exact(pipeline: dict[str, pa.Table]) -> N
     want_b = []
     for tok, account, b in sorted(balances):
         running[(tok, account)] = running.get((tok, account), 0) + balances[(tok, account, b)]
-        want_b.append(
-            (tok, account, b, str(balances[(tok, account, b)]), str(running[(tok, account)]))
-        )
+        want_b.append((tok, account, b, balances[(tok, account, b)], running[(tok, account)]))
     got_b = [
         (r["token_address"], r["account"], r["block_number"], r["delta"], r["balance"])
         for r in _rows(pipeline["token_balances"])
     ]
     assert got_b == want_b
-    final = {a: int(r) for (t, a), r in running.items() if t == BIG}
+    final = {a: r for (t, a), r in running.items() if t == BIG}
     assert [final.get(h, 0) for h in PEOPLE[:HOLDERS]] == replay()[0]
 
 
@@ -331,14 +289,12 @@ def test_validator_stake_and_concentration_are_exact(pipeline: dict[str, pa.Tabl
                 if vv == v and b // WINDOW <= w
             )
     rows = _rows(pipeline["validator_stake"])
-    assert {(r["window_end"], r["validator_id"]): int(r["stake"]) for r in rows} == want
+    assert {(r["window_end"], r["validator_id"]): r["stake"] for r in rows} == want
     assert max(want.values()) == 2 * 2**255 + 2**200  # past uint256: sums stay exact
     for r in rows:  # ranks by the exact number (ties share a rank)
         peers = [s for (end, _), s in want.items() if end == r["window_end"]]
-        assert r["stake_rank"] == 1 + sum(s > int(r["stake"]) for s in peers)
-    conc = {
-        r["window_end"]: int(r["total_stake"]) for r in _rows(pipeline["staking_concentration"])
-    }
+        assert r["stake_rank"] == 1 + sum(s > r["stake"] for s in peers)
+    conc = {r["window_end"]: r["total_stake"] for r in _rows(pipeline["staking_concentration"])}
     totals: dict[int, int] = {}
     for (end, _), s in want.items():
         if s > 0:
@@ -363,28 +319,26 @@ def test_a_short_staking_log_is_an_error_naming_it(spark: Any, tmp_path: Path) -
         )
 
 
-def test_an_amount_that_is_not_an_integer_is_an_error_naming_it(spark: Any, tmp_path: Path) -> None:
+def test_text_that_is_not_an_integer_is_an_error_naming_it(spark: Any, tmp_path: Path) -> None:
+    """u256() reads decimal text; anything else stops the task (no NULL, no rounding)."""
     store = LocalStore(tmp_path / "store")
-    frame = spark.createDataFrame([(1, "12"), (2, "1.5")], "block_number BIGINT, value STRING")
-    frame = frame.withColumn("value", u256.marked(frame["value"], "value"))
-    stage = tmp_path / "stage"
-    frame.coalesce(1).write.parquet(str(stage))
-    store.put_file("in/t/part-0.parquet", next(stage.glob("*.parquet")))
-    with pytest.raises(PermanentError, match=r"invalid amount in erc20_transfers\.value: 1\.5"):
+    raw = pa.table({"block_number": [1, 2], "amount": ["12", "1.5"]})
+    put_table(store, "in/t/", raw)
+    with pytest.raises(PermanentError, match=r"invalid amount in u256\(\): 1\.5"):
         run_operator(
             sql_transform,
             store,
             tmp_path / "work",
-            [("erc20_transfers", "in/t/")],
+            [("imported", "in/t/")],
             "out/",
-            {"sql": "SELECT u256_sum(value) AS total FROM erc20_transfers"},
+            {"sql": "SELECT u256_sum(u256(amount)) AS total FROM imported"},
         )
 
 
 # --- the limbs against Python's integers --------------------------------------------------
 
 signed = st.integers(min_value=-MAX, max_value=MAX)
-edges = st.sampled_from([0, 1, MAX, 2**255, 2**200, LINE - 1, LINE, LINE + 1, 10**26, 10**52])
+edges = st.sampled_from([0, 1, MAX, 2**255, 2**200, LINE - 1, LINE, LINE + 1, 10**9, 10**72])
 
 
 @settings(
@@ -392,39 +346,42 @@ edges = st.sampled_from([0, 1, MAX, 2**255, 2**200, LINE - 1, LINE, LINE + 1, 10
 )
 @given(st.lists(st.one_of(signed, edges, edges.map(lambda x: -x)), min_size=1, max_size=60))
 def test_limbs_sums_and_text_equal_python_integers(spark: Any, values: list[int]) -> None:
+    """Every helper on the real Spark against Python's integers: the text parse (u256), negation,
+    sums (grouped and running), addition, text and the double."""
     s = tspark.task_session()
     try:
         rows = [(i % 4, i, str(v)) for i, v in enumerate(values)]
-        frame = s.createDataFrame(rows, "g INT, i INT, v STRING")
-        frame = u256.read_amounts(frame.withColumn("v", u256.marked(frame["v"], "v")), "t")
-        frame.createOrReplaceTempView("t")
+        s.createDataFrame(rows, "g INT, i INT, t STRING").createOrReplaceTempView("raw")
+        parsed = check_query("SELECT g, i, t, u256(t) AS v FROM raw", ["raw"]).sql
+        s.sql(parsed).createOrReplaceTempView("t")
+        back = {r.i: (r.t, value(r.v)) for r in s.sql("SELECT * FROM t").collect()}
         sql = check_query(
             """SELECT g, u256_sum(v) AS total, u256_sum(u256_neg(v)) AS negated,
                       u256_add(max(v), min(v)) AS extremes, u256_text(u256_sum(v)) AS text,
-                      u256_double(u256_sum(v)) AS approx, count(*) AS n
+                      u256_double(u256_sum(v)) AS approx, max(v) AS top, min(v) AS bottom
                FROM t GROUP BY g""",
             ["t"],
         ).sql
-        out = s.sql(sql)
-        limbs = {r.g: r.total for r in out.collect()}
-        got = {r["g"]: r for r in u256.write_amounts(out).collect()}
+        got = {r.g: r for r in s.sql(sql).collect()}
         window = check_query(
             "SELECT i, u256_sum(v) OVER (PARTITION BY g ORDER BY i) AS running FROM t", ["t"]
         ).sql
-        running = {r.i: r.running for r in u256.write_amounts(s.sql(window)).collect()}
+        running = {r.i: value(r.running) for r in s.sql(window).collect()}
     finally:
         tspark.end_task(s)
+    assert back == {i: (str(v), v) for i, v in enumerate(values)}
     for g in {i % 4 for i in range(len(values))}:
         xs = [v for i, v in enumerate(values) if i % 4 == g]
         r = got[g]
-        assert (int(r["total"]), int(r["negated"]), r["text"]) == (sum(xs), -sum(xs), str(sum(xs)))
-        assert int(r["extremes"]) == max(xs) + min(xs)
-        assert r["approx"] == pytest.approx(float(sum(xs)), rel=1e-12, abs=1e-3)
-        l2, l1, l0 = (int(x) for x in limbs[g])  # floor form
-        assert 0 <= l1 < 10**26 and 0 <= l0 < 10**26 and l2 * 10**52 + l1 * 10**26 + l0 == sum(xs)
+        assert (value(r.total), value(r.negated), r.text) == (sum(xs), -sum(xs), str(sum(xs)))
+        assert (value(r.top), value(r.bottom)) == (max(xs), min(xs))  # struct order = number's
+        assert value(r.extremes) == max(xs) + min(xs)
+        assert r.approx == pytest.approx(float(sum(xs)), rel=1e-12, abs=1e-3)
+        for limbs_ in (r.total, r.negated, r.extremes):  # floor form
+            assert limbs(value(limbs_)) == limbs_.asDict()
     for i, v in enumerate(values):
         prefix = [x for j, x in enumerate(values) if j % 4 == i % 4 and j <= i]
-        assert int(running[i]) == sum(prefix), v
+        assert running[i] == sum(prefix), v
 
 
 # --- the Query Service over the files Spark wrote ------------------------------------------

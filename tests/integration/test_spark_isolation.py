@@ -17,11 +17,12 @@ import sqlglot
 import yaml
 
 import trace_platform.spark as tspark
+from tests.support.amounts import SPARK_LIMBS, limbs
 from trace_platform.contract import CommittedScope, DatasetRef, TaskPayload
 from trace_platform.objectstore.local import LocalStore
 from trace_platform.operators.context import OperatorContext, PermanentError
 from trace_platform.operators.sql_transform import sql_transform
-from trace_platform.spark import helpers, u256
+from trace_platform.spark import helpers
 from trace_platform.spark.sql_guard import (
     DIALECT,
     CheckedQuery,
@@ -249,11 +250,13 @@ def _transfers(spark: Any) -> Any:
         src = ZERO if kind < 0.25 else rnd.choice(people)
         dst = ZERO if 0.25 <= kind < 0.35 else rnd.choice(people)
         rows.append(
-            (rnd.randrange(0, 400), rnd.choice(tokens), src, dst, str(rnd.randrange(2**256)))
+            (rnd.randrange(0, 400), rnd.choice(tokens), src, dst, _limbs(rnd.randrange(2**256)))
         )
-    schema = "block_number BIGINT, token_address STRING, from_address STRING, to_address STRING, value STRING"
-    frame = spark.createDataFrame(rows, schema)
-    return frame.withColumn("value", u256.marked(frame["value"], "value"))  # as decode stores it
+    schema = (
+        "block_number BIGINT, token_address STRING, from_address STRING, to_address STRING, "
+        f"value {SPARK_LIMBS}"
+    )
+    return spark.createDataFrame(rows, schema)  # as decode stores it
 
 
 def _staking(spark: Any) -> Any:
@@ -261,11 +264,14 @@ def _staking(spark: Any) -> Any:
     rows = []
     for _ in range(80):
         validator = rnd.choice([1, 2, 3, 4, None])
-        rows.append((rnd.randrange(0, 450), validator, str(rnd.randrange(-500, 2000) * 10**60)))
-    frame = spark.createDataFrame(
-        rows, "block_number BIGINT, validator_id BIGINT, amount_delta STRING"
-    )
-    return frame.withColumn("amount_delta", u256.marked(frame["amount_delta"], "amount_delta"))
+        delta = _limbs(rnd.randrange(-500, 2000) * 10**60)
+        rows.append((rnd.randrange(0, 450), validator, delta))
+    schema = f"block_number BIGINT, validator_id BIGINT, amount_delta {SPARK_LIMBS}"
+    return spark.createDataFrame(rows, schema)
+
+
+def _limbs(v: int) -> tuple[int, ...]:
+    return tuple(limbs(v).values())
 
 
 def _rows(frame: Any) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
@@ -276,9 +282,8 @@ def test_the_demo_analytics_give_identical_results_through_the_guard(base: Any) 
     jobs = _demo_sql()
     s = tspark.task_session()
     try:
-        # As sql_transform registers its inputs: amounts as limbs.
-        u256.read_amounts(_transfers(s), "t").createOrReplaceTempView("erc20_transfers")
-        u256.read_amounts(_staking(s), "s").createOrReplaceTempView("staking_events")
+        _transfers(s).createOrReplaceTempView("erc20_transfers")
+        _staking(s).createOrReplaceTempView("staking_events")
         views = {
             "token_supply": ["erc20_transfers", "input_1"],
             "token_balances": ["erc20_transfers", "input_1"],
@@ -363,8 +368,8 @@ def test_sql_transform_runs_the_checked_query_with_its_parameters(
         for f in written.glob("*.parquet"):
             shutil.copy(f, out / f.name)
         got = base.read.parquet(str(out)).orderBy("window_end", "stake_rank", "validator_id")
-        u256.read_amounts(_staking(base), "s").createOrReplaceTempView("staking_events")
-        want = u256.write_amounts(base.sql(check_query(sql, ["staking_events"]).sql, args=args))
+        _staking(base).createOrReplaceTempView("staking_events")
+        want = base.sql(check_query(sql, ["staking_events"]).sql, args=args)
         assert _rows(got) == _rows(want)
     finally:
         ctx.close()

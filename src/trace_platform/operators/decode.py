@@ -1,9 +1,9 @@
 """Spark operators that decode raw logs into exact, typed datasets.
 
-Amounts are exact for every uint256: `value` / `amount_delta` hold the number's exact decimal
-text, marked as an amount (`trace_platform.spark.u256`: sql_transform reads it as limbs, the
-Query Service as BIGNUM). Never a rounded float, never a NULL for a number too big: an amount
-word that is not a whole uint256 fails the task, naming the log.
+Amounts are exact for every uint256: `value` / `amount_delta` are limbs
+(`trace_platform.spark.u256`), made from the 32-byte words natively (no Python per row); the
+Query Service reads them as exact numbers. Never a rounded float, never a NULL for a number too
+big: an amount word that is not a whole uint256 fails the task, naming the log.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from trace_platform.operators.context import OperatorContext, OperatorResult, Pe
 from trace_platform.operators.inputs import fetch_parquet, scope_location
 from trace_platform.operators.output import publish_frame
 from trace_platform.spark import u256
+from trace_platform.spark.sql_guard import DIALECT
 
 TRANSFER = topic0("Transfer(address,address,uint256)")
 STAKING = {
@@ -68,13 +69,6 @@ def _fetch_inputs(ctx: OperatorContext, start: int, end: int) -> Path:
     return local
 
 
-def _uint_text() -> Any:
-    from pyspark.sql.functions import udf
-    from pyspark.sql.types import StringType
-
-    return udf(lambda b: None if b is None else str(int.from_bytes(bytes(b), "big")), StringType())
-
-
 def _hex_address(col: str) -> str:
     return f"concat('0x', lower(hex(substring({col}, 13, 20))))"
 
@@ -84,7 +78,6 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
     Transfer has four). `token` narrows to one token address."""
     from pyspark.sql import functions as F
 
-    uint_text = _uint_text()
     frame = logs.where(
         (F.lower(F.hex("topic0")) == TRANSFER[2:])
         & F.col("topic3").isNull()
@@ -99,7 +92,7 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
         F.concat(F.lit("0x"), F.lower(F.hex("address"))).alias("token_address"),
         F.expr(_hex_address("topic1")).alias("from_address"),
         F.expr(_hex_address("topic2")).alias("to_address"),
-        u256.marked(uint_text("data"), "value"),
+        F.expr(u256.word_limbs("hex(data)")).alias("value"),
     )
     return frame
 
@@ -139,7 +132,6 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
     def small(i: int) -> Any:  # a uint64/uint8 word: its low 16 hex digits fit a long
         return F.conv(F.substring(word(i), 49, 16), 16, 10).cast("long")
 
-    uint_text = _uint_text()
     amount_word = F.when(event == "Delegate", F.substring("data", 1, 32)).when(
         event == "Undelegate", F.substring("data", 33, 32)
     )
@@ -176,7 +168,7 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
             F.when(F.col("event") != "EpochChanged", F.expr(_hex_address("topic2"))).alias(
                 "delegator"
             ),
-            uint_text(amount_word).alias("amount_text"),
+            amount_word.alias("amount_word"),
             F.when(F.col("event") == "Delegate", small(1))
             .when(F.col("event") == "Undelegate", small(2))
             .when(F.col("event") == "Withdraw", small(2))
@@ -185,12 +177,15 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
             .alias("epoch"),
         )
     )
+    # In steps: the word's limbs, then the delta (NEG reads the limbs many times).
+    frame = frame.withColumn("amount", F.expr(u256.word_limbs("hex(amount_word)")))
+    negated = u256.sql(u256.NEG, x=u256.column("amount"))
     delta = (
-        F.when(F.col("event") == "Undelegate", F.concat(F.lit("-"), F.col("amount_text")))
-        .when(F.col("event") == "Delegate", F.col("amount_text"))
-        .otherwise(F.lit("0"))
+        F.when(F.col("event") == "Undelegate", F.expr(negated))
+        .when(F.col("event") == "Delegate", F.col("amount"))
+        .otherwise(F.expr(u256.constant(0).sql(dialect=DIALECT)))
     )
-    frame = frame.withColumn("amount_delta", u256.marked(delta, "amount_delta")).drop("amount_text")
+    frame = frame.withColumn("amount_delta", delta).drop("amount_word", "amount")
     with u256.invalid_amounts_fail():
         return publish_frame(
             ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")

@@ -24,7 +24,6 @@ from trace_platform.contract import (
 )
 from trace_platform.operators.context import OperatorContext, OperatorResult
 from trace_platform.operators.inputs import fetch_parquet
-from trace_platform.spark.u256 import keep_marks
 
 
 def range_prefix(location: str, start: int, end: int) -> str:
@@ -70,7 +69,6 @@ def publish_frame(
         frame = _append_only(ctx, frame, out, rng)
     if order:
         frame = frame.orderBy(*order)
-    frame = keep_marks(frame)  # exact-amount columns stay marked as such in the files
     stage = ctx.workdir / "output"
     shutil.rmtree(stage, ignore_errors=True)
     frame.coalesce(1).write.mode("overwrite").parquet(str(stage))

@@ -8,9 +8,9 @@ paths, no DDL/DML, SET, CACHE, ADD JAR, function creation, …) and a refusal fa
 once, naming what was refused. Spark then runs the SQL regenerated from the checked tree, not
 the user's text, after its own parser agrees (`check_spark_plan`).
 
-Exact amounts (`trace_platform.spark.u256`): an input's amount columns (stored as exact text)
-read as limbs, the SQL computes with the u256 helpers, and every limbs column of the result is
-stored as exact text again. An amount that is not an integer fails the task, naming it.
+Exact amounts (`trace_platform.spark.u256`): amount columns are limbs structs, in the inputs
+and in the output alike; the SQL computes with the u256 helpers (`u256_sum(value)`, …). A text
+that `u256()` cannot read as an integer fails the task, naming it.
 
 The batch path for heavy SQL (the Query Service stays interactive). The output version is
 rewritten as a whole: scope `all`."""
@@ -66,7 +66,7 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
         fetch_parquet(ctx, version_locations(ctx, ref), local)
         view = views[i]
         if any(local.iterdir()):
-            u256.read_amounts(spark.read.parquet(str(local)), view).createOrReplaceTempView(view)
+            spark.read.parquet(str(local)).createOrReplaceTempView(view)
         else:  # e.g. a range aggregator's manifests: they wake the job, they hold no rows
             empty.append((i, view))
     try:
@@ -84,4 +84,4 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
             raise PermanentError(f"Spark SQL: {text}") from None
         raise
     with u256.invalid_amounts_fail():
-        return publish_frame(ctx, u256.write_amounts(frame))
+        return publish_frame(ctx, frame)

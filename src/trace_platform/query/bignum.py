@@ -1,11 +1,11 @@
 """Exact amounts in the Query Service: stored amount columns read as DuckDB BIGNUM, and every
 BIGNUM in a result leaves as exact decimal text.
 
-- **Reading.** Spark marks an amount column (exact decimal text) in the field metadata it
-  writes into each Parquet footer (`trace_platform.spark.u256.AMOUNT_METADATA`). A dataset's
-  view casts those columns to BIGNUM, so `sum`, `+`, `-`, comparisons, ORDER BY, min/max and
-  arg_max are exact over any uint256 and any sum of them (`*` and `/` go through DOUBLE in
-  DuckDB: approximate).
+- **Reading.** An amount is stored as limbs (`trace_platform.spark.u256`: a struct of nine
+  BIGINTs l8 .. l0, the number being sum(l_k * 10^(9k))); its type is its mark. A dataset's view
+  turns every column of that type into BIGNUM (`view_expression`: three exact parts added as
+  BIGNUM), so `sum`, `+`, `-`, comparisons, ORDER BY, min/max and arg_max are exact over any
+  uint256 and any sum of them (`*` and `/` go through DOUBLE in DuckDB: approximate).
 - **Results.** DuckDB hands BIGNUM to Arrow as an opaque binary; `to_text` turns every such
   column into strings (exact; JSON never sees a float) with `RESULT_METADATA` on the field, so
   `columns()` can report the type as `bignum`. CSV and Parquet exports carry the same text.
@@ -13,34 +13,42 @@ BIGNUM in a result leaves as exact decimal text.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 
-SPARK_SCHEMA_KEY = "org.apache.spark.sql.parquet.row.metadata"
-AMOUNT_METADATA = {"trace_type": "u256"}  # = trace_platform.spark.u256.AMOUNT_METADATA
+DIGITS, TOP = 9, 8  # = trace_platform.spark.u256 (not imported here: no Spark in the worker)
+LIMBS_TYPE = "STRUCT(" + ", ".join(f"l{k} BIGINT" for k in range(TOP, -1, -1)) + ")"
 RESULT_METADATA = {b"trace_type": b"bignum"}
 
 
-def amount_columns(con: Any, files: Iterable[str]) -> tuple[str, ...]:
-    """The columns marked as amounts in these Parquet files' footers (any of them)."""
-    files = list(files)
-    if not files:
-        return ()
-    rows = con.execute(
-        "SELECT DISTINCT decode(value) FROM parquet_kv_metadata(?) WHERE decode(key) = ?",
-        [files, SPARK_SCHEMA_KEY],
-    ).fetchall()
-    found: list[str] = []
-    for (raw,) in rows:
-        for f in json.loads(raw).get("fields", []):
-            meta = f.get("metadata") or {}
-            marked = all(meta.get(k) == v for k, v in AMOUNT_METADATA.items())
-            if marked and f.get("type") == "string" and f["name"] not in found:
-                found.append(f["name"])
-    return tuple(found)
+def _q(ident: str) -> str:
+    return '"' + ident.replace('"', '""') + '"'
+
+
+def amount_columns(con: Any, source_sql: str) -> tuple[str, ...]:
+    """The columns of `source_sql` (a SELECT) whose type is the limbs struct."""
+    rows = con.execute(f"DESCRIBE {source_sql}").fetchall()
+    return tuple(str(r[0]) for r in rows if str(r[1]).replace('"', "") == LIMBS_TYPE)
+
+
+def view_expression(column: str) -> str:
+    """DuckDB SQL for the BIGNUM a limbs column holds: l8·10^72 + (l7..l4)·10^36 + (l3..l0),
+    the two lower parts exact in HUGEINT (36 digits each), shifted as text, added as BIGNUM
+    (floor form needs no sign handling: the sum is the number)."""
+    c = _q(column)
+
+    def part(high: int) -> str:
+        return " + ".join(
+            f"{c}['l{k}']::HUGEINT * {10 ** (DIGITS * (k - high + 3))}"
+            for k in range(high, high - 4, -1)
+        )
+
+    return (
+        f"(({c}['l8']::VARCHAR || repeat('0', {DIGITS * 8}))::BIGNUM"
+        f" + (({part(7)})::VARCHAR || repeat('0', {DIGITS * 4}))::BIGNUM"
+        f" + ({part(3)})::BIGNUM)"
+    )
 
 
 def is_bignum(t: pa.DataType) -> bool:

@@ -74,13 +74,13 @@ def _pg_table(location: str) -> str:
 
 
 def _source(pin: Pin, amounts: tuple[str, ...] = ()) -> str:
-    """A SELECT over one pinned dataset (without its hot window); `amounts` (exact decimal text)
-    read as BIGNUM."""
+    """A SELECT over one pinned dataset (without its hot window); `amounts` (limbs columns) read
+    as BIGNUM."""
     if pin.backend == "postgres":
         assert pin.table is not None
         return f"SELECT * FROM {_pg_table(pin.table)}"
     files = ", ".join(_lit(local_path(f)) for f in pin.files)
-    exact = ", ".join(f"CAST({_q(c)} AS BIGNUM) AS {_q(c)}" for c in amounts)
+    exact = ", ".join(f"{bignum.view_expression(c)} AS {_q(c)}" for c in amounts)
     columns = f"* REPLACE ({exact})" if exact else "*"
     # No hive partitioning: the `range=…` folders are layout, not a column.
     return (
@@ -163,7 +163,7 @@ class Engine:
             if any(f.startswith("s3://") for f in files):
                 self._s3(con)
             for pin in pins.values():
-                amounts = bignum.amount_columns(con, (local_path(f) for f in pin.files))
+                amounts = bignum.amount_columns(con, _source(pin)) if pin.files else ()
                 con.execute(f"CREATE VIEW {_q(pin.name)} AS {view_sql(pin, amounts)}")
             if files:
                 allowed = ", ".join(_lit(local_path(f)) for f in files)

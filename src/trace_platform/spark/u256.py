@@ -1,25 +1,26 @@
-"""Exact integer amounts (any uint256, and any signed sum of them) in Spark.
+"""Exact integer amounts (any uint256, and any signed sum of them): one type, `LIMBS`, on disk
+and in Spark.
 
-Three forms, one number, converted only at the edges:
+An amount is the struct of nine BIGINT limbs base 10^9, l8 (signed) down to l0, the number
+being sum(l_k * 10^(9k)), always in floor form (0 <= l0..l7 < 10^9). A uint256 has at most 78
+digits, so its l8 < 10^6 and every limb is below 10^9: a SUM of up to 9.2·10^9 of them stays
+inside BIGINT (ANSI mode turns anything larger into an error, never a NULL). Floor form is
+unique and orders like the number, so `=`, `<`, ORDER BY, max/min and RANK work on the struct
+as it is.
 
-- **On disk** (Parquet): the exact decimal text (`"-123"`, up to 90 digits), a STRING column
-  whose Spark field metadata is `AMOUNT_METADATA`. Readable by any tool; the Query Service
-  reads marked columns as DuckDB BIGNUM (query/engine.py).
-- **In Spark SQL**: the struct `LIMBS` = (l2, l1, l0), three DECIMAL(38,0) limbs base 10^26,
-  v = l2·10^52 + l1·10^26 + l0, always in floor form (0 <= l1, l0 < 10^26, l2 signed). A
-  uint256 has at most 78 digits, so each of its limbs is below 10^26 and a SUM of up to 10^12
-  of them stays inside DECIMAL(38,0) (ANSI mode turns anything larger into an error, never a
-  NULL). Floor form is unique and orders like the number, so `=`, `<`, ORDER BY, max/min,
-  RANK work on the struct natively.
-- **Helpers** for sql_transform authors (`MACROS`, expanded by the SQL guard into the native
-  Spark SQL below, so no Python runs per row): `u256(text_or_int)`, `u256_neg(x)`,
-  `u256_add(a, b)`, `u256_sum(x)` (aggregate or window), `u256_double(x)` (approximate, for
-  ratios) and `u256_text(x)`. Something that would lose digits fails instead: SUM, `+` or
-  CAST on the struct are type errors.
-
-`read_amounts` turns marked text columns of an input into limbs (invalid text is an error that
-names the dataset, column and value); `write_amounts` turns every limbs column of an output into
-marked text.
+- **On disk** the struct is the column (Parquet stores it as nine INT64 leaves; zero limbs
+  cost almost nothing). Its type is its mark: the Query Service reads every column of this type
+  as DuckDB BIGNUM (query/bignum.py) and answers with exact text. There is no decimal text on
+  disk: making it and parsing it again at every Spark edge cost more than the arithmetic
+  (README, "Exact amounts").
+- **In Spark** the arithmetic stays in primitive longs (DECIMAL(38,0) limbs allocate a
+  BigDecimal per operation). sql_transform authors use the helpers
+  (`trace_platform.spark.helpers`, expanded by the SQL guard into the native Spark SQL below):
+  `u256(text_or_int)`, `u256_neg(x)`, `u256_add(a, b)`, `u256_sum(x)` (aggregate or window),
+  `u256_double(x)` (approximate, for ratios) and `u256_text(x)`. What would lose digits fails
+  instead: SUM, `+` or CAST on the struct are type errors.
+- **From the chain** `word_limbs` turns a 32-byte ABI word into limbs natively (no Python per
+  row, no text in between).
 """
 
 from __future__ import annotations
@@ -33,111 +34,154 @@ from sqlglot import exp
 
 from trace_platform.operators.context import PermanentError
 
-BASE_DIGITS = 26
-MAX_DIGITS = 38 + 2 * BASE_DIGITS  # what three DECIMAL(38,0) limbs can carry
-AMOUNT_METADATA = {"trace_type": "u256"}
-LIMBS = "STRUCT<l2: DECIMAL(38,0), l1: DECIMAL(38,0), l0: DECIMAL(38,0)>"
-INVALID = "invalid amount"  # the start of every error an amount that is not an integer raises
+DIGITS = 9  # per limb
+TOP = 8  # limbs l8 (the signed top one) .. l0
+BASE = 10**DIGITS
+MAX_DIGITS = 19 + TOP * DIGITS  # a BIGINT top limb and eight full ones
+FIELDS = [f"l{k}" for k in range(TOP, -1, -1)]  # high to low: struct order = numeric order
+LIMBS = "STRUCT<" + ", ".join(f"{f}: BIGINT" for f in FIELDS) + ">"
+INVALID = "invalid amount"  # the start of every error a value that is not an amount raises
 
-_B = str(10**BASE_DIGITS)  # a DECIMAL(27,0) literal to Spark
+_B = str(BASE)
 
 
-def _limbs(l2: str, l1: str, l0: str) -> str:
+def _f(x: str, k: int) -> str:
+    return f"{x}['l{k}']"
+
+
+def _limbs(fields: list[str]) -> str:
+    """A limbs struct from its field expressions, high to low."""
+    inner = ", ".join(f"'{n}', CAST({e} AS BIGINT)" for n, e in zip(FIELDS, fields, strict=True))
+    return f"named_struct({inner})"
+
+
+def _neg() -> str:
+    """-x in floor form: below the lowest nonzero limb j nothing changes, limb j becomes
+    B - l_j, the limbs above it B - 1 - l_k, and l8 borrows one unless x's low limbs are all 0.
+    One struct of nine small expressions (the limbs are >= 0, so "all lower limbs are 0" is
+    "their sum is 0"): compact code that the JIT compiles."""
+
+    def lower_zero(k: int) -> str:
+        return "(" + " + ".join(_f("__x", j) for j in range(k)) + ") = 0"
+
+    fields = [f"-{_f('__x', TOP)} - CASE WHEN {lower_zero(TOP)} THEN 0 ELSE 1 END"]
+    for k in range(TOP - 1, -1, -1):
+        own = f"CASE WHEN {_f('__x', k)} = 0 THEN 0 ELSE {_B} - {_f('__x', k)} END"
+        fields.append(
+            own
+            if k == 0
+            else f"CASE WHEN {lower_zero(k)} THEN {own} ELSE {_B} - 1 - {_f('__x', k)} END"
+        )
+    return f"CASE WHEN __x IS NULL THEN NULL ELSE {_limbs(fields)} END"
+
+
+def _norm() -> str:
+    """Limb sums (a struct s8..s0, s0..s7 >= 0, the form sums of floor-form limbs have) carried
+    back into floor form: t_k = s_k + t_(k-1) DIV B, limb k = t_k % B, l8 = s8 + t_7 DIV B."""
+    t: list[str] = []
+    for k in range(TOP):
+        s = f"__s['s{k}']"
+        t.append(s if k == 0 else f"({s} + ({t[k - 1]}) DIV {_B})")
+    fields = [f"__s['s{TOP}'] + ({t[TOP - 1]}) DIV {_B}"]
+    fields += [f"({t[k]}) % {_B}" for k in range(TOP - 1, -1, -1)]
+    return f"CASE WHEN __s['s0'] IS NULL THEN NULL ELSE {_limbs(fields)} END"
+
+
+def _padded() -> str:
+    """Decimal text __t (an optional '-' and 1 to MAX_DIGITS digits) as its digits, left-padded
+    to MAX_DIGITS; anything else raises `__label` and the text."""
+    digits = "CASE WHEN __t LIKE '-%' THEN substr(__t, 2) ELSE __t END"
     return (
-        f"named_struct('l2', CAST({l2} AS DECIMAL(38,0)), 'l1', CAST({l1} AS DECIMAL(38,0)), "
-        f"'l0', CAST({l0} AS DECIMAL(38,0)))"
+        "CASE WHEN __t IS NULL THEN NULL "
+        f"WHEN NOT __t RLIKE '^-?[0-9]{{1,{MAX_DIGITS}}}$' THEN raise_error(concat(__label, __t)) "
+        f"ELSE lpad({digits}, {MAX_DIGITS}, '0') END"
     )
 
 
-# Templates over placeholders: __x, __m (limbs), __t (text), __label (a string literal), __s2,
-# __s1, __s0 (limb sums). Each is Spark SQL; the guard and the DataFrame edges fill them in.
-_PADDED = f"lpad(__d, {MAX_DIGITS}, '0')"
-_PARSE_DIGITS = _limbs(
-    f"substr({_PADDED}, 1, 38)",
-    f"substr({_PADDED}, 39, {BASE_DIGITS})",
-    f"substr({_PADDED}, {39 + BASE_DIGITS}, {BASE_DIGITS})",
-)
-# -(l1·B + l0) borrows one from l2 unless both are 0.
-NEG = (
-    "CASE WHEN __x IS NULL THEN NULL WHEN __x['l0'] > 0 THEN "
-    + _limbs("-__x['l2'] - 1", _B + " - 1 - __x['l1']", _B + " - __x['l0']")
-    + " WHEN __x['l1'] > 0 THEN "
-    + _limbs("-__x['l2'] - 1", _B + " - __x['l1']", "0")
-    + " ELSE "
-    + _limbs("-__x['l2']", "0", "0")
-    + " END"
-)
-# Sums of floor-form limbs (all NULL or none): the l1 and l0 sums are >= 0, so the carry is
-# a plain DIV and %.
-NORM = (
-    "CASE WHEN __s0 IS NULL THEN NULL ELSE "
-    + _limbs(
-        f"__s2 + (__s1 + __s0 DIV {_B}) DIV {_B}",
-        f"(__s1 + __s0 DIV {_B}) % {_B}",
-        f"__s0 % {_B}",
+def _digits() -> str:
+    """Padded digits __p as limbs: five BIGINT casts (the top 19 digits, then 18-digit pairs of
+    limbs split with DIV and %): each cast of a substring costs more than the arithmetic."""
+    pairs = [f"CAST(substr(__p, {20 + 2 * DIGITS * i}, {2 * DIGITS}) AS BIGINT)" for i in range(4)]
+    fields = ["CAST(substr(__p, 1, 19) AS BIGINT)"]
+    for pair in pairs:
+        fields += [f"{pair} DIV {_B}", f"{pair} % {_B}"]
+    return _limbs(fields)
+
+
+PAIR_NAMES = ["top", "p3", "p2", "p1", "p0"]
+
+
+def _pairs() -> list[str]:
+    """Magnitude __m as its top limb and four 18-digit pairs of limbs (a BIGINT each)."""
+    pairs = [f"{_f('__m', k + 1)} * {_B} + {_f('__m', k)}" for k in range(TOP - 2, -1, -2)]
+    return [_f("__m", TOP), *pairs]
+
+
+def _text() -> str:
+    """The text of __x given its magnitude's pairs __top, __p3 .. __p0 (`PAIRS`): the sign, then
+    the digits from the highest nonzero part (casting a long is the cheap path to text)."""
+    parts = [f"__{n}" for n in PAIR_NAMES]
+    branches = []
+    for i, part in enumerate(parts[:-1]):
+        rest = [f"lpad(CAST({p} AS STRING), {2 * DIGITS}, '0')" for p in parts[i + 1 :]]
+        branches.append(f"WHEN {part} > 0 THEN concat(CAST({part} AS STRING), {', '.join(rest)})")
+    digits = f"CASE {' '.join(branches)} ELSE CAST({parts[-1]} AS STRING) END"
+    sign = f"CASE WHEN {_f('__x', TOP)} < 0 THEN '-' ELSE '' END"
+    return f"CASE WHEN __x IS NULL THEN NULL ELSE concat({sign}, {digits}) END"
+
+
+def _double() -> str:
+    """An approximate DOUBLE. A negative number goes through B - 1 - l_k (small, positive):
+    summing its floor-form limbs as doubles would cancel catastrophically."""
+    pos = " + ".join(f"CAST({_f('__x', k)} AS DOUBLE) * 1e{DIGITS * k}" for k in range(TOP + 1))
+    below = " + ".join(
+        f"CAST({_B} - 1 - {_f('__x', k)} AS DOUBLE) * 1e{DIGITS * k}" for k in range(TOP)
     )
-    + " END"
-)
-PARSE = (
-    "CASE WHEN __t IS NULL THEN NULL "
-    f"WHEN NOT __t RLIKE '^-?[0-9]{{1,{MAX_DIGITS}}}$' THEN raise_error(concat(__label, __t)) "
-    "WHEN __t LIKE '-%' THEN "
-    + NEG.replace("__x", "(" + _PARSE_DIGITS.replace("__d", "substr(__t, 2)") + ")")
-    + " ELSE "
-    + _PARSE_DIGITS.replace("__d", "__t")
-    + " END"
-)
-# |x| in floor form (l2 >= 0), and the exact text of x given m = |x|.
-ABS = "CASE WHEN __x['l2'] < 0 THEN (" + NEG + ") ELSE __x END"
-_LPAD = "lpad(CAST(__m['{limb}'] AS STRING), " + str(BASE_DIGITS) + ", '0')"
-TEXT = (
-    "CASE WHEN __x IS NULL THEN NULL ELSE concat(CASE WHEN __x['l2'] < 0 THEN '-' ELSE '' END, "
-    "CASE WHEN __m['l2'] > 0 THEN concat(CAST(__m['l2'] AS STRING), "
-    + _LPAD.format(limb="l1")
-    + ", "
-    + _LPAD.format(limb="l0")
-    + ") WHEN __m['l1'] > 0 THEN concat(CAST(__m['l1'] AS STRING), "
-    + _LPAD.format(limb="l0")
-    + ") ELSE CAST(__m['l0'] AS STRING) END) END"
-)
-_MAGNITUDE_DOUBLE = (
-    "CAST(__m['l2'] AS DOUBLE) * 1e52 + CAST(__m['l1'] AS DOUBLE) * 1e26 "
-    "+ CAST(__m['l0'] AS DOUBLE)"
-)
-# Through |x|: in floor form a small negative number has l2 = -1 and l1, l0 near 10^26, whose
-# sum as doubles would cancel catastrophically.
-DOUBLE = (
-    "CASE WHEN __x['l2'] < 0 THEN -("
-    + _MAGNITUDE_DOUBLE.replace("__m", "(" + NEG + ")")
-    + ") ELSE "
-    + _MAGNITUDE_DOUBLE.replace("__m", "__x")
-    + " END"
-)
+    neg = f"CAST({_f('__x', TOP)} + 1 AS DOUBLE) * 1e{DIGITS * TOP} - ({below} + 1)"
+    return f"CASE WHEN {_f('__x', TOP)} < 0 THEN {neg} ELSE {pos} END"
 
 
-def _parse(template: str) -> exp.Expression:
-    from trace_platform.spark.sql_guard import DIALECT
-
-    return sqlglot.parse_one(template, read=DIALECT)
-
+# Templates over placeholders (__x, __m: limbs, __m a magnitude; __s: a struct of limb sums
+# s8..s0; __t: text; __p: padded digits; __top, __p3 .. __p0: a magnitude's PAIRS; __label: a
+# string literal). A placeholder used many times must be given a
+# column (or a lambda variable: helpers.bind), never an expression. The guard's helpers and the
+# DataFrame edges fill them in.
+NEG = _neg()
+NORM = _norm()
+PADDED = _padded()
+DIGITS_TO_LIMBS = _digits()
+SIGNED = (
+    f"CASE WHEN __t IS NULL THEN NULL WHEN __t LIKE '-%' THEN ({NEG.replace('__x', '__m')}) "
+    "ELSE __m END"
+)
+ABS = f"CASE WHEN {_f('__x', TOP)} < 0 THEN ({NEG}) ELSE __x END"
+PAIRS = _pairs()  # one template per pair
+TEXT = _text()
+DOUBLE = _double()
 
 _TEMPLATES: dict[str, exp.Expression] = {}
 
 
-def fill(template: str, **args: exp.Expression) -> exp.Expression:
-    """The template with each placeholder `__name` replaced by a copy of `args[name]`."""
+def _tree(template: str) -> exp.Expression:
+    from trace_platform.spark.sql_guard import DIALECT
+
     tree = _TEMPLATES.get(template)
     if tree is None:
-        tree = _TEMPLATES[template] = _parse(template)
+        tree = _TEMPLATES[template] = sqlglot.parse_one(template, read=DIALECT)
+    return tree
+
+
+def fill(template: str, **args: exp.Expression) -> exp.Expression:
+    """The template with each placeholder `__name` replaced by a copy of `args[name]`."""
 
     def swap(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Column) and not node.table and node.name.startswith("__"):
+        if isinstance(node, exp.Column) and not node.table and node.name[2:] in args:
             arg = args[node.name[2:]]
             atomic = isinstance(arg, (exp.Column, exp.Literal, exp.Paren))
             return arg.copy() if atomic else exp.Paren(this=arg.copy())
         return node
 
-    return tree.copy().transform(swap, copy=False)
+    return _tree(template).copy().transform(swap, copy=False)
 
 
 def sql(template: str, **args: exp.Expression) -> str:
@@ -146,80 +190,79 @@ def sql(template: str, **args: exp.Expression) -> str:
     return fill(template, **args).sql(dialect=DIALECT)
 
 
-def text_of(x: exp.Expression) -> exp.Expression:
-    """u256_text: the exact decimal text of limbs `x` (NULL stays NULL)."""
-    return fill(TEXT, x=x, m=exp.Paren(this=fill(ABS, x=x)))
+_SUMS = "named_struct(" + ", ".join(f"'s{k}', __s{k}" for k in range(TOP, -1, -1)) + ")"
 
 
-def parse(text: exp.Expression, label: str) -> exp.Expression:
-    """Decimal text (or anything whose STRING cast is one) -> limbs; anything else fails with
-    `label: <text>`."""
-    return fill(
-        PARSE, t=fill("CAST(__v AS STRING)", v=text), label=exp.Literal.string(f"{label}: ")
-    )
+def sums(limb_sum: Any) -> exp.Expression:
+    """A struct s8..s0 of `limb_sum(field)` for each limb field (for NORM)."""
+    return fill(_SUMS, **{f"s{k}": limb_sum(f"l{k}") for k in range(TOP + 1)})
 
 
-# --- the DataFrame edges --------------------------------------------------------------------
+def constant(value: int) -> exp.Expression:
+    """The limbs of an integer known now (a literal in the query), as constants."""
+    if abs(value) >= 10 ** (MAX_DIGITS - 1):
+        raise ValueError(f"{value} has more than {MAX_DIGITS - 1} digits")
+    v, fields = value, []
+    for _ in range(TOP):
+        v, limb = divmod(v, BASE)  # floor division: floor form
+        fields.append(str(limb))
+    from trace_platform.spark.sql_guard import DIALECT
+
+    return sqlglot.parse_one(_limbs([str(v), *reversed(fields)]), read=DIALECT)
 
 
-def is_amount(field: Any) -> bool:
-    """A field stored as marked amount text."""
-    from pyspark.sql.types import StringType
-
-    meta = field.metadata or {}
-    return isinstance(field.dataType, StringType) and all(
-        meta.get(k) == v for k, v in AMOUNT_METADATA.items()
-    )
+# --- the DataFrame side ---------------------------------------------------------------------
 
 
 def is_limbs(field: Any) -> bool:
-    from pyspark.sql.types import DecimalType, StructType
+    """A field holding amounts."""
+    from pyspark.sql.types import LongType, StructType
 
     t = field.dataType
     return (
         isinstance(t, StructType)
-        and [f.name for f in t.fields] == ["l2", "l1", "l0"]
-        and all(f.dataType == DecimalType(38, 0) for f in t.fields)
+        and [f.name for f in t.fields] == FIELDS
+        and all(isinstance(f.dataType, LongType) for f in t.fields)
     )
 
 
-def _quoted(name: str) -> exp.Expression:
+def column(name: str) -> exp.Expression:
+    """A column reference to fill a template with."""
     return exp.column(exp.to_identifier(name, quoted=True))
 
 
-def read_amounts(frame: Any, dataset: str) -> Any:
-    """Every marked amount column of `frame` as limbs; a value that is not an integer fails the
-    job with `invalid amount in <dataset>.<column>: <value>`."""
-    from pyspark.sql import functions as F
-
-    for field in frame.schema.fields:
-        if is_amount(field):
-            label = exp.Literal.string(f"{INVALID} in {dataset}.{field.name}: ")
-            frame = frame.withColumn(
-                field.name, F.expr(sql(PARSE, t=_quoted(field.name), label=label))
-            )
-    return frame
+# A 32-byte big-endian word as eleven integers (two bytes, then ten of three), each a column
+# expression over the word's hex, with the power of two it weighs.
+_WORD_PARTS = [(0, 4, 240)] + [(4 + 6 * i, 6, 24 * (9 - i)) for i in range(10)]
 
 
-def write_amounts(frame: Any) -> Any:
-    """Every limbs column of `frame` as marked exact text (its magnitude computed once per row,
-    in a column of its own, then dropped)."""
-    from pyspark.sql import functions as F
-
-    for field in frame.schema.fields:
-        if not is_limbs(field):
-            continue
-        name, tmp = field.name, f"__abs_{field.name}"
-        frame = frame.withColumn(tmp, F.expr(sql(ABS, x=_quoted(name))))
-        text = sql(TEXT, x=_quoted(name), m=_quoted(tmp))
-        frame = frame.withColumn(name, F.expr(text).alias(name, metadata=AMOUNT_METADATA))
-        frame = frame.drop(tmp)
-    return frame
+def _limbs_of(n: int) -> list[int]:
+    out = []
+    for _ in range(TOP + 1):
+        n, limb = divmod(n, BASE)
+        out.append(limb)
+    return out  # l0 .. l8
 
 
-def marked(column: Any, name: str) -> Any:
-    """A text column as a stored amount named `name`."""
-    return column.alias(name, metadata=AMOUNT_METADATA)
+def normalized(sums: str) -> str:
+    """Spark SQL carrying limb sums (`sums`, a struct s8..s0 as NORM takes it) into limbs, the
+    sums evaluated once: they are bound to a lambda variable (NORM reads each many times)."""
+    return f"element_at(transform(array({sums}), _u256_s -> {NORM.replace('__s', '_u256_s')}), 1)"
+
+
+def word_limbs(hex_word: str) -> str:
+    """Spark SQL turning `hex_word` (the 64 hex digits of a 32-byte word, e.g. `hex(data)`) into
+    its limbs, via its limb sums: each limb of each part's power of two is a constant, a part
+    is below 2^24 and a constant below 10^9, so eleven products add up far below 2^63."""
+    parts = [
+        (f"CAST(conv(substr({hex_word}, {at + 1}, {n}), 16, 10) AS BIGINT)", _limbs_of(2**shift))
+        for at, n, shift in _WORD_PARTS
+    ]
+    sums = []
+    for k in range(TOP, -1, -1):
+        terms = [f"{part} * {limbs[k]}" for part, limbs in parts if limbs[k]]
+        sums.append(f"'s{k}', CAST({' + '.join(terms) or '0'} AS BIGINT)")
+    return normalized(f"named_struct({', '.join(sums)})")
 
 
 @contextlib.contextmanager
@@ -237,21 +280,3 @@ def invalid_amounts_fail() -> Iterator[None]:
             )
             raise PermanentError(line[line.index(INVALID) :].split(" SQLSTATE")[0]) from None
         raise
-
-
-def keep_marks(frame: Any) -> Any:
-    """`frame` with its amount marks re-stated where the optimizer keeps them. Spark's optimizer
-    may rewrite a marked column without its metadata (dropDuplicates becomes `first(v) AS v`)
-    and the Parquet writer stores the optimized plan's schema, so a plain alias is not enough
-    (it is removed as redundant); `concat(v)` is a no-op it keeps."""
-    from pyspark.sql import functions as F
-
-    marked = {f.name for f in frame.schema.fields if is_amount(f)}
-    if not marked:
-        return frame
-    return frame.select(
-        *[
-            F.concat(frame[c]).alias(c, metadata=AMOUNT_METADATA) if c in marked else frame[c]
-            for c in frame.columns
-        ]
-    )
