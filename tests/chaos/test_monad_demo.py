@@ -11,10 +11,11 @@ from typing import Any
 import polars as pl
 import pytest
 
+from tests.support.amounts import value
 from tests.support.dags import admin, finished_run
 from tests.support.datasets import committed_keys
 from tests.support.invariants import assert_datasets_complete, assert_invariants
-from trace_platform.chain import Rpc, calldata
+from trace_platform.chain import Rpc, calldata, topic0
 from trace_platform.config import Settings
 from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
 from trace_platform.devnet.big_token import LINE, MAX
@@ -150,32 +151,9 @@ def test_golden_path_analytics_match_the_node(
                 token, calldata("balanceOf(address)", r["account"]), at
             )
 
-        # (3) Per-validator stake at each window's end = the staking contract's view there.
-        stakes = svc.query.query(
-            me, f"SELECT * FROM validator_stake WHERE window_end <= {head} ORDER BY window_end"
-        ).as_json()
-        cols = [c["name"] for c in stakes["columns"]]
-        by_window: dict[int, dict[int, int]] = {}
-        for row in stakes["rows"]:
-            r = dict(zip(cols, row, strict=True))
-            by_window.setdefault(r["window_end"], {})[r["validator_id"]] = int(r["stake"])
-        assert len(by_window) >= 4
-        for end, per_validator in by_window.items():
-            for validator, stake in per_validator.items():
-                view = rpc.eth_call(
-                    STAKING_ADDRESS, calldata("validatorStake(uint64)", validator), end
-                )
-                assert stake == view, (end, validator)
-        conc = {r["window_end"]: r for r in saved_rows(svc, me, "staking_concentration")}
-        for end, per_validator in by_window.items():
-            total = sum(per_validator.values())
-            shares = sorted((s / total for s in per_validator.values() if s > 0), reverse=True)
-            assert conc[end]["hhi"] == pytest.approx(round(sum(x * x for x in shares), 4), abs=1e-4)
-            needed, acc = 0, 0.0
-            while acc <= 1 / 3:
-                acc += shares[needed]
-                needed += 1
-            assert conc[end]["nakamoto_coefficient"] == needed
+        # (3) Stake per epoch, its truth from the node alone: the epochs from its EpochChanged
+        # logs, every validator it counts, their stake and every delegation at each epoch's end.
+        check_staking(svc, me, rpc, head)
 
         # The large-amount token, exactly: supply and every holder's balance at each block of its
         # script (and the block before), against the node.
@@ -183,6 +161,93 @@ def test_golden_path_analytics_match_the_node(
 
         assert_invariants(svc)
         assert_datasets_complete(svc)
+
+
+def check_staking(svc: Any, me: Any, rpc: Rpc, head: int) -> None:
+    """validator_stake, staking_concentration, delegator_stake and delegator_concentration per
+    epoch, against the staking contract's views at each epoch's last block."""
+    changes = rpc.call(
+        "eth_getLogs",
+        {
+            "fromBlock": "0x0",
+            "toBlock": hex(head),
+            "address": STAKING_ADDRESS,
+            "topics": [topic0("EpochChanged(uint64,uint64)")],
+        },
+    )
+    starts = [(int(c["data"][66:130], 16), int(c["blockNumber"], 16)) for c in changes]
+    assert len(starts) >= 4
+    if starts[0][1] > 0:  # the epoch in force at block 0
+        starts.insert(0, (starts[0][0] - 1, 0))
+    periods = [
+        (epoch, first, (starts[i + 1][1] - 1) if i + 1 < len(starts) else head)
+        for i, (epoch, first) in enumerate(starts)
+    ]
+    got = [
+        (r["epoch"], r["first_block"], r["last_block"])
+        for r in query_rows(svc, me, "SELECT * FROM staking_periods ORDER BY first_block")
+    ]
+    assert got == periods  # epochs as the node has them, the last one clipped to the synced head
+    validators = range(1, rpc.eth_call(STAKING_ADDRESS, calldata("validatorCount()"), head) + 1)
+    delegates = rpc.call(
+        "eth_getLogs",
+        {
+            "fromBlock": "0x0",
+            "toBlock": hex(head),
+            "address": STAKING_ADDRESS,
+            "topics": [topic0("Delegate(uint64,address,uint256,uint64)")],
+        },
+    )
+    pairs = {(int(d["topics"][1], 16), "0x" + d["topics"][2][-40:]) for d in delegates}
+    stake_rows = query_rows(svc, me, "SELECT * FROM validator_stake")
+    stakes = {(r["window_end"], r["validator_id"]): int(r["stake"]) for r in stake_rows}
+    deleg = {
+        (r["window_end"], r["validator_id"], r["delegator"]): int(r["stake"])
+        for r in query_rows(svc, me, "SELECT * FROM delegator_stake")
+    }
+    conc = {r["window_end"]: r for r in saved_rows(svc, me, "staking_concentration")}
+    dconc = {
+        (r["window_end"], r["validator_id"]): r
+        for r in query_rows(svc, me, "SELECT * FROM delegator_concentration")
+    }
+    want_deleg: dict[tuple[int, int, str], int] = {}
+    for epoch, _, end in periods:
+        node = {
+            v: rpc.eth_call(STAKING_ADDRESS, calldata("validatorStake(uint64)", v), end)
+            for v in validators
+        }
+        assert {v: stakes.get((end, v), 0) for v in validators} == node, end
+        total = sum(node.values())
+        shares = sorted((s / total for s in node.values() if s > 0), reverse=True)
+        assert conc[end]["epoch"] == epoch
+        assert conc[end]["hhi"] == pytest.approx(round(sum(x * x for x in shares), 4), abs=1e-4)
+        needed, acc = 0, 0.0
+        while acc <= 1 / 3:
+            acc += shares[needed]
+            needed += 1
+        assert conc[end]["nakamoto_coefficient"] == needed
+        for v, who in pairs:
+            held = rpc.eth_call(
+                STAKING_ADDRESS, calldata("delegation(uint64,address)", v, who), end
+            )
+            if held:
+                want_deleg[(end, v, who)] = held
+        for v in validators:
+            held = {w: s for (e, vv, w), s in want_deleg.items() if (e, vv) == (end, v)}
+            if not held:
+                assert (end, v) not in dconc
+                continue
+            r, total_v = dconc[(end, v)], sum(held.values())
+            assert (r["delegators"], int(r["total_stake"])) == (len(held), total_v)
+            assert r["top_delegator"] == max(held, key=lambda w: (held[w], w))
+            assert r["hhi"] == pytest.approx(sum((s / total_v) ** 2 for s in held.values()))
+    assert deleg == want_deleg
+
+
+def query_rows(svc: Any, me: Any, sql: str) -> list[dict[str, Any]]:
+    out = svc.query.query(me, sql).as_json()
+    cols = [c["name"] for c in out["columns"]]
+    return [dict(zip(cols, row, strict=True)) for row in out["rows"]]
 
 
 def check_large_amount_token(svc: Any, me: Any, rpc: Rpc, info: ChainInfo, head: int) -> None:
@@ -277,7 +342,8 @@ def test_sql_transform_and_spark_errors(
         assert "\tat " not in broken["last_error"]  # the useful lines, not the Java stack
         supply = read_dataset(stack, settings, "supply_check").sort("block_number")
         for row in supply.sample(n=min(10, supply.height), seed=1).iter_rows(named=True):
-            assert rpc.eth_call(token, calldata("totalSupply()"), row["block_number"]) == int(
+            # Read from the files: the amount as stored (limbs).
+            assert rpc.eth_call(token, calldata("totalSupply()"), row["block_number"]) == value(
                 row["total_supply"]
             )
 

@@ -188,24 +188,41 @@ def pipeline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     out = {"erc20_transfers": read_output(store, tr), "staking_events": read_output(store, st_)}
     inputs = {"erc20_transfers": tr, "staking_events": st_}
     for job, reads in (
-        ("token_supply", "erc20_transfers"),
-        ("token_balances", "erc20_transfers"),
-        ("validator_stake", "staking_events"),
-        ("staking_concentration", "validator_stake"),
+        ("token_supply", ["erc20_transfers"]),
+        ("token_balances", ["erc20_transfers"]),
+        ("staking_periods", ["staking_events"]),
+        ("validator_stake", ["staking_events", "staking_periods"]),
+        ("staking_concentration", ["validator_stake"]),
+        ("delegator_stake", ["staking_events", "staking_periods"]),
+        ("delegator_concentration", ["delegator_stake"]),
     ):
-        sql, args = demo_sql(job)
-        args = {"window_blocks": WINDOW} if args else None  # as the golden path sets it
-        _, loc = run_operator(
-            sql_transform,
-            store,
-            work,
-            [(reads, inputs[reads])],
-            f"out/{job}/",
-            {"sql": sql, "args": args},
-        )
-        inputs[job] = loc
-        out[job] = read_output(store, loc)
+        out[job], inputs[job] = run_demo_job(store, work, job, inputs, reads, rng)
     return out
+
+
+def run_demo_job(
+    store: LocalStore,
+    work: Path,
+    job: str,
+    inputs: dict[str, str],
+    reads: list[str],
+    synced: RangeSpec,
+    window: int = WINDOW,
+) -> tuple[pa.Table, str]:
+    """One of the demo DAG's analytics through sql_transform, its inputs committed as the
+    synced range `synced` (as decode commits them)."""
+    sql, args = demo_sql(job)
+    args = {"window_blocks": window} if args else None  # as the golden path sets it
+    _, loc = run_operator(
+        sql_transform,
+        store,
+        work,
+        [(name, inputs[name]) for name in reads],
+        f"out/{job}/",
+        {"sql": sql, "args": args},
+        input_range=synced,
+    )
+    return read_output(store, loc), loc
 
 
 def amounts(table: pa.Table) -> set[str]:
@@ -279,9 +296,8 @@ def test_token_supply_and_balances_are_exact(pipeline: dict[str, pa.Table]) -> N
 def test_validator_stake_and_concentration_are_exact(pipeline: dict[str, pa.Table]) -> None:
     ss = stakes()
     validators = sorted({v for _, _, _, v, _ in ss})
-    lo, hi = min(b for b, *_ in ss) // WINDOW, max(b for b, *_ in ss) // WINDOW
     want: dict[tuple[int, int], int] = {}
-    for w in range(lo, hi + 1):
+    for w in range(BLOCKS // WINDOW):  # windows over the synced blocks 0 .. BLOCKS - 1
         for v in validators:
             want[((w + 1) * WINDOW - 1, v)] = sum(
                 a if kind == "Delegate" else -a
@@ -300,6 +316,137 @@ def test_validator_stake_and_concentration_are_exact(pipeline: dict[str, pa.Tabl
         if s > 0:
             totals[end] = totals.get(end, 0) + s
     assert conc == totals
+
+
+# --- epochs, clipping and delegators -----------------------------------------------------------
+
+EPOCH_CHANGED = bytes.fromhex(topic0("EpochChanged(uint64,uint64)")[2:])
+EPOCHS = {40: 6, 95: 7, 150: 8}  # block of EpochChanged -> the epoch it starts (5 before)
+SYNCED = RangeSpec(start=0, end=173)  # blocks 0 .. 172: not a multiple of any window
+A, B, C = PEOPLE[0], PEOPLE[1], PEOPLE[2]
+Delegation = tuple[int, int, str, int, str, int]  # block, log_index, kind, validator, who, amount
+
+
+def delegations() -> list[Delegation]:
+    """Several delegators per validator, amounts past 10^38 and uint256 sums; a delegation in
+    the block of an epoch change (it counts in the new epoch); a full undelegation."""
+    return [
+        (3, 0, "Delegate", 1, A, 2**255),
+        (10, 0, "Delegate", 1, B, 10),
+        (12, 0, "Delegate", 2, A, LINE + 1),
+        (50, 0, "Delegate", 1, C, 2**255),
+        (95, 1, "Delegate", 1, B, LINE),
+        (96, 0, "Delegate", 2, C, MAX),
+        (120, 0, "Undelegate", 1, A, 2**255),
+        (160, 0, "Delegate", 2, B, 7),
+    ]
+
+
+def epoch_logs() -> pa.Table:
+    rows = [
+        {
+            "block": b,
+            "log_index": 0,
+            "address": STAKING,
+            "topic0": EPOCH_CHANGED,
+            "data": _word(e - 1) + _word(e),
+        }
+        for b, e in EPOCHS.items()
+    ]
+    for b, li, kind, validator, who, amount in delegations():
+        data = _word(amount) + _word(7) if kind == "Delegate" else _word(0) + _word(amount)
+        rows.append(
+            {
+                "block": b,
+                "log_index": li,
+                "address": STAKING,
+                "topic0": DELEGATE if kind == "Delegate" else UNDELEGATE,
+                "topic1": _word(validator),
+                "topic2": _addr(who),
+                "data": data + (b"" if kind == "Delegate" else _word(7)),
+            }
+        )
+    return log_table(sorted(rows, key=lambda r: (r["block"], r["log_index"])))
+
+
+@pytest.fixture(scope="module")
+def epochs(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, pa.Table]:
+    root = tmp_path_factory.mktemp("epochs")
+    store = LocalStore(root / "store")
+    work = root / "work"
+    logs = put_table(store, "in/logs/", epoch_logs())
+    _, loc = run_operator(
+        decode_staking_events, store, work, [("logs", logs)], "out/st/", rng=SYNCED
+    )
+    out, inputs = {}, {"staking_events": loc}
+    for job, reads in (
+        ("staking_periods", ["staking_events"]),
+        ("validator_stake", ["staking_events", "staking_periods"]),
+        ("staking_concentration", ["validator_stake"]),
+        ("delegator_stake", ["staking_events", "staking_periods"]),
+        ("delegator_concentration", ["delegator_stake"]),
+    ):
+        out[job], inputs[job] = run_demo_job(store, work, job, inputs, reads, SYNCED)
+    return out
+
+
+def periods() -> list[tuple[int, int, int]]:
+    """(epoch, first block, last block) of every epoch within the synced blocks."""
+    starts = [(5, SYNCED.start), *((e, b) for b, e in sorted(EPOCHS.items()))]
+    ends = [b - 1 for _, b in starts[1:]] + [SYNCED.end - 1]
+    return [(e, b, end) for (e, b), end in zip(starts, ends, strict=True)]
+
+
+def stake_at(block: int) -> dict[tuple[int, str], int]:
+    """Each (validator, delegator)'s stake after `block`."""
+    out: dict[tuple[int, str], int] = {}
+    for b, _, kind, v, who, amount in delegations():
+        if b <= block:
+            out[(v, who)] = out.get((v, who), 0) + (amount if kind == "Delegate" else -amount)
+    return out
+
+
+def test_periods_are_epochs_clipped_to_the_synced_blocks(epochs: dict[str, pa.Table]) -> None:
+    got = [
+        (r["epoch"], r["first_block"], r["last_block"]) for r in _rows(epochs["staking_periods"])
+    ]
+    assert got == periods() and got[-1][2] == SYNCED.end - 1  # never past the data
+    stake = {(r["window_end"], r["validator_id"]): r for r in _rows(epochs["validator_stake"])}
+    want = {}
+    for epoch, first, last in periods():
+        for v in (1, 2):
+            total = sum(s for (vv, _), s in stake_at(last).items() if vv == v)
+            want[(last, v)] = (epoch, first, total)
+    assert {k: (r["epoch"], r["window_start"], r["stake"]) for k, r in stake.items()} == want
+    conc = {
+        r["window_end"]: (r["epoch"], r["validators"])
+        for r in _rows(epochs["staking_concentration"])
+    }
+    assert conc == {last: (e, 1 if last < 12 else 2) for e, _, last in periods()}
+
+
+def test_delegator_stake_and_concentration_per_validator(epochs: dict[str, pa.Table]) -> None:
+    rows = _rows(epochs["delegator_stake"])
+    got = {(r["window_end"], r["validator_id"], r["delegator"]): r["stake"] for r in rows}
+    want = {
+        (last, v, who): s
+        for _, _, last in periods()
+        for (v, who), s in stake_at(last).items()
+        if s > 0  # A's full undelegation leaves no row
+    }
+    assert got == want
+    conc = {
+        (r["window_end"], r["validator_id"]): r for r in _rows(epochs["delegator_concentration"])
+    }
+    assert set(conc) == {(end, v) for end, v, _ in want}
+    for (end, v), r in conc.items():
+        held = {who: s for (e, vv, who), s in want.items() if (e, vv) == (end, v)}
+        total = sum(held.values())
+        top = max(held, key=lambda who: (held[who], who))
+        assert (r["delegators"], r["total_stake"], r["top_delegator"]) == (len(held), total, top)
+        assert r["top_delegator_share"] == pytest.approx(held[top] / total, rel=1e-9)
+        assert r["hhi"] == pytest.approx(sum((s / total) ** 2 for s in held.values()), rel=1e-9)
+        assert r["epoch"] == next(e for e, _, last in periods() if last == end)
 
 
 def test_a_short_staking_log_is_an_error_naming_it(spark: Any, tmp_path: Path) -> None:

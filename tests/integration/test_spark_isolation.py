@@ -260,13 +260,20 @@ def _transfers(spark: Any) -> Any:
 
 
 def _staking(spark: Any) -> Any:
+    """Delegations and undelegations of a few delegators, and an epoch change every 100 blocks."""
     rnd = random.Random(11)
     rows = []
     for _ in range(80):
-        validator = rnd.choice([1, 2, 3, 4, None])
-        delta = _limbs(rnd.randrange(-500, 2000) * 10**60)
-        rows.append((rnd.randrange(0, 450), validator, delta))
-    schema = f"block_number BIGINT, validator_id BIGINT, amount_delta {SPARK_LIMBS}"
+        validator = rnd.choice([1, 2, 3, 4])
+        amount = rnd.randrange(-500, 2000) * 10**60
+        event = "Delegate" if amount >= 0 else "Undelegate"
+        who = "0x" + rnd.choice("abc") * 40
+        rows.append((rnd.randrange(0, 450), event, validator, who, _limbs(amount), None))
+    rows += [(b, "EpochChanged", None, None, _limbs(0), b // 100) for b in (100, 200, 300, 400)]
+    schema = (
+        "block_number BIGINT, event STRING, validator_id BIGINT, delegator STRING, "
+        f"amount_delta {SPARK_LIMBS}, epoch BIGINT"
+    )
     return spark.createDataFrame(rows, schema)
 
 
@@ -287,22 +294,27 @@ def test_the_demo_analytics_give_identical_results_through_the_guard(base: Any) 
         views = {
             "token_supply": ["erc20_transfers", "input_1"],
             "token_balances": ["erc20_transfers", "input_1"],
-            "validator_stake": ["staking_events", "input_1"],
+            "staking_periods": ["staking_events", "input_1"],
+            "validator_stake": ["staking_events", "staking_periods"],
             "staking_concentration": ["validator_stake"],
+            "delegator_stake": ["staking_events", "staking_periods"],
+            "delegator_concentration": ["delegator_stake"],
         }
-        for job in ("token_supply", "token_balances", "validator_stake", "staking_concentration"):
+        synced = {"staking_events_first_block": 0, "staking_events_last_block": 449}
+        assert set(views) == set(jobs)  # every analytic of the demo
+        for job, reads in views.items():
             sql, args = jobs[job]
-            checked = check_query(sql, views[job])
+            checked = check_query(sql, reads)
             check_spark_plan(s, checked)
+            bound = {k: v for k, v in {**synced, **args}.items() if k in checked.parameters}
             # The u256 helpers expanded, nothing else done to the text: what the user meant.
             expanded = helpers.expand(sqlglot.parse_one(sql, read=DIALECT)).sql(dialect=DIALECT)
-            original = s.sql(expanded, args=args or None)
-            guarded = s.sql(checked.sql, args=args or None)
+            original = s.sql(expanded, args=bound or None)
+            guarded = s.sql(checked.sql, args=bound or None)
             dtypes, rows = _rows(original)
             assert rows, job
             assert _rows(guarded) == (dtypes, rows), job
-            if job == "validator_stake":
-                original.createOrReplaceTempView("validator_stake")
+            original.createOrReplaceTempView(job)  # read by the analytics after it
     finally:
         tspark.end_task(s)
 
@@ -345,7 +357,7 @@ def _context(
 def test_sql_transform_runs_the_checked_query_with_its_parameters(
     base: Any, tmp_path: Path
 ) -> None:
-    sql, args = _demo_sql()["validator_stake"]
+    sql, args = _demo_sql()["staking_periods"]
     store = LocalStore(tmp_path / "store")
     stage = tmp_path / "stage"
     _staking(base).coalesce(1).write.parquet(str(stage))
@@ -367,9 +379,11 @@ def test_sql_transform_runs_the_checked_query_with_its_parameters(
         (written,) = (tmp_path / "store" / "out" / "v1").glob("t=*")  # the attempt's own keys
         for f in written.glob("*.parquet"):
             shutil.copy(f, out / f.name)
-        got = base.read.parquet(str(out)).orderBy("window_end", "stake_rank", "validator_id")
+        got = base.read.parquet(str(out)).orderBy("first_block")
         _staking(base).createOrReplaceTempView("staking_events")
-        want = base.sql(check_query(sql, ["staking_events"]).sql, args=args)
+        # Inputs committed whole (no ranges): the synced blocks are NULL, the data's bounds used.
+        unknown = {"staking_events_first_block": None, "staking_events_last_block": None}
+        want = base.sql(check_query(sql, ["staking_events"]).sql, args={**args, **unknown})
         assert _rows(got) == _rows(want)
     finally:
         ctx.close()

@@ -39,12 +39,15 @@ def run_operator(
     rng: RangeSpec | None = None,
     unique_key: list[str] | None = None,
     output_committed: Sequence[tuple[RangeSpec, str]] = (),
+    input_range: RangeSpec | None = None,
 ) -> tuple[OperatorResult, str]:
     """Runs `fn` with `inputs` ((dataset name, committed location) each, committed whole, or
     as the range `rng` when given) and one output at `output` (an `append` output with
     `unique_key`, whose version already holds `output_committed`, when given); returns its
-    result and where it wrote (the committed location)."""
-    scope = scope_key(None, rng)
+    result and where it wrote (the committed location). `input_range` commits the inputs as
+    that range without making it the input event's."""
+    held = rng or input_range
+    scope = scope_key(None, held)
     out = DatasetRef(
         dataset_uuid=uuid4(),
         dataset_version=uuid4(),
@@ -69,7 +72,7 @@ def run_operator(
                     dataset_uuid=r.dataset_uuid,
                     dataset_version=r.dataset_version,
                     scope=scope,
-                    range=rng,
+                    range=held,
                     location=r.location,
                 )
                 for r in refs

@@ -1,6 +1,8 @@
 """sql_transform: one Spark SQL read query over the task's input datasets, each registered as a
 view of its pinned version (named like the dataset, else `input_{i}`), into output 0.
 `config.args` binds named parameter markers (`:window_blocks`) so values stay out of the SQL.
+Each input also offers `:<view>_first_block` and `:<view>_last_block`: the blocks its committed
+ranges span (NULL when it has none), so an analytic never reports past the synced data.
 
 User SQL is untrusted: before any input is fetched, `trace_platform.spark.sql_guard` accepts
 only one read query over those views (no TRANSFORM … USING, no reflect/java_method, no file
@@ -47,13 +49,29 @@ class SqlTransformConfig(OperatorConfig):
         return [] if outputs else [("outputs", "sql_transform needs one output")]
 
 
+def synced_blocks(ctx: OperatorContext, views: list[str]) -> dict[str, int | None]:
+    """`<view>_first_block` / `<view>_last_block` for every input: the first and last block of
+    the ranges committed in its pinned version (None for an input with no range commits)."""
+    out: dict[str, int | None] = {}
+    for ref, view in zip(ctx.task.inputs, views, strict=True):
+        ranges = [
+            c.range
+            for c in ctx.task.committed
+            if c.dataset_version == ref.dataset_version and c.range is not None
+        ]
+        out[f"{view}_first_block"] = min((r.start for r in ranges), default=None)
+        out[f"{view}_last_block"] = max((r.end - 1 for r in ranges), default=None)
+    return out
+
+
 def sql_transform(ctx: OperatorContext) -> OperatorResult:
     cfg = SqlTransformConfig.from_ctx(ctx)
     if not ctx.task.outputs:
         raise PermanentError("sql_transform needs one output")
-    args = cfg.args or None
     views = [ref.dataset_name or f"input_{i}" for i, ref in enumerate(ctx.task.inputs)]
     checked = check_query(cfg.sql, views)  # refuses anything but one read query over `views`
+    given = {**synced_blocks(ctx, views), **(cfg.args or {})}
+    args = {k: v for k, v in given.items() if k in checked.parameters} or None
     spark = ctx.spark  # a task session: hardened (trace_platform.spark)
     check_spark_plan(spark, checked)
     empty: list[tuple[int, str]] = []

@@ -21,7 +21,7 @@ def dag_text(plan: DemoPlan) -> str:
     jobs = dag["jobs"]
     jobs["ingest"]["config"]["network_name"] = plan.network
     jobs["hot"]["config"]["window_blocks"] = plan.hot_blocks
-    jobs["validator_stake"]["config"]["args"]["window_blocks"] = plan.window_blocks
+    jobs["staking_periods"]["config"]["args"]["window_blocks"] = plan.window_blocks
     for name in ("transfers_complete", "staking_complete"):
         # The analytics run once the whole backfill is in: one aggregation window = the range.
         jobs[name]["config"] = {

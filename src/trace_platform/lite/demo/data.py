@@ -18,7 +18,15 @@ from trace_platform.services import Services
 
 _Q = Queries("demo")
 RAW = ("blocks", "transactions", "logs", "traces")
-ANALYTICS = ("token_supply", "token_balances", "validator_stake", "staking_concentration")
+ANALYTICS = (
+    "token_supply",
+    "token_balances",
+    "staking_periods",
+    "validator_stake",
+    "staking_concentration",
+    "delegator_stake",
+    "delegator_concentration",
+)
 
 
 def admin(svc: Services) -> Actor:

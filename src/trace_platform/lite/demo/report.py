@@ -69,9 +69,11 @@ def analytics(svc: Services, plan: DemoPlan, out_dir: Path, console: Console) ->
         _table(f"    …and the historic balances of the top {len(accounts)}", list(pivot.values()))
     )
     stake = saved_rows(svc, me, "validator_stake")
-    console.print(_table("(3) Stake per validator (last window)", stake, limit=20))
+    console.print(_table("(3) Stake per validator (last epoch)", stake, limit=20))
     conc = saved_rows(svc, me, "staking_concentration")
-    console.print(_table("    Staking concentration per window", conc))
+    console.print(_table("    Staking concentration per epoch", conc))
+    delegators = saved_rows(svc, me, "delegator_concentration")
+    console.print(_table("    Delegator concentration per validator (last epoch)", delegators))
     out_dir.mkdir(parents=True, exist_ok=True)
     charts = [
         supply_chart(supply, out_dir / "supply_by_block.png", plan.token),
