@@ -20,6 +20,7 @@ TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
 
 MAX_EVENTS_PER_CALL = 1000
 MAX_CONFIG_BYTES = 1024 * 1024
+MAX_PROGRESS_BYTES = 4096  # a progress report is a few counters, stored on every heartbeat
 
 
 class _Body(BaseModel):
@@ -99,7 +100,31 @@ class LeaseRef(_Body):
 
 
 class HeartbeatRequest(LeaseRef):
-    progress: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None  # the operator's latest ctx.progress, if any
+
+    @model_validator(mode="after")
+    def _small_progress(self) -> Self:
+        if self.progress is not None and progress_size(self.progress) > MAX_PROGRESS_BYTES:
+            raise ValueError(f"progress is larger than {MAX_PROGRESS_BYTES} bytes of JSON")
+        return self
+
+
+def progress_size(progress: dict[str, Any]) -> int:
+    import json
+
+    return len(json.dumps(progress, separators=(",", ":"), default=str))
+
+
+def progress_text(progress: dict[str, Any] | None, width: int = 80) -> str:
+    """A stored progress report as one short line: `datatype=logs rows=1,204`."""
+    if not progress:
+        return ""
+    parts = []
+    for k, v in progress.items():
+        shown = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+        parts.append(f"{k}={shown}")
+    text = " ".join(parts)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class HeartbeatResponse(BaseModel):

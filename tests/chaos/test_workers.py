@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -139,6 +140,17 @@ def test_killed_worker_is_reaped_retried_and_fenced(stack: LiteStack) -> None:
         TaskSpec(job="long", operator="sleep", config={"seconds": 60}, max_attempts=3)
     )
     wait_for(lambda: status(stack, ref.task_id) == ("running", 1), 30, "attempt 1 running")
+
+    def progress() -> Any:
+        with psycopg.connect(stack.services.dsn) as conn:
+            row = conn.execute(
+                "SELECT progress FROM task_status WHERE task_id = %s", (ref.task_id,)
+            ).fetchone()
+        return row[0] if row else None
+
+    # The operator's ctx.progress reaches the task's row through the wrapper's heartbeats.
+    reported = wait_for(progress, 30, "a progress report")
+    assert 0 < reported["done"] < 1
     with psycopg.connect(stack.services.dsn) as conn:
         token = conn.execute(
             "SELECT lease_token FROM task_status WHERE task_id = %s", (ref.task_id,)

@@ -243,6 +243,31 @@ def test_heartbeat_extends_lease(services: Services) -> None:
     assert e.value.code == "stale_attempt"
 
 
+def test_heartbeat_progress_is_stored_until_the_next_attempt(services: Services) -> None:
+    r = services.dispatcher.create_task(spec(max_attempts=2))
+    c = claim(services, r.task_id)
+
+    def stored() -> Any:
+        return q(services, "SELECT progress FROM task_status WHERE task_id = %s", r.task_id)[0][
+            "progress"
+        ]
+
+    assert stored() is None
+    services.dispatcher.heartbeat(HeartbeatRequest(**ref(c), progress={"done": 0.5, "rows": 7}))
+    assert stored() == {"done": 0.5, "rows": 7}
+    services.dispatcher.heartbeat(HeartbeatRequest(**ref(c)))  # none reported: the last stays
+    assert stored() == {"done": 0.5, "rows": 7}
+    with pytest.raises(ValueError, match="progress is larger than 4096 bytes"):
+        HeartbeatRequest(**ref(c), progress={"x": "y" * 5000})
+    complete(services, c, "failed", retryable=True)
+    with services.pool.connection() as conn:  # skip the retry's backoff
+        conn.execute(
+            "UPDATE task_status SET next_attempt_at = now() WHERE task_id = %s", [r.task_id]
+        )
+    claim(services, r.task_id)  # a new attempt reports its own progress
+    assert stored() is None
+
+
 def test_cancel_queued_and_running(services: Services) -> None:
     queued = services.dispatcher.create_task(spec())
     assert services.dispatcher.cancel(queued.task_id).status == "canceled"

@@ -13,10 +13,12 @@ from uuid import UUID
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
 from trace_platform.config import get_settings
+from trace_platform.contract import progress_text
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import DagInvalid, load
 from trace_platform.errors import TraceError
@@ -230,9 +232,11 @@ def run_tree(run: dict[str, Any]) -> Tree:
         dur = ""
         if t["started_at"] and t["finished_at"]:
             dur = f" {(t['finished_at'] - t['started_at']).total_seconds():.2f}s"
-        label = f"{t['job']} [dim]{str(t['task_id'])[:8]}[/dim] {status_text(t['status'])} attempt {t['attempt']}{dur}"
+        label = f"{escape(t['job'])} [dim]{str(t['task_id'])[:8]}[/dim] {status_text(t['status'])} attempt {t['attempt']}{dur}"
+        if t.get("progress"):  # what the attempt last reported (operator text: escaped)
+            label += f" [cyan]{escape(progress_text(t['progress']))}[/cyan]"
         if t["last_error"] and t["status"] != "succeeded":
-            label += f" [red]{t['last_error'][:60]}[/red]"
+            label += f" [red]{escape(t['last_error'][:60])}[/red]"
         parent = nodes.get(t["parent_task_id"], root)
         nodes[t["task_id"]] = parent.add(label)
     return root
@@ -240,7 +244,7 @@ def run_tree(run: dict[str, Any]) -> Tree:
 
 @runs_app.command("show")
 def runs_show(run_id: UUID) -> None:
-    """The task tree of a run: status, attempts, durations."""
+    """The task tree of a run: status, attempts, durations, each task's last progress report."""
     console.print(run_tree(run_op(services().control.show_run, me(), run_id)))
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import Connection
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
@@ -183,6 +184,7 @@ class Lifecycle:
                     "attempt": req.attempt,
                     "lease_token": req.lease_token,
                     "lease": self.settings.lease_seconds,
+                    "progress": Jsonb(req.progress) if req.progress is not None else None,
                 },
             ).fetchone()
             if row is not None:

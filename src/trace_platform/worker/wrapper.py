@@ -24,7 +24,14 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from trace_platform.config import Settings
-from trace_platform.contract import Claim, EventIn, OutputCommit, TaskPayload
+from trace_platform.contract import (
+    MAX_PROGRESS_BYTES,
+    Claim,
+    EventIn,
+    OutputCommit,
+    TaskPayload,
+    progress_size,
+)
 from trace_platform.objectstore import ObjectStore
 from trace_platform.operators import TRUSTED_OPERATORS
 from trace_platform.queue import payloads
@@ -329,7 +336,7 @@ class Wrapper:
                 )
                 return
             elif kind == "progress":
-                progress = out["progress"]
+                progress = _bounded_progress(out.get("progress"), claim)
             elif kind == "event":
                 try:
                     self.client.events(claim, [EventIn.model_validate(out["event"])])
@@ -364,3 +371,24 @@ class Wrapper:
                     claim, "failed", error=f"operator process died ({why})\n{tail}".strip()
                 )
                 return
+
+
+def _bounded_progress(reported: Any, claim: Claim) -> dict[str, Any] | None:
+    """An operator's progress report as the heartbeat may carry it: a JSON object within
+    MAX_PROGRESS_BYTES (a heartbeat refused for it would cost the task its lease): a larger one
+    is replaced by a note saying so, anything but an object is ignored."""
+    if not isinstance(reported, dict):
+        return None
+    try:
+        size = progress_size(reported)
+    except (TypeError, ValueError):
+        size = MAX_PROGRESS_BYTES + 1
+    if size > MAX_PROGRESS_BYTES:
+        log.warning(
+            "task %s attempt %s: progress report dropped (over %d bytes of JSON)",
+            claim.task_id,
+            claim.attempt,
+            MAX_PROGRESS_BYTES,
+        )
+        return {"dropped": f"report over {MAX_PROGRESS_BYTES} bytes"}
+    return reported

@@ -105,7 +105,8 @@ WITH RECURSIVE tree AS (
    AND c.start_day BETWEEN t.start_day AND t.start_day + 31
 )
 SELECT t.task_id, t.parent_task_id, t.depth, r.job, r.operator, r.dag_id, r.created_at,
-       s.status, s.attempt, s.started_at, s.finished_at, s.last_error
+       s.status, s.attempt, s.started_at, s.finished_at, s.last_error, s.progress,
+       s.progress_at
 FROM tree t
 JOIN task_registry r ON r.task_id = t.task_id AND r.start_day = t.start_day
 JOIN task_status s ON s.task_id = t.task_id

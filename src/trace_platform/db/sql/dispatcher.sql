@@ -55,10 +55,13 @@ FOR UPDATE OF s;
 SELECT * FROM task_status WHERE task_id = %(task_id)s;
 
 -- name: heartbeat
+-- Extends the lease; a reported progress replaces the last one (none reported keeps it).
 UPDATE task_status
 SET lease_until = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(),
-    updated_at = now()
+    updated_at = now(),
+    progress = coalesce(%(progress)s::jsonb, progress),
+    progress_at = CASE WHEN %(progress)s::jsonb IS NULL THEN progress_at ELSE now() END
 WHERE task_id = %(task_id)s
   AND attempt = %(attempt)s
   AND lease_token = %(lease_token)s
@@ -265,7 +268,9 @@ WITH c AS (
       deadline_at = now() + make_interval(secs => r.timeout_seconds),
       worker_id = %(worker_id)s,
       finished_at = NULL,
-      updated_at = now()
+      updated_at = now(),
+      progress = NULL,
+      progress_at = NULL
   FROM task_registry r
   WHERE s.task_id = %(task_id)s
     AND r.task_id = s.task_id AND r.start_day = s.start_day

@@ -7,9 +7,10 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trace_platform.contract import TERMINAL
+from trace_platform.contract import TERMINAL, progress_text
 from trace_platform.lite.demo.dag import DAG_NAME
 from trace_platform.lite.demo.data import RAW, admin, coverage
 from trace_platform.lite.demo.plan import DemoPlan
@@ -62,6 +63,10 @@ def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
                 done = sum(t["status"] in TERMINAL for t in mine)
                 failed = sum(t["status"] == "failed" for t in mine)
                 info = f"[red]{failed} failed[/red]" if failed else ""
+                # What a running task of the stage last reported (its heartbeat's progress).
+                now = [t["progress"] for t in mine if t["status"] == "running" and t["progress"]]
+                if now:
+                    info = f"{escape(progress_text(now[0], 40))} {info}"
                 if job == "ingest":
                     info = f"{rows.get('blocks', 0):,} blocks, {rows.get('transactions', 0):,} txs, {rows.get('logs', 0):,} logs {info}"
                 total = totals.get(job) or max(len(mine), 1)
