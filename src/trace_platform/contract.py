@@ -72,7 +72,7 @@ class TaskRef(BaseModel):
 class ClaimRequest(_Body):
     task_id: UUID
     worker_id: str = Field(min_length=1, max_length=200)
-    start_day: int | None = None
+    start_day: int | None = None  # accepted from older workers, unused (see LeaseRef)
 
 
 class SlotLease(BaseModel):
@@ -96,6 +96,8 @@ class LeaseRef(_Body):
     task_id: UUID
     attempt: int = Field(gt=0)
     lease_token: UUID
+    # Accepted from older workers, unused: the task's status row (hash-partitioned by task_id)
+    # holds its start_day, which prunes every registry and attempt lookup joined to it.
     start_day: int | None = None
 
 

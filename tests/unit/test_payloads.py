@@ -40,3 +40,19 @@ def test_size_limit() -> None:
     big = {"kind": "task_wakeup", "task_id": str(uuid.uuid4()), "pad": "x" * 300_000}
     with pytest.raises(payloads.PayloadError, match="under 262144 bytes"):
         payloads.encode(big)
+
+
+def test_wakeups_and_lease_refs_of_older_versions_still_read() -> None:
+    """start_day is no longer sent (the status row has it), but a wake-up still queued by an
+    older version, or an older worker's claim and lease reference, still reads."""
+    from trace_platform.contract import ClaimRequest, LeaseRef
+
+    task = uuid.uuid4()
+    old = payloads.decode(json.dumps({"kind": "task_wakeup", "task_id": str(task), "start_day": 9}))
+    assert isinstance(old, payloads.TaskWakeup) and old.task_id == task
+    assert json.loads(payloads.encode(payloads.TaskWakeup(task_id=task))) == {
+        "kind": "task_wakeup",
+        "task_id": str(task),
+    }
+    ClaimRequest(task_id=task, worker_id="w", start_day=9)
+    LeaseRef(task_id=task, attempt=1, lease_token=uuid.uuid4(), start_day=9)

@@ -27,9 +27,9 @@ class Intents:
         self.pool = pool
         self.settings = settings
 
-    def wake(self, conn: Connection[Any], task_id: UUID, start_day: int, delay: float = 0) -> None:
+    def wake(self, conn: Connection[Any], task_id: UUID, delay: float = 0) -> None:
         """An outbox row in the caller's transaction: the task's wake-up, after `delay`."""
-        payload = payloads.encode(payloads.TaskWakeup(task_id=task_id, start_day=start_day))
+        payload = payloads.encode(payloads.TaskWakeup(task_id=task_id))
         conn.execute(
             _Q.insert_outbox,
             {
@@ -57,7 +57,7 @@ class Intents:
                 _Q.insert_status, {"task_id": task_id, "start_day": start_day, "status": status}
             )
             if status == "queued":
-                self.wake(c, task_id, start_day)
+                self.wake(c, task_id)
             return TaskRef(task_id=task_id, start_day=start_day, status=status)  # type: ignore[arg-type]
 
         if conn is not None:
@@ -106,7 +106,7 @@ class Intents:
                 _Q.stranded_queued, {"after": after_seconds, "limit": limit}
             ).fetchall()
             for r in rows:
-                self.wake(conn, r["task_id"], r["start_day"])
+                self.wake(conn, r["task_id"])
             if rows:
                 conn.execute(_Q.touch, {"ids": [r["task_id"] for r in rows]})
         return len(rows)

@@ -306,7 +306,7 @@ class Lifecycle:
             _Q.set_retry, {"task_id": st["task_id"], "error": error, "backoff": delay}
         ).fetchone()
         assert row is not None
-        self.intents.wake(conn, st["task_id"], st["start_day"], delay)
+        self.intents.wake(conn, st["task_id"], delay)
         return row["next_attempt_at"]
 
     def reap(self, limit: int = 100) -> int:

@@ -57,7 +57,7 @@ class Slots:
             return
         for w in conn.execute(_Q.waiting_for_pool, {**freed, "limit": 2}).fetchall():
             if w["task_id"] != task_id:
-                self.intents.wake(conn, w["task_id"], w["start_day"])
+                self.intents.wake(conn, w["task_id"])
 
     def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret

@@ -18,7 +18,9 @@ class _Payload(BaseModel):
 class TaskWakeup(_Payload):
     kind: Literal["task_wakeup"] = "task_wakeup"
     task_id: UUID
-    start_day: int | None = None  # partition hint
+    # Accepted from wake-ups queued by older versions, never sent: the Dispatcher finds a task
+    # by task_id in task_status (hash-partitioned by it), whose start_day prunes the registry.
+    start_day: int | None = None
 
 
 class BufferRecord(_Payload):

@@ -369,7 +369,7 @@ def refresh_readers(
 def _release(conn: Connection[Any], intents: Intents, dag_id: UUID, version: int) -> int:
     rows = conn.execute(_Q.release_buffered, {"dag_id": dag_id, "version": version}).fetchall()
     for r in rows:
-        intents.wake(conn, r["task_id"], r["start_day"])
+        intents.wake(conn, r["task_id"])
     return len(rows)
 
 
@@ -503,6 +503,6 @@ def set_paused(
     woken = 0
     if not paused and dag["paused"]:
         for r in conn.execute(_Q.queued_of_dag, {"dag_id": dag_id}).fetchall():
-            intents.wake(conn, r["task_id"], r["start_day"])
+            intents.wake(conn, r["task_id"])
             woken += 1
     return {"dag": dag["name"], "paused": paused, "woken": woken}

@@ -70,8 +70,8 @@ class DispatcherClient:
                 raise ApiError(r.status_code, "error", r.text) from None
         return out.model_validate(r.json())
 
-    def claim(self, task_id: UUID, worker_id: str, start_day: int | None = None) -> Claim:
-        body = ClaimRequest(task_id=task_id, worker_id=worker_id, start_day=start_day)
+    def claim(self, task_id: UUID, worker_id: str) -> Claim:
+        body = ClaimRequest(task_id=task_id, worker_id=worker_id)
         return self._call("POST", "/internal/claim", Claim, content=body.model_dump_json())
 
     def fetch(self, claim: Claim) -> TaskPayload:
@@ -141,5 +141,4 @@ def _ref(claim: Claim) -> dict[str, Any]:
         "task_id": claim.task_id,
         "attempt": claim.attempt,
         "lease_token": claim.lease_token,
-        "start_day": claim.start_day,
     }

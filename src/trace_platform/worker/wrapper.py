@@ -132,7 +132,7 @@ class Wrapper:
             self.driver.nack(self.queue_name, msg.receipt, f"not a task wake-up: kind={wake.kind}")
             return
         try:
-            claim = self.client.claim(wake.task_id, self.worker_id, wake.start_day)
+            claim = self.client.claim(wake.task_id, self.worker_id)
         except ApiError as e:
             if e.status in (404, 409):  # not claimable: the wake-up was only a hint
                 log.debug("dropping wake-up for %s: %s", wake.task_id, e.message)
