@@ -49,3 +49,17 @@ def test_task_create_wait_and_show_without_workers_then_cancel(dsn: str, tmp_pat
     assert bad.returncode == 1 and "not valid JSON" in bad.stdout
     missing = run(["task", "show", "00000000-0000-0000-0000-000000000009"], env)
     assert missing.returncode == 1 and "does not exist" in missing.stdout
+
+
+def test_users_add_is_for_admins_through_the_control_plane(dsn: str, tmp_path: Path) -> None:
+    env = {"TRACE_STATE_DSN": dsn, "TRACE_HOME": str(tmp_path)}
+    added = run(["users", "add", "carol", "--role", "analyst", "--role", "analyst"], env)
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert "user 'carol' roles: analyst" in added.stdout
+    key = re.search(r"API key \(shown once\): (\S+)", added.stdout)
+    assert key, added.stdout
+    as_carol = {**env, "TRACE_API_KEY": key.group(1)}
+    refused = run(["users", "add", "mallory", "--admin"], as_carol)
+    assert refused.returncode == 1 and "only org admins may manage users" in refused.stdout
+    bad = run(["users", "add", "dave", "--role", "Not A Role"], env)
+    assert bad.returncode == 1 and "role 'Not A Role' must match" in bad.stdout

@@ -22,7 +22,7 @@ from trace_platform.contract import progress_text
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import DagInvalid, load
 from trace_platform.errors import TraceError
-from trace_platform.identity import Actor, authenticate, set_roles
+from trace_platform.identity import Actor, authenticate
 from trace_platform.lite.bootstrap import key_file
 from trace_platform.services import Services
 
@@ -411,15 +411,8 @@ def users_add(
     admin: Annotated[bool, typer.Option()] = False,
 ) -> None:
     """Create a user (or update their roles) and print a new API key for them (shown once)."""
-    from trace_platform.identity import create_key, ensure_user, require_admin
-
-    actor = me()
-    run_op(require_admin, actor, "manage users")
-    with services().pool.connection() as conn, conn.transaction():
-        user = ensure_user(conn, actor.org_id, name, is_admin=admin, roles=role or [])
-        set_roles(conn, actor, name, role or [], admin)
-        key = create_key(conn, user.user_id)
+    user = run_op(services().control.add_user, me(), name, role or [], admin)
     console.print(
-        f"user '{name}' roles: {', '.join(role or []) or '(none)'}{' (admin)' if admin else ''}"
+        f"user '{name}' roles: {', '.join(user['roles']) or '(none)'}{' (admin)' if admin else ''}"
     )
-    console.print(f"API key (shown once): {key}")
+    console.print(f"API key (shown once): {user['api_key']}")

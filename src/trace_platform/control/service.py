@@ -17,7 +17,16 @@ from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
 from trace_platform.dispatcher.models import CancelResponse, TaskView
 from trace_platform.errors import Conflict, Invalid, NotFound
-from trace_platform.identity import Actor, Forbidden, can_deploy, can_read_row, require_admin
+from trace_platform.identity import (
+    Actor,
+    Forbidden,
+    can_deploy,
+    can_read_row,
+    create_key,
+    ensure_user,
+    require_admin,
+    set_roles,
+)
 from trace_platform.identity.vault import (
     can_manage_secret,
     can_use_secret,
@@ -274,6 +283,21 @@ class ControlPlane:
         with self.pool.connection() as conn:
             rows = conn.execute(_S.list_secrets, {"org_id": actor.org_id, "name": None}).fetchall()
         return [_listed(r) for r in rows if can_use_secret(actor, r)]
+
+    # -- users ---------------------------------------------------------------------------------
+    def add_user(
+        self, actor: Actor, name: str, roles: list[str], is_admin: bool = False
+    ) -> dict[str, Any]:
+        """Org admins only: creates the user (or sets an existing one's roles and admin flag)
+        and issues a new API key for them, returned once (only its hash is stored)."""
+        require_admin(actor, "manage users")
+        _check_roles(roles)
+        roles = sorted(set(roles))
+        with self.pool.connection() as conn, conn.transaction():
+            user = ensure_user(conn, actor.org_id, name, is_admin=is_admin, roles=roles)
+            set_roles(conn, actor, name, roles, is_admin)
+            key = create_key(conn, user.user_id)
+        return {"name": name, "roles": roles, "is_admin": is_admin, "api_key": key}
 
     # -- tasks ---------------------------------------------------------------------------------
     def _visible_task(self, actor: Actor, task_id: UUID) -> None:
