@@ -20,7 +20,7 @@ from tests.support.sandbox import bind_env, record_dir
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.contract import TERMINAL, DatasetRef, TaskSpec
-from trace_platform.lite.stack import LiteStack
+from trace_platform.lite.stack import ApiServer, LiteStack
 
 pytestmark = pytest.mark.slow
 
@@ -259,3 +259,27 @@ def test_a_refused_completion_fails_the_attempt_at_once(stack: LiteStack) -> Non
     view = d.get_task(ref.task_id)
     assert view.attempt == 1 and "completion refused" in (view.last_error or "")
     assert "does not produce" in (view.last_error or "") and view.events == 0
+
+
+def test_an_api_outage_shorter_than_the_lease_costs_the_attempt_nothing(
+    settings: Settings, dsn: str, tmp_path: Path
+) -> None:
+    """The API goes away for 9 s (longer than the client's own retries, shorter than the 30 s
+    lease) while the operator runs: the worker keeps it running, heartbeats again when the API
+    is back, and the first attempt succeeds."""
+    long_lease = settings.model_copy(update={"lease_seconds": 30.0, "heartbeat_seconds": 1.0})
+    env = {"TRACE_QUEUE_POLL_SECONDS": "0.2", **bind_env(tmp_path)}
+    with LiteStack(long_lease, workers=1, dsn=dsn, worker_env=env) as stack:
+        d = stack.services.dispatcher
+        ref = d.create_task(TaskSpec(job="outage", operator="sleep", config={"seconds": 16}))
+        wait_for(lambda: status(stack, ref.task_id) == ("running", 1), 30, "attempt 1 running")
+        time.sleep(1)
+        stack.api.stop()
+        time.sleep(9)
+        stack.api = ApiServer(stack.services, settings.api_host, stack.port)
+        stack.api.start()
+        wait_for(lambda: status(stack, ref.task_id)[0] in TERMINAL, 60, "the task to end")
+        view = d.get_task(ref.task_id)
+        assert view.status == "succeeded"
+        assert [a.outcome for a in view.attempts] == ["succeeded"]
+        assert_invariants(stack.services)

@@ -34,6 +34,12 @@ class ApiError(Exception):
         self.message = message
 
 
+def transient(e: Exception) -> bool:
+    """A failure that says nothing about the lease: the API unreachable, timing out, or
+    answering with a server error (restarting, overloaded). Anything else is its answer."""
+    return isinstance(e, httpx.TransportError) or (isinstance(e, ApiError) and e.status >= 500)
+
+
 class DispatcherClient:
     def __init__(
         self,
@@ -49,15 +55,18 @@ class DispatcherClient:
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
         self.retries = retries
 
-    def _call(self, method: str, path: str, out: type[T], **kw: Any) -> T:
+    def _call(
+        self, method: str, path: str, out: type[T], retries: int | None = None, **kw: Any
+    ) -> T:
         """Transport failures are retried (every call is idempotent or fenced); HTTP errors
         are raised as ApiError with the server's code and message."""
-        for attempt in range(self.retries + 1):
+        retries = self.retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 r = self.http.request(method, path, **kw)
                 break
             except httpx.TransportError:
-                if attempt == self.retries:
+                if attempt == retries:
                     raise
                 time.sleep(min(2.0, 0.1 * 2**attempt))
         if r.status_code >= 400:
@@ -94,10 +103,19 @@ class DispatcherClient:
             raise ApiError(r.status_code, body.get("error", "error"), body.get("message", r.text))
         return dict(r.json())
 
-    def heartbeat(self, claim: Claim, progress: dict[str, Any] | None = None) -> HeartbeatResponse:
+    def heartbeat(
+        self, claim: Claim, progress: dict[str, Any] | None = None, timeout: float = 5.0
+    ) -> HeartbeatResponse:
+        """One try within `timeout`: the wrapper's loop retries (it must keep serving its
+        operator meanwhile, and knows how long the lease holds)."""
         body = HeartbeatRequest(**_ref(claim), progress=progress)
         return self._call(
-            "POST", "/internal/heartbeat", HeartbeatResponse, content=body.model_dump_json()
+            "POST",
+            "/internal/heartbeat",
+            HeartbeatResponse,
+            retries=0,
+            content=body.model_dump_json(),
+            timeout=timeout,
         )
 
     def events(self, claim: Claim, events: list[EventIn]) -> EventsResponse:

@@ -17,8 +17,10 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -39,11 +41,29 @@ from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, host_port, is_url
 from trace_platform.sandbox.hostdir import TaskDirs
-from trace_platform.worker.client import ApiError, DispatcherClient
+from trace_platform.worker.client import ApiError, DispatcherClient, transient
 from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
 from trace_platform.worker.store_proxy import ScopedStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class LeaseClock:
+    """Where this worker's lease ends, on its own monotonic clock: each accepted heartbeat
+    moves it to the `lease_until` the Dispatcher answered (taken as a span from now, so a skew
+    between the worker's and the database's clocks shifts it by no more than the skew)."""
+
+    def __init__(self, lease_until: datetime) -> None:
+        self.deadline = 0.0
+        self.renew(lease_until)
+
+    def renew(self, lease_until: datetime) -> None:
+        span = (lease_until - datetime.now(UTC)).total_seconds()
+        self.deadline = time.monotonic() + max(0.0, span)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
 
 
 def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int]:
@@ -153,11 +173,36 @@ class Wrapper:
         self.driver.ack(self.queue_name, msg.receipt)
 
     # -- one attempt ---------------------------------------------------------------------
-    def _report(self, claim: Claim, outcome: str, **kw: Any) -> None:
+    def _extend(self, msg: Message) -> None:
+        """Keeps the wake-up invisible while the attempt runs. A failure only risks a duplicate
+        wake-up (which the claim refuses), never the attempt."""
+        try:
+            self.driver.extend_visibility(self.queue_name, msg.receipt, self.visibility)
+        except Exception as e:
+            log.warning("could not extend the wake-up's visibility: %s", e)
+
+    @staticmethod
+    def _within_lease(clock: LeaseClock | None, what: str, call: Callable[[], T]) -> T:
+        """`call`, tried again while the API is away and the lease still holds (an outage
+        shorter than the lease costs the attempt nothing)."""
+        while True:
+            try:
+                return call()
+            except Exception as e:
+                if clock is None or not transient(e) or clock.left() <= 1.0:
+                    raise
+                log.warning("%s failed (%s); retrying, lease holds %.0fs", what, e, clock.left())
+                time.sleep(min(1.0, clock.left() / 4))
+
+    def _report(
+        self, claim: Claim, outcome: str, clock: LeaseClock | None = None, **kw: Any
+    ) -> None:
         if isinstance(kw.get("error"), str):  # operator text: no NULs (Postgres refuses them)
             kw["error"] = kw["error"].replace("\x00", "\\0")
         try:
-            res = self.client.complete(claim, outcome, **kw)
+            res = self._within_lease(
+                clock, "completion", lambda: self.client.complete(claim, outcome, **kw)
+            )
             log.info("task %s attempt %s -> %s", claim.task_id, claim.attempt, res.status)
         except ApiError as e:
             log.warning("completion of %s attempt %s refused: %s", claim.task_id, claim.attempt, e)
@@ -287,6 +332,7 @@ class Wrapper:
         next_beat = time.monotonic() + beat_every
         progress: dict[str, Any] | None = None
         store_busy = False
+        clock = LeaseClock(claim.lease_until)
         while True:
             timeout = max(0.0, next_beat - time.monotonic())
             try:
@@ -296,21 +342,55 @@ class Wrapper:
             if out is None or time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + beat_every
                 try:
-                    hb = self.client.heartbeat(claim, progress)
-                    self.driver.extend_visibility(self.queue_name, msg.receipt, self.visibility)
-                except ApiError as e:  # lease lost (reaped) or superseded: stop at once
-                    log.warning(
-                        "task %s attempt %s: %s; stopping operator", claim.task_id, claim.attempt, e
+                    hb = self.client.heartbeat(
+                        claim, progress, timeout=min(5.0, max(1.0, 2 * beat_every))
                     )
-                    host.kill()
-                    return
-                if hb.cancel_requested or stop.is_set():
-                    host.kill()
-                    if hb.cancel_requested:
-                        self._report(claim, "canceled")
-                    else:
-                        self._report(claim, "failed", error="worker shut down during the attempt")
-                    return
+                except Exception as e:
+                    if not transient(e):  # lease lost (reaped) or superseded: stop at once
+                        log.warning(
+                            "task %s attempt %s: %s; stopping operator",
+                            claim.task_id,
+                            claim.attempt,
+                            e,
+                        )
+                        host.kill()
+                        return
+                    if clock.left() <= beat_every:  # lost before the next try: the reaper's now
+                        log.warning(
+                            "task %s attempt %s: no heartbeat accepted before the lease ran out "
+                            "(%s); stopping operator",
+                            claim.task_id,
+                            claim.attempt,
+                            e,
+                        )
+                        host.kill()
+                        return
+                    # The API is away (restarting, unreachable): the lease still holds, so the
+                    # operator goes on and the heartbeat is tried again soon.
+                    log.warning(
+                        "task %s attempt %s: heartbeat failed (%s); lease holds %.0fs more",
+                        claim.task_id,
+                        claim.attempt,
+                        e,
+                        clock.left(),
+                    )
+                    next_beat = time.monotonic() + min(beat_every, 1.0)
+                    hb = None
+                if hb is not None:
+                    clock.renew(hb.lease_until)
+                    self._extend(msg)
+                    if hb.cancel_requested or stop.is_set():
+                        host.kill()
+                        if hb.cancel_requested:
+                            self._report(claim, "canceled", clock=clock)
+                        else:
+                            self._report(
+                                claim,
+                                "failed",
+                                clock=clock,
+                                error="worker shut down during the attempt",
+                            )
+                        return
             if out is None:
                 continue
             kind = out.get("type")
@@ -331,6 +411,7 @@ class Wrapper:
                 self._report(
                     claim,
                     "failed",
+                    clock=clock,
                     error=f"operator host broke the protocol: {why}",
                     retryable=False,
                 )
@@ -338,14 +419,21 @@ class Wrapper:
             elif kind == "progress":
                 progress = _bounded_progress(out.get("progress"), claim)
             elif kind == "event":
+                event = EventIn.model_validate(out["event"])
                 try:
-                    self.client.events(claim, [EventIn.model_validate(out["event"])])
+                    self._within_lease(
+                        clock, "events", lambda ev=event: self.client.events(claim, [ev])
+                    )
                 except ApiError as e:
                     log.warning("event refused for %s: %s; stopping operator", claim.task_id, e)
                     host.kill()
                     retryable = e.status not in (403, 422)
                     self._report(
-                        claim, "failed", error=f"event refused: {e.message}", retryable=retryable
+                        claim,
+                        "failed",
+                        clock=clock,
+                        error=f"event refused: {e.message}",
+                        retryable=retryable,
                     )
                     return
             elif kind == "done":
@@ -354,6 +442,7 @@ class Wrapper:
                 self._report(
                     claim,
                     "succeeded",
+                    clock=clock,
                     final_events=finals,
                     outputs=outputs,
                     operator_state=out.get("state"),
@@ -361,14 +450,19 @@ class Wrapper:
                 )
                 return
             elif kind == "failed":
-                self._report(claim, "failed", error=out["error"], retryable=out["retryable"])
+                self._report(
+                    claim, "failed", clock=clock, error=out["error"], retryable=out["retryable"]
+                )
                 return
             elif kind == "exit":
                 code = out["returncode"]
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
                 tail = host.log_tail()
                 self._report(
-                    claim, "failed", error=f"operator process died ({why})\n{tail}".strip()
+                    claim,
+                    "failed",
+                    clock=clock,
+                    error=f"operator process died ({why})\n{tail}".strip(),
                 )
                 return
 
