@@ -80,7 +80,9 @@ class Settings(BaseSettings):
     scheduler_interval_seconds: float = 1.0
 
     # Lifecycle defaults a task may override.
-    lease_seconds: float = 30.0
+    # A lease is three heartbeats: a worker that dies loses its task's lease within 3x the
+    # heartbeat interval, and the reaper (every reaper_interval_seconds) retries it at once.
+    lease_seconds: float = 15.0
     heartbeat_seconds: float = 5.0
     default_timeout_seconds: int = 3600
     default_max_attempts: int = 3

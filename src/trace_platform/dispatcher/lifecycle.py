@@ -326,8 +326,9 @@ class Lifecycle:
                 if st["cancel_requested"]:
                     _set_terminal(conn, st["task_id"], "canceled", error)
                 elif state.tries_left(conn, st, st["attempt"]):
-                    # Attempts lost to a state race are not tries, here as on completion.
-                    self._schedule_retry(conn, st, error)
+                    # Attempts lost to a state race are not tries, here as on completion. A
+                    # lost lease is its worker's failure, not the task's: retried at once.
+                    self._schedule_retry(conn, st, error, None if st["timed_out"] else 0.0)
                 else:
                     _set_terminal(conn, st["task_id"], "failed", error)
         return len(rows)
