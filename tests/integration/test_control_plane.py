@@ -235,6 +235,44 @@ def test_pool_slots_bound_concurrency_and_free_on_every_path(services: Services)
         d.claim(ClaimRequest(task_id=extra[1], worker_id="w"))
 
 
+def test_a_freed_slot_wakes_a_task_that_can_take_it(services: Services) -> None:
+    """Job a (max_concurrency 1) has the oldest waiting tasks, job b the next ones: when b's
+    running task frees a slot, a's tasks cannot take it (a is at its limit), so b's is woken,
+    and only as many as there are free slots."""
+    cp, me, d = services.control, admin(services), services.dispatcher
+    cp.deploy(
+        me,
+        "name: shared_pool\nworker_pools: {rpc: [{}, {}]}\njobs:\n"
+        "  a: {operator: noop, worker_pool: rpc, scaling: {max_concurrency: 1}}\n"
+        "  b: {operator: noop, worker_pool: rpc, scaling: {max_concurrency: 2}}",
+    )
+    by_job: dict[str, list[uuid.UUID]] = {"a": [], "b": []}
+    for _ in range(3):
+        for t in cp.trigger(me, "shared_pool")["tasks"]:
+            job = q(services, "SELECT job FROM task_registry WHERE task_id = %s", t)[0]["job"]
+            by_job[job].append(t)
+    a1, b1 = (d.claim(ClaimRequest(task_id=by_job[j][0], worker_id="w")) for j in ("a", "b"))
+    with services.pool.connection() as conn:  # b's waiting tasks queued after all of a's
+        conn.execute(
+            "UPDATE task_status SET updated_at = now() + interval '1 minute' "
+            "WHERE task_id = ANY(%s)",
+            [by_job["b"][1:]],
+        )
+    services.publisher.drain()
+    while services.driver.receive("tasks", 100, 30):  # drop the initial wake-ups
+        pass
+    d.complete(
+        CompleteRequest(
+            task_id=b1.task_id, attempt=1, lease_token=b1.lease_token, outcome="succeeded"
+        )
+    )
+    services.publisher.drain()
+    woken = [uuid.UUID(x.payload["task_id"]) for x in services.driver.receive("tasks", 10, 30)]
+    assert woken == [by_job["b"][1]]
+    assert d.claim(ClaimRequest(task_id=woken[0], worker_id="w")).slot is not None
+    assert a1.slot is not None
+
+
 def test_manual_trigger_idempotency_key(services: Services) -> None:
     cp, me = services.control, admin(services)
     cp.deploy(me, three_jobs())

@@ -51,11 +51,12 @@ class Slots:
         return SlotLease(pool=t["worker_pool"], slot_index=usage["free_slot"])
 
     def release(self, conn: Connection[Any], task_id: UUID) -> None:
-        """Every terminal path (and every retry) frees the slot and wakes a waiting task."""
+        """Every terminal path (and every retry) frees the slot and wakes the waiting tasks
+        that can take the pool's free slots (never one its job's max_concurrency holds back)."""
         freed = conn.execute(_Q.release_slot, {"task_id": task_id}).fetchone()
         if freed is None:
             return
-        for w in conn.execute(_Q.waiting_for_pool, {**freed, "limit": 2}).fetchall():
+        for w in conn.execute(_Q.waiting_for_pool, freed).fetchall():
             if w["task_id"] != task_id:
                 self.intents.wake(conn, w["task_id"])
 

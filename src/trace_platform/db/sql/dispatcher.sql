@@ -187,14 +187,30 @@ WHERE leased_by_task = %(task_id)s
 RETURNING dag_id, pool;
 
 -- name: waiting_for_pool
--- Queued tasks of a pool, oldest first: woken when a slot frees (no polling).
-SELECT s.task_id, s.start_day
-FROM task_status s
-JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
-WHERE r.dag_id = %(dag_id)s AND r.worker_pool = %(pool)s
-  AND s.status = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
-ORDER BY s.updated_at
-LIMIT %(limit)s;
+-- Queued tasks of a pool that can run now, oldest first, as many as the pool has free slots:
+-- in each job only as many as its max_concurrency leaves room for (a job at its limit would
+-- refuse the claim, and the wake-up would be spent while another job's task waited on).
+WITH leased AS (
+  SELECT leased_job AS job, count(*) AS n FROM pool_slots
+  WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NOT NULL
+  GROUP BY leased_job
+),
+waiting AS (
+  SELECT s.task_id, s.updated_at,
+         row_number() OVER (PARTITION BY r.job ORDER BY s.updated_at) AS place,
+         coalesce(r.max_concurrency, 1) - coalesce(l.n, 0) AS room
+  FROM task_status s
+  JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+  LEFT JOIN leased l ON l.job = r.job
+  WHERE r.dag_id = %(dag_id)s AND r.worker_pool = %(pool)s
+    AND s.status = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
+    AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
+)
+SELECT task_id FROM waiting
+WHERE place <= room
+ORDER BY updated_at
+LIMIT (SELECT count(*) FROM pool_slots
+       WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL AND NOT retired);
 
 -- name: slot_of_task
 SELECT pool, slot_index, env, secrets FROM pool_slots WHERE leased_by_task = %(task_id)s;
