@@ -383,3 +383,79 @@ def test_an_admin_overwrite_takes_back_a_name_a_user_claimed_first(services: Ser
     (listed,) = [s for s in cp.list_secrets(me) if s["name"] == "rpc_url"]
     assert listed["owner"] == me.name
     assert cp.list_secrets(mallory) == []  # no longer hers, and not shared with her
+
+
+PRODUCER = """
+name: alices
+jobs:
+  p: {operator: noop, outputs: [{backend: parquet}]}
+publish:
+  - {job: p, output_index: 0, dataset: alice_data}
+"""
+CONSUMER = (
+    "name: bobs_reader\njobs:\n  c: {operator: noop, inputs: [{from: {dataset: alice_data}}]}"
+)
+
+
+def test_a_revoked_read_stops_a_consumer_deployed_while_it_was_allowed(
+    services: Services,
+) -> None:
+    """Read access is the deployer's as it is now: checked where a consumer's task is made and
+    where it is claimed, not only at deploy. A revoked reader's task fails naming the dataset."""
+    from trace_platform.contract import CompleteRequest, EventIn
+
+    cp, d = services.control, services.dispatcher
+    alice, _ = user(services, "alice")
+    bob, _ = user(services, "bob", roles=["analyst"])
+    cp.deploy(alice, PRODUCER)
+    cp.set_read_roles(admin(services), "alice_data", ["analyst"], [])
+    cp.deploy(bob, CONSUMER)
+    data = q(services, "SELECT dataset_uuid FROM datasets WHERE dataset_name = 'alice_data'")[0]
+
+    def produce() -> uuid.UUID:
+        """alice's job writes alice_data: one event, so bob's job gets a task."""
+        (task_id,) = cp.trigger(alice, "alices")["tasks"]
+        c = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
+        res = d.complete(
+            CompleteRequest(
+                task_id=task_id,
+                attempt=c.attempt,
+                lease_token=c.lease_token,
+                outcome="succeeded",
+                final_events=[EventIn(dataset_uuid=data["dataset_uuid"], cursor=str(task_id))],
+            )
+        )
+        assert res.status == "succeeded"
+        (reader,) = q(
+            services,
+            "SELECT task_id FROM task_registry WHERE job = 'c' AND parent_task_id = %s",
+            task_id,
+        )
+        return uuid.UUID(str(reader["task_id"]))
+
+    def state(task_id: uuid.UUID) -> tuple[str, str | None]:
+        view = d.get_task(task_id)
+        return view.status, view.last_error
+
+    # Allowed: bob's task is made queued and runs.
+    allowed = produce()
+    assert state(allowed) == ("queued", None)
+    assert d.claim(ClaimRequest(task_id=allowed, worker_id="w")).attempt == 1
+
+    # A task made while allowed, claimed after the revocation: refused at claim, failed.
+    queued = produce()
+    set_roles_of(services, "bob", [])
+    with pytest.raises(Forbidden, match=r"'bob' .* may no longer read dataset 'alice_data'"):
+        d.claim(ClaimRequest(task_id=queued, worker_id="w"))
+    status, error = state(queued)
+    assert status == "failed" and "may no longer read dataset 'alice_data'" in (error or "")
+    assert d.get_task(queued).attempts == []  # it never ran
+
+    # Made after the revocation: failed where it is made, with the same reason.
+    later = produce()
+    status, error = state(later)
+    assert status == "failed" and "403 forbidden: 'bob'" in (error or "")
+
+    # Granted again (or read by an admin's deploy): runs again.
+    set_roles_of(services, "bob", ["analyst"])
+    assert state(produce())[0] == "queued"

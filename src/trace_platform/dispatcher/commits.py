@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.contract import EventIn, EventsRequest, EventsResponse, OutputCommit
 from trace_platform.db.queries import Queries
+from trace_platform.dispatcher import access
 from trace_platform.dispatcher.dag_tasks import tasks_for_event
 from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
 from trace_platform.dispatcher.intents import Intents
@@ -151,7 +152,9 @@ class Emitter:
                 event=ev,
                 invalidates=invalidates,
             ):
-                self.intents.create_task(spec, conn, status)
+                ref = self.intents.create_task(spec, conn, status)
+                if spec.dag_id != st["dag_id"]:  # a shared read: may its DAG still read it?
+                    access.fail_if_refused(conn, ref.task_id)
                 created += 1
         return accepted, len(events) - len(accepted), created
 

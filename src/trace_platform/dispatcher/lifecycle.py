@@ -31,13 +31,13 @@ from trace_platform.contract import (
     TaskPayload,
 )
 from trace_platform.db.queries import Queries
-from trace_platform.dispatcher import reads, state
+from trace_platform.dispatcher import access, reads, state
 from trace_platform.dispatcher.commits import Emitter, commit_outputs, purged_outputs
 from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished, withdraw
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
 from trace_platform.dispatcher.slots import Slots
-from trace_platform.errors import Conflict, Invalid, NotFound
+from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 
 _Q = Queries("dispatcher")
 
@@ -91,7 +91,8 @@ class Lifecycle:
     # -- claim ---------------------------------------------------------------------------
     def claim(self, req: ClaimRequest) -> Claim:
         """Leases a queued task: one statement for a task without a worker pool; with one, the
-        same statement plus a slot in one transaction (no slot, no claim)."""
+        same statement plus a slot in one transaction (no slot, no claim). A task whose DAG
+        may no longer read one of its inputs ends failed instead (403, naming it)."""
         params = {
             "task_id": req.task_id,
             "worker_id": req.worker_id,
@@ -99,7 +100,10 @@ class Lifecycle:
             "pooled": False,
         }
         with self.pool.connection() as conn:
-            row = conn.execute(_Q.claim, params).fetchone()
+            refused = access.fail_if_refused(conn, req.task_id)
+            row = None if refused else conn.execute(_Q.claim, params).fetchone()
+        if refused is not None:  # raised once the failure is committed
+            raise Forbidden(f"task {req.task_id} cannot run: {refused}")
         if row is not None:
             return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
         with self.pool.connection() as conn, conn.transaction():

@@ -154,7 +154,9 @@ class Wrapper:
         try:
             claim = self.client.claim(wake.task_id, self.worker_id)
         except ApiError as e:
-            if e.status in (404, 409):  # not claimable: the wake-up was only a hint
+            # Not claimable (the wake-up was only a hint), or it may not run (403: the
+            # Dispatcher already failed it, saying why): nothing for this worker to do.
+            if e.status in (403, 404, 409):
                 log.debug("dropping wake-up for %s: %s", wake.task_id, e.message)
                 self.driver.ack(self.queue_name, msg.receipt)
                 return

@@ -374,3 +374,30 @@ FROM task_registry WHERE task_id = %(task_id)s AND dag_id IS NOT NULL;
 -- The output versions a completion commits to that still exist, held against a purge.
 SELECT dataset_version FROM dataset_versions WHERE dataset_version = ANY(%(versions)s)
 FOR KEY SHARE;
+
+-- name: foreign_inputs
+-- The task's inputs another DAG produces, with what decides who may read them now: the
+-- dataset's read_roles, its producer DAG's owner and deploy_roles.
+SELECT ds.dataset_name, ds.org_id, ds.read_roles, p.owner_user_id, p.deploy_roles
+FROM task_registry r
+CROSS JOIN LATERAL jsonb_array_elements(r.input_versions) AS i(ref)
+JOIN datasets ds ON ds.dataset_uuid = (i.ref ->> 'dataset_uuid')::uuid
+JOIN dags p ON p.dag_id = ds.producer_dag_id
+WHERE r.task_id = %(task_id)s AND ds.producer_dag_id IS DISTINCT FROM r.dag_id
+ORDER BY ds.dataset_name;
+
+-- name: task_deployer_any_day
+-- task_deployer, for a caller that does not know the task's start_day.
+SELECT u.user_id, u.org_id, u.name, u.is_admin, u.roles, r.dag_version, d.name AS dag
+FROM task_registry r
+JOIN dags d ON d.dag_id = r.dag_id
+JOIN dag_versions v ON v.dag_id = r.dag_id AND v.version = r.dag_version
+JOIN users u ON u.user_id = v.deployed_by
+WHERE r.task_id = %(task_id)s;
+
+-- name: fail_unstarted
+-- A queued (or buffered) task that may not run ends failed before any attempt, saying why.
+UPDATE task_status
+SET status = 'failed', last_error = %(error)s, finished_at = now(), updated_at = now()
+WHERE task_id = %(task_id)s AND status IN ('queued', 'buffered')
+RETURNING task_id;
