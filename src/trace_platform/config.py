@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     # wake-up can be dead-lettered, e.g. after the API was down for every delivery).
     rewake_after_seconds: float = 300.0
     worker_visibility_seconds: float = 60.0
+    # On SIGTERM a worker takes no new task and lets its running ones finish for this long;
+    # then (or at a second signal) it hands them back unfinished: queued again at once, the
+    # attempt not counted as a try.
+    worker_drain_seconds: float = Field(default=30.0, ge=0)
     # The collector of retired locations (superseded attempts' files, purged versions): how
     # often it runs, how long a retired location is kept at least (a running task may still
     # read an input it was given before a replay superseded it), and locations per batch.

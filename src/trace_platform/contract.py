@@ -241,7 +241,9 @@ class EventsResponse(BaseModel):
 
 
 class CompleteRequest(LeaseRef):
-    outcome: Literal["succeeded", "failed", "canceled"]
+    # `released`: the worker hands the attempt back unfinished (it is shutting down); the task
+    # is queued again at once and the attempt is not one of its tries.
+    outcome: Literal["succeeded", "failed", "canceled", "released"]
     error: str | None = Field(default=None, max_length=20_000)
     retryable: bool = True
     final_events: list[EventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
@@ -250,6 +252,14 @@ class CompleteRequest(LeaseRef):
     # stored state is still at the revision this attempt read (compare-and-set).
     operator_state: dict[str, Any] | None = None
     operator_state_revision: int = 0
+
+    @model_validator(mode="after")
+    def _released_carries_nothing(self) -> Self:
+        if self.outcome == "released" and (
+            self.final_events or self.outputs or self.operator_state is not None
+        ):
+            raise ValueError("a released attempt carries no events, outputs or state")
+        return self
 
 
 class CompleteResponse(BaseModel):

@@ -283,3 +283,39 @@ def test_an_api_outage_shorter_than_the_lease_costs_the_attempt_nothing(
         assert view.status == "succeeded"
         assert [a.outcome for a in view.attempts] == ["succeeded"]
         assert_invariants(stack.services)
+
+
+def test_sigterm_drains_the_running_task_then_hands_back_what_outlives_the_grace(
+    settings: Settings, dsn: str, tmp_path: Path
+) -> None:
+    """SIGTERM: a task that finishes within the drain grace succeeds on its first attempt; one
+    that outlives it is handed back (attempt `released`) and runs again elsewhere although its
+    only try was that attempt (max_attempts 1)."""
+    env = {"TRACE_QUEUE_POLL_SECONDS": "0.2", "TRACE_WORKER_DRAIN_SECONDS": "6"}
+    slow = settings.model_copy(update={"lease_seconds": 10.0, "heartbeat_seconds": 0.5})
+    with LiteStack(slow, workers=1, dsn=dsn, worker_env={**env, **bind_env(tmp_path)}) as stack:
+        d = stack.services.dispatcher
+        short = d.create_task(TaskSpec(job="short", operator="sleep", config={"seconds": 3}))
+        wait_for(lambda: status(stack, short.task_id) == ("running", 1), 30, "short running")
+        stack.workers[0].send_signal(signal.SIGTERM)
+        wait_for(lambda: status(stack, short.task_id)[0] in TERMINAL, 30, "short to end")
+        assert [a.outcome for a in d.get_task(short.task_id).attempts] == ["succeeded"]
+        assert stack.workers[0].wait(timeout=30) == 0  # drained, then exited by itself
+
+        stack.add_worker()
+        long = d.create_task(
+            TaskSpec(job="long", operator="sleep", config={"seconds": 120}, max_attempts=1)
+        )
+        wait_for(lambda: status(stack, long.task_id) == ("running", 1), 30, "long running")
+        started = time.monotonic()
+        stack.workers[1].send_signal(signal.SIGTERM)
+        wait_for(lambda: status(stack, long.task_id)[0] != "running", 30, "long handed back")
+        assert 5 <= time.monotonic() - started < 20  # after the 6 s grace, not at once
+        view = d.get_task(long.task_id)
+        assert view.status == "queued" and [a.outcome for a in view.attempts] == ["released"]
+        assert stack.workers[1].wait(timeout=30) == 0
+        stack.add_worker()  # its one try was not spent: it runs again
+        wait_for(lambda: status(stack, long.task_id) == ("running", 2), 30, "attempt 2")
+        d.cancel(long.task_id)
+        wait_for(lambda: status(stack, long.task_id)[0] == "canceled", 30, "cancel to land")
+        assert_invariants(stack.services)

@@ -68,6 +68,28 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _drain_on_signals(grace: float) -> tuple[threading.Event, threading.Event]:
+    """(stop, abort): the first SIGTERM/SIGINT stops taking work and, `grace` seconds later,
+    aborts what still runs (handed back); a second signal aborts at once."""
+    stop, abort = threading.Event(), threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            abort.set()
+            return
+        stop.set()
+        logging.getLogger(__name__).info(
+            "draining: no new tasks; running ones have %.0fs to finish", grace
+        )
+        timer = threading.Timer(grace, abort.set)
+        timer.daemon = True  # a worker drained before the grace ends exits at once
+        timer.start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop, abort
+
+
 # -- config ------------------------------------------------------------------------------
 @config_app.command("show")
 def config_show(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
@@ -159,7 +181,9 @@ def worker(
     concurrency: Annotated[int, typer.Option(min=1)] = 1,
     max_tasks: Annotated[int | None, typer.Option(help="exit after this many tasks")] = None,
 ) -> None:
-    """Run a worker: receive wake-ups, claim, run operators, report."""
+    """Run a worker: receive wake-ups, claim, run operators, report. SIGTERM drains: no new
+    tasks, running ones get TRACE_WORKER_DRAIN_SECONDS (30) to finish, then are handed back
+    unfinished without spending a retry; a second signal hands them back at once."""
     from trace_platform.lite.bootstrap import internal_token, internal_token_file
     from trace_platform.objectstore import make_store
     from trace_platform.queue import make_driver
@@ -189,7 +213,7 @@ def worker(
     client = DispatcherClient(url, internal_token=token)
     store = make_store(settings)
     store.ensure_bucket()
-    stop = _stop_on_signals()
+    stop, abort = _drain_on_signals(settings.worker_drain_seconds)
     wrappers = [
         Wrapper(
             driver,
@@ -211,7 +235,7 @@ def worker(
         for _ in range(concurrency)
     ]
     threads = [
-        threading.Thread(target=w.run, args=(stop, max_tasks), name=f"wrapper-{i}")
+        threading.Thread(target=w.run, args=(stop, max_tasks, abort), name=f"wrapper-{i}")
         for i, w in enumerate(wrappers)
     ]
     for t in threads:

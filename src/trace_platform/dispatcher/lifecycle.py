@@ -283,6 +283,16 @@ class Lifecycle:
             _set_terminal(conn, req.task_id, "canceled", None)
             _finish_attempt(conn, st, req.attempt, "canceled", None)
             return "canceled", None
+        if req.outcome == "released":
+            error = req.error or "handed back by its worker (shutting down)"
+            _finish_attempt(conn, st, req.attempt, "released", error)
+            if st["status"] != "running":  # the reaper already decided this attempt's fate
+                return st["status"], None
+            if st["cancel_requested"]:
+                _set_terminal(conn, req.task_id, "canceled", error)
+                return "canceled", None
+            # Not the task's failure: queued again at once, and not one of its tries.
+            return "queued", self._schedule_retry(conn, st, error, 0.0)
         error = req.error or "operator failed without a message"
         _finish_attempt(conn, st, req.attempt, state.OUTCOME if conflict else "failed", error)
         if st["status"] != "running":

@@ -53,17 +53,18 @@ def save(conn: Connection[Any], st: dict[str, Any], state: Any) -> None:
     )
 
 
-def conflicts(conn: Connection[Any], st: dict[str, Any]) -> int:
-    """How many of the task's attempts lost a state race (they do not count as tries)."""
+def untried(conn: Connection[Any], st: dict[str, Any]) -> int:
+    """How many of the task's attempts are not tries: lost a state race, or handed back by a
+    worker shutting down."""
     row = conn.execute(
-        _Q.state_conflicts, {"task_id": st["task_id"], "start_day": st["start_day"]}
+        _Q.untried_attempts, {"task_id": st["task_id"], "start_day": st["start_day"]}
     ).fetchone()
     return int(row["n"]) if row else 0
 
 
 def tries_left(conn: Connection[Any], st: dict[str, Any], attempt: int) -> bool:
-    """Whether the task may run again after `attempt` within its max_attempts, attempts lost to
-    a state race not counting as tries. Their count is read only when the attempt number alone
-    would exhaust the budget."""
+    """Whether the task may run again after `attempt` within its max_attempts, attempts that
+    are not tries (`untried`) not counting. Their count is read only when the attempt number
+    alone would exhaust the budget."""
     budget = int(st["max_attempts"])
-    return attempt < budget or attempt - conflicts(conn, st) < budget
+    return attempt < budget or attempt - untried(conn, st) < budget

@@ -134,8 +134,8 @@ class LiteStack:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in self.workers:
-            try:
-                p.wait(timeout=15)
+            try:  # a worker drains first: its running tasks may finish (worker_drain_seconds)
+                p.wait(timeout=self.settings.worker_drain_seconds + 15)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -121,8 +121,16 @@ class Wrapper:
         self.tasks_run = 0
 
     # -- main loop -----------------------------------------------------------------------
-    def run(self, stop: threading.Event, max_tasks: int | None = None) -> None:
+    def run(
+        self,
+        stop: threading.Event,
+        max_tasks: int | None = None,
+        abort: threading.Event | None = None,
+    ) -> None:
+        """Takes wake-ups until `stop`; a running attempt goes on until it ends or `abort`
+        (then it is handed back unfinished). Without `abort`, `stop` is both."""
         failures = 0
+        abort = abort or stop
         try:
             while not stop.is_set():
                 try:
@@ -130,7 +138,7 @@ class Wrapper:
                         self.queue_name, 1, self.visibility, self.wait_seconds
                     )
                     for msg in msgs:
-                        self.handle(msg, stop)
+                        self.handle(msg, abort)
                     failures = 0
                 except Exception:  # database or API unreachable: back off, never die
                     failures += 1
@@ -385,12 +393,12 @@ class Wrapper:
                         host.kill()
                         if hb.cancel_requested:
                             self._report(claim, "canceled", clock=clock)
-                        else:
+                        else:  # shutting down, its drain grace over: not the task's failure
                             self._report(
                                 claim,
-                                "failed",
+                                "released",
                                 clock=clock,
-                                error="worker shut down during the attempt",
+                                error="handed back unfinished: its worker shut down",
                             )
                         return
             if out is None:

@@ -355,10 +355,12 @@ ON CONFLICT (org_id, dag_id, job, lineage)
 DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task, updated_at = now(),
               revision = operator_state.revision + 1;
 
--- name: state_conflicts
--- Attempts lost to a concurrent state save: they do not count against max_attempts.
+-- name: untried_attempts
+-- Attempts that are not tries (they do not count against max_attempts): lost to a concurrent
+-- state save, or handed back by a worker shutting down.
 SELECT count(*) AS n FROM task_attempts
-WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND outcome = 'state_conflict';
+WHERE task_id = %(task_id)s AND start_day = %(start_day)s
+  AND outcome IN ('state_conflict', 'released');
 
 -- name: task_dag_paused
 SELECT d.name, d.paused FROM task_registry r JOIN dags d ON d.dag_id = r.dag_id
