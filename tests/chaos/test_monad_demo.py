@@ -217,14 +217,16 @@ def check_staking(svc: Any, me: Any, rpc: Rpc, head: int) -> None:
             for v in validators
         }
         assert {v: stakes.get((end, v), 0) for v in validators} == node, end
-        total = sum(node.values())
-        shares = sorted((s / total for s in node.values() if s > 0), reverse=True)
+        positive = sorted((s for s in node.values() if s > 0), reverse=True)
+        total = sum(positive)
+        shares = [s / total for s in positive]
         assert conc[end]["epoch"] == epoch
         assert conc[end]["hhi"] == pytest.approx(round(sum(x * x for x in shares), 4), abs=1e-4)
-        needed, acc = 0, 0.0
-        while acc <= 1 / 3:
-            acc += shares[needed]
-            needed += 1
+        needed, larger = 0, 0  # exactly: each validator is needed while 3 x larger <= total
+        for s in positive:
+            if 3 * larger > total:
+                break
+            needed, larger = needed + 1, larger + s
         assert conc[end]["nakamoto_coefficient"] == needed
         for v, who in pairs:
             held = rpc.eth_call(

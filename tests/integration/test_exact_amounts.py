@@ -342,18 +342,23 @@ def delegations() -> list[Delegation]:
     ]
 
 
-def epoch_logs() -> pa.Table:
+def epoch_logs(
+    changes: list[tuple[int, int, int]] | None = None, moves: list[Delegation] | None = None
+) -> pa.Table:
+    """Staking logs: EpochChanged (block, log_index, new epoch) and (un)delegations."""
+    if changes is None:
+        changes = [(b, 0, e) for b, e in EPOCHS.items()]
     rows = [
         {
             "block": b,
-            "log_index": 0,
+            "log_index": li,
             "address": STAKING,
             "topic0": EPOCH_CHANGED,
             "data": _word(e - 1) + _word(e),
         }
-        for b, e in EPOCHS.items()
+        for b, li, e in changes
     ]
-    for b, li, kind, validator, who, amount in delegations():
+    for b, li, kind, validator, who, amount in delegations() if moves is None else moves:
         data = _word(amount) + _word(7) if kind == "Delegate" else _word(0) + _word(amount)
         rows.append(
             {
@@ -449,6 +454,51 @@ def test_delegator_stake_and_concentration_per_validator(epochs: dict[str, pa.Ta
         assert r["epoch"] == next(e for e, _, last in periods() if last == end)
 
 
+def test_staking_edges_change_no_number_silently(spark: Any, tmp_path: Path) -> None:
+    """Two epoch changes in one block; a delegation in that block; an undelegation whose
+    delegation predates the synced blocks (a negative stake); three equal stakes (the Nakamoto
+    coefficient at exactly a third); and a range decoded after the periods were cut (block
+    150): none of them may move a number."""
+    store = LocalStore(tmp_path / "store")
+    work = tmp_path / "work"
+    moves: list[Delegation] = [
+        (10, 0, "Delegate", 1, A, 100),
+        (50, 2, "Delegate", 2, B, 100),
+        (80, 0, "Delegate", 3, C, 100),
+        (90, 0, "Undelegate", 4, A, 30),
+        (150, 0, "Delegate", 1, A, 10**6),
+    ]
+    logs = put_table(store, "in/logs/", epoch_logs([(50, 0, 6), (50, 1, 7)], moves))
+    wide = RangeSpec(start=0, end=200)
+    _, events = run_operator(
+        decode_staking_events, store, work, [("logs", logs)], "out/st/", rng=wide
+    )
+    inputs = {"staking_events": events}
+    # The periods were cut when blocks 0..99 were synced ...
+    periods, inputs["staking_periods"] = run_demo_job(
+        store, work, "staking_periods", inputs, ["staking_events"], RangeSpec(start=0, end=100)
+    )
+    got = [(r["epoch"], r["first_block"], r["last_block"]) for r in _rows(periods)]
+    assert got == [(5, 0, 49), (7, 50, 99)]
+    # ... and the stake is read once 0..199 are (the delegation at 150 waits for new periods).
+    out = {}
+    for job, reads in (
+        ("validator_stake", ["staking_events", "staking_periods"]),
+        ("staking_concentration", ["validator_stake"]),
+    ):
+        out[job], inputs[job] = run_demo_job(store, work, job, inputs, reads, wide)
+    stake = {(r["window_end"], r["validator_id"]): r for r in _rows(out["validator_stake"])}
+    assert {k: r["stake"] for k, r in stake.items()} == {
+        (49, 1): 100, (49, 2): 0, (49, 3): 0, (49, 4): 0,
+        (99, 1): 100, (99, 2): 100, (99, 3): 100, (99, 4): -30,
+    }  # fmt: skip
+    assert stake[(99, 4)]["share"] is None and stake[(49, 2)]["share"] is None
+    assert stake[(99, 1)]["share"] == pytest.approx(1 / 3)  # of the positive stakes
+    conc = {r["window_end"]: r for r in _rows(out["staking_concentration"])}
+    assert (conc[99]["validators"], conc[99]["nakamoto_coefficient"]) == (3, 2)
+    assert conc[99]["hhi"] == pytest.approx(1 / 3) and conc[49]["nakamoto_coefficient"] == 1
+
+
 def test_a_short_staking_log_is_an_error_naming_it(spark: Any, tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     logs = put_table(store, "in/slogs/", staking_logs(stakes()[:2], truncated=True))
@@ -466,12 +516,25 @@ def test_a_short_staking_log_is_an_error_naming_it(spark: Any, tmp_path: Path) -
         )
 
 
-def test_text_that_is_not_an_integer_is_an_error_naming_it(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("1.5", r"1\.5"),
+        # Java's `$` matches before a final line break: the digits would shift (10x).
+        ("1000000000000000000\n", "1000000000000000000"),
+        ("123456789012345678901234567890\r\n", "123456789012345678901234567890"),
+        ("+5", r"\+5"),
+        ("9" * 91, "9" * 91),  # past what the top limb holds: an error, not a wrong number
+    ],
+)
+def test_text_that_is_not_an_integer_is_an_error_naming_it(
+    spark: Any, tmp_path: Path, text: str, named: str
+) -> None:
     """u256() reads decimal text; anything else stops the task (no NULL, no rounding)."""
     store = LocalStore(tmp_path / "store")
-    raw = pa.table({"block_number": [1, 2], "amount": ["12", "1.5"]})
+    raw = pa.table({"block_number": [1, 2], "amount": ["12", text]})
     put_table(store, "in/t/", raw)
-    with pytest.raises(PermanentError, match=r"invalid amount in u256\(\): 1\.5"):
+    with pytest.raises(PermanentError, match=r"invalid amount in u256\(\): " + named):
         run_operator(
             sql_transform,
             store,
@@ -479,6 +542,23 @@ def test_text_that_is_not_an_integer_is_an_error_naming_it(spark: Any, tmp_path:
             [("imported", "in/t/")],
             "out/",
             {"sql": "SELECT u256_sum(u256(amount)) AS total FROM imported"},
+        )
+
+
+def test_a_limb_sum_past_a_bigint_is_a_permanent_error(spark: Any, tmp_path: Path) -> None:
+    """Ten 90-digit amounts: their top limbs' sum overflows a BIGINT (a sum past 91 digits; no
+    uint256 sum gets near). ANSI mode (pinned) makes it an error, never a wrapped number, and a
+    deterministic error fails the task without retries."""
+    store = LocalStore(tmp_path / "store")
+    put_table(store, "in/t/", pa.table({"amount": ["9" * 90] * 10}))
+    with pytest.raises(PermanentError, match=r"invalid amount: .*ARITHMETIC_OVERFLOW"):
+        run_operator(
+            sql_transform,
+            store,
+            tmp_path / "work",
+            [("imported", "in/t/")],
+            "out/",
+            {"sql": "SELECT u256_text(u256_sum(u256(amount))) AS total FROM imported"},
         )
 
 

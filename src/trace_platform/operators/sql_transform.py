@@ -50,17 +50,26 @@ class SqlTransformConfig(OperatorConfig):
 
 
 def synced_blocks(ctx: OperatorContext, views: list[str]) -> dict[str, int | None]:
-    """`<view>_first_block` / `<view>_last_block` for every input: the first and last block of
-    the ranges committed in its pinned version (None for an input with no range commits)."""
+    """`<view>_first_block` / `<view>_last_block` for every input: the first block of the
+    ranges committed in its pinned version and the last one they hold without a gap from there
+    (blocks past a gap are not synced through; None for an input with no range commits)."""
     out: dict[str, int | None] = {}
     for ref, view in zip(ctx.task.inputs, views, strict=True):
-        ranges = [
-            c.range
+        spans = sorted(
+            (c.range.start, c.range.end)
             for c in ctx.task.committed
             if c.dataset_version == ref.dataset_version and c.range is not None
-        ]
-        out[f"{view}_first_block"] = min((r.start for r in ranges), default=None)
-        out[f"{view}_last_block"] = max((r.end - 1 for r in ranges), default=None)
+        )
+        first = last = None
+        if spans:
+            first, end = spans[0]
+            for start, stop in spans[1:]:
+                if start > end:
+                    break
+                end = max(end, stop)
+            last = end - 1
+        out[f"{view}_first_block"] = first
+        out[f"{view}_last_block"] = last
     return out
 
 
@@ -70,7 +79,14 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
         raise PermanentError("sql_transform needs one output")
     views = [ref.dataset_name or f"input_{i}" for i, ref in enumerate(ctx.task.inputs)]
     checked = check_query(cfg.sql, views)  # refuses anything but one read query over `views`
-    given = {**synced_blocks(ctx, views), **(cfg.args or {})}
+    synced = synced_blocks(ctx, views)
+    taken = sorted(set(cfg.args or {}) & set(synced))
+    if taken:  # what the data holds is not the config's to say
+        raise PermanentError(
+            f"sql_transform config.args: {', '.join(taken)}: set by sql_transform from the "
+            "input's committed ranges; name your own parameter otherwise"
+        )
+    given = {**synced, **(cfg.args or {})}
     args = {k: v for k, v in given.items() if k in checked.parameters} or None
     spark = ctx.spark  # a task session: hardened (trace_platform.spark)
     check_spark_plan(spark, checked)

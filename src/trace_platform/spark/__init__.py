@@ -59,6 +59,9 @@ _context_baseline: tuple[int, int, int] = (0, 0, 0)
 SESSION_HARDENING: dict[str, str] = {
     "spark.sql.runSQLOnFiles": "false",
     "spark.sql.variable.substitute": "false",
+    # Exact amounts rely on it: an overflowing limb sum or a bad cast is an error, never a
+    # wrapped or NULL number (a spark-defaults.conf must not turn it off).
+    "spark.sql.ansi.enabled": "true",
 }
 
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"

@@ -18,6 +18,7 @@ stays linear in the query's size, and Spark evaluates the argument once per row.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 
 import sqlglot
@@ -77,10 +78,12 @@ class _Expander:
         if isinstance(x, exp.Literal) or (
             isinstance(x, exp.Neg) and isinstance(x.this, exp.Literal)
         ):
-            try:
-                return u256.constant(int(x.sql().replace("'", "")))
-            except ValueError as e:
-                raise HelperMisused(f"u256({x.sql()}): {e}") from None
+            # The rule a column's text meets at run time (not Python's int(): no '+', spaces,
+            # '_' or other scripts' digits), applied now.
+            text = x.name if isinstance(x, exp.Literal) else "-" + x.this.name
+            if not re.fullmatch(f"-?[0-9]{{1,{u256.TEXT_DIGITS}}}", text, flags=re.ASCII):
+                raise HelperMisused(f"{u256.INVALID} in u256(): {text}")
+            return u256.constant(int(text))
         text = u256.fill("CAST(__v AS STRING)", v=x)
         label = exp.Literal.string(f"{u256.INVALID} in u256(): ")
 
@@ -160,8 +163,14 @@ class _Expander:
         return top, self.normalized(limb_sum)
 
 
+RESERVED = "_u256_"  # the expansion's lambda variables: a user name like them would shadow
+
+
 def expand(tree: exp.Expression) -> exp.Expression:
     """`tree` with every u256 helper call replaced by its native Spark SQL, innermost first."""
+    for ident in tree.find_all(exp.Identifier):
+        if ident.name.lower().startswith(RESERVED):
+            raise HelperMisused(f"names beginning with {RESERVED} are reserved: {ident.name}")
     expander = _Expander()
     calls = [
         n

@@ -38,6 +38,10 @@ DIGITS = 9  # per limb
 TOP = 8  # limbs l8 (the signed top one) .. l0
 BASE = 10**DIGITS
 MAX_DIGITS = 19 + TOP * DIGITS  # a BIGINT top limb and eight full ones
+# Text u256() reads: one digit fewer than MAX_DIGITS, so the top 19 always fit a BIGINT (far
+# past any sum of uint256 amounts: 78 digits, 90 with 10^12 of them).
+TEXT_DIGITS = MAX_DIGITS - 1
+TEXT_PATTERN = f"^-?[0-9]{{1,{TEXT_DIGITS}}}\\\\z"  # as a Spark SQL string literal
 FIELDS = [f"l{k}" for k in range(TOP, -1, -1)]  # high to low: struct order = numeric order
 LIMBS = "STRUCT<" + ", ".join(f"{f}: BIGINT" for f in FIELDS) + ">"
 INVALID = "invalid amount"  # the start of every error a value that is not an amount raises
@@ -88,12 +92,13 @@ def _norm() -> str:
 
 
 def _padded() -> str:
-    """Decimal text __t (an optional '-' and 1 to MAX_DIGITS digits) as its digits, left-padded
-    to MAX_DIGITS; anything else raises `__label` and the text."""
+    """Decimal text __t (an optional '-' and 1 to TEXT_DIGITS digits) as its digits, left-padded
+    to MAX_DIGITS; anything else raises `__label` and the text. `\\z`, not `$`: Java's `$` also
+    matches before a final line break, which would shift every digit."""
     digits = "CASE WHEN __t LIKE '-%' THEN substr(__t, 2) ELSE __t END"
     return (
         "CASE WHEN __t IS NULL THEN NULL "
-        f"WHEN NOT __t RLIKE '^-?[0-9]{{1,{MAX_DIGITS}}}$' THEN raise_error(concat(__label, __t)) "
+        f"WHEN NOT __t RLIKE '{TEXT_PATTERN}' THEN raise_error(concat(__label, __t)) "
         f"ELSE lpad({digits}, {MAX_DIGITS}, '0') END"
     )
 
@@ -200,8 +205,8 @@ def sums(limb_sum: Any) -> exp.Expression:
 
 def constant(value: int) -> exp.Expression:
     """The limbs of an integer known now (a literal in the query), as constants."""
-    if abs(value) >= 10 ** (MAX_DIGITS - 1):
-        raise ValueError(f"{value} has more than {MAX_DIGITS - 1} digits")
+    if abs(value) >= 10**TEXT_DIGITS:
+        raise ValueError(f"{value} has more than {TEXT_DIGITS} digits")
     v, fields = value, []
     for _ in range(TOP):
         v, limb = divmod(v, BASE)  # floor division: floor form
@@ -272,11 +277,20 @@ def invalid_amounts_fail() -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if type(e).__module__.startswith(("pyspark", "py4j")) and INVALID in str(e):
-            from trace_platform.spark import spark_error_text
+        if not type(e).__module__.startswith(("pyspark", "py4j")):
+            raise
+        from trace_platform.spark import spark_error_text
 
-            line = next(
-                (ln for ln in spark_error_text(e, 20).splitlines() if INVALID in ln), str(e)
-            )
+        text = spark_error_text(e, 20)
+        if INVALID in str(e):
+            line = next((ln for ln in text.splitlines() if INVALID in ln), str(e))
             raise PermanentError(line[line.index(INVALID) :].split(" SQLSTATE")[0]) from None
+        for kind in DETERMINISTIC:  # the same data fails the same way: no retry can help
+            if kind in text:
+                line = next(ln for ln in text.splitlines() if kind in ln)
+                raise PermanentError(f"{INVALID}: {line.split(' SQLSTATE')[0].strip()}") from None
         raise
+
+
+# Spark errors the data itself causes (ANSI mode): an amount or a sum past what limbs hold.
+DETERMINISTIC = ("ARITHMETIC_OVERFLOW", "CAST_INVALID_INPUT", "CAST_OVERFLOW")
