@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.amounts import limbs, value
 from tests.support.cli import trace
 from tests.support.dags import admin, finished_run
 from trace_platform.chain import Rpc
@@ -57,6 +58,8 @@ def bumped(v: Any) -> Any:
     """The same amount plus one, in whatever exact type the column holds."""
     if isinstance(v, str):
         return str(int(v) + 1)
+    if isinstance(v, dict):  # limbs, as amounts are stored
+        return limbs(value(v) + 1)
     assert isinstance(v, int | decimal.Decimal), type(v)
     return v + 1
 
