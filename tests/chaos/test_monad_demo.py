@@ -160,7 +160,7 @@ def test_golden_path_analytics_match_the_node(
         check_large_amount_token(svc, me, rpc, info, head)
 
         assert_invariants(svc)
-        assert_datasets_complete(svc)
+        assert_datasets_complete(svc, span=(0, SPEC.blocks))
 
 
 def check_staking(svc: Any, me: Any, rpc: Rpc, head: int) -> None:

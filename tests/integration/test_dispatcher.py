@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -446,3 +447,25 @@ def test_reaper_does_not_count_state_conflicts_as_tries(services: Services, path
     else:
         assert complete(services, c2, "failed", retryable=True, error="boom").status == "queued"
     assert d.get_task(r.task_id).status == "queued"  # one real try of two: retried
+
+
+def test_the_invariants_catch_a_lost_task_and_an_orphan_wakeup(services: Services) -> None:
+    """The checker itself can fail: a queued task whose wake-up vanished is lost, and a
+    wake-up for a task that does not exist is an orphan."""
+    r = services.dispatcher.create_task(spec())
+    assert_invariants(services)  # its wake-up is in the queue: fine
+    with services.pool.connection() as conn:
+        conn.execute(
+            "DELETE FROM queue_messages WHERE payload ->> 'task_id' = %s", [str(r.task_id)]
+        )
+    with pytest.raises(AssertionError, match="lost"):
+        assert_invariants(services)
+    services.dispatcher.cancel(r.task_id)
+    assert_invariants(services)
+    with services.pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO queue_messages (queue_name, payload) VALUES (%s, %s)",
+            [Q, json.dumps({"kind": "task_wakeup", "task_id": str(uuid.uuid4())})],
+        )
+    with pytest.raises(AssertionError, match="do not exist"):
+        assert_invariants(services)

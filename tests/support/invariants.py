@@ -28,10 +28,46 @@ def assert_invariants(services: Services, *, allow_dead: int = 0) -> None:
                  AND e.created_at > a.finished_at"""
         ).fetchall()
         assert events == [], f"events accepted from an attempt after it ended: {events}"
+        # No commit from an attempt that is not its task's current, succeeded one.
+        commits = conn.execute(
+            """SELECT c.task_id, c.attempt, c.scope, s.status, s.attempt AS current
+               FROM dataset_commits c JOIN task_status s USING (task_id)
+               WHERE s.status <> 'succeeded' OR c.attempt <> s.attempt"""
+        ).fetchall()
+        assert commits == [], f"commits of attempts that are not current and succeeded: {commits}"
         pending = conn.execute("SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL").fetchone()
         assert pending is not None and pending["n"] == 0, "outbox not drained"
         dead = conn.execute("SELECT count(*) AS n FROM queue_dead").fetchone()
         assert dead is not None and dead["n"] == allow_dead, f"queue_dead has {dead['n']} rows"
+        lost = conn.execute(LOST_TASKS).fetchall()
+        assert lost == [], f"queued tasks nothing will wake (lost): {lost}"
+        orphans = conn.execute(
+            """SELECT m.id, m.payload FROM queue_messages m
+               WHERE m.payload ->> 'kind' = 'task_wakeup'
+                 AND NOT EXISTS (SELECT 1 FROM task_status s
+                                 WHERE s.task_id::text = m.payload ->> 'task_id')"""
+        ).fetchall()
+        assert orphans == [], f"wake-ups for tasks that do not exist: {orphans}"
+
+
+# A queued task is lost unless something will wake it: a wake-up in the queue (visible,
+# delayed or held by a worker) or in the outbox, a leased slot of its pool (its release wakes
+# the pool's waiting tasks), or its DAG's resume (paused).
+LOST_TASKS = """
+SELECT s.task_id, r.job, s.attempt
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+WHERE s.status = 'queued'
+  AND NOT EXISTS (SELECT 1 FROM queue_messages m WHERE m.payload ->> 'task_id' = s.task_id::text)
+  AND NOT EXISTS (SELECT 1 FROM outbox o
+                  WHERE o.sent_at IS NULL AND o.payload ->> 'task_id' = s.task_id::text)
+  AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
+  AND NOT (r.worker_pool IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pool_slots p
+                       WHERE p.dag_id = r.dag_id AND p.pool = r.worker_pool
+                         AND p.leased_by_task IS NOT NULL))
+ORDER BY r.job
+"""
 
 
 def expire_lease(services: Services, task_id: object) -> None:
@@ -43,10 +79,11 @@ def expire_lease(services: Services, task_id: object) -> None:
         )
 
 
-def assert_datasets_complete(services: Services) -> None:
+def assert_datasets_complete(services: Services, span: tuple[int, int] | None = None) -> None:
     """Every published dataset's current version is complete: it has commits, its range commits
-    tile one span with no gap or overlap (ranges are half-open), and each Parquet commit's files hold exactly the rows
-    the commit recorded."""
+    tile one span with no gap or overlap (ranges are half-open) — exactly `span` [start, end)
+    when given, so a lost first or last range is caught too — and each Parquet commit's files
+    hold exactly the rows the commit recorded."""
     import io
 
     import pyarrow.parquet as pq
@@ -72,6 +109,9 @@ def assert_datasets_complete(services: Services) -> None:
             ]
             for (_, a_end), (b_start, _) in itertools.pairwise(ranges):
                 assert b_start == a_end, f"{name}: range commits leave a gap or overlap at {a_end}"
+            if span is not None and ranges:
+                held = (ranges[0][0], ranges[-1][1])
+                assert held == span, f"{name}: range commits span {held}, not {span}"
             if ds["backend"] != "parquet":
                 continue
             for c in commits:
