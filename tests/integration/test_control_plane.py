@@ -235,6 +235,39 @@ def test_pool_slots_bound_concurrency_and_free_on_every_path(services: Services)
         d.claim(ClaimRequest(task_id=extra[1], worker_id="w"))
 
 
+@pytest.mark.parametrize(
+    ("outcome", "retryable"),
+    [("failed", False), ("failed", True), ("canceled", True), ("released", True)],
+)
+def test_every_ending_of_an_attempt_frees_its_slot(
+    services: Services, outcome: str, retryable: bool
+) -> None:
+    cp, me, d = services.control, admin(services), services.dispatcher
+    cp.deploy(
+        me,
+        "name: slots\nworker_pools: {rpc: [{}]}\n"
+        "jobs:\n  a: {operator: noop, worker_pool: rpc, max_attempts: 3}",
+    )
+    (task,) = cp.trigger(me, "slots")["tasks"]
+    (other,) = cp.trigger(me, "slots")["tasks"]
+    c = d.claim(ClaimRequest(task_id=task, worker_id="w"))
+    with pytest.raises(Conflict, match="every slot"):
+        d.claim(ClaimRequest(task_id=other, worker_id="w"))
+    d.complete(
+        CompleteRequest(
+            task_id=task,
+            attempt=c.attempt,
+            lease_token=c.lease_token,
+            outcome=outcome,  # type: ignore[arg-type]
+            retryable=retryable,
+            error="x",
+        )
+    )
+    held = "SELECT count(*) AS n FROM pool_slots WHERE leased_by_task IS NOT NULL"
+    assert q(services, held)[0]["n"] == 0
+    assert d.claim(ClaimRequest(task_id=other, worker_id="w")).slot is not None
+
+
 def test_a_freed_slot_wakes_a_task_that_can_take_it(services: Services) -> None:
     """Job a (max_concurrency 1) has the oldest waiting tasks, job b the next ones: when b's
     running task frees a slot, a's tasks cannot take it (a is at its limit), so b's is woken,
