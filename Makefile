@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/query_bench.py
 	$(BIN)/python bench/sandbox_bench.py
 	$(BIN)/python bench/change_bench.py --demo
+	$(BIN)/python bench/fault_bench.py
+	$(BIN)/python bench/u256_bench.py
 
 up: $(STAMP)
 	$(BIN)/trace up

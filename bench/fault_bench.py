@@ -1,0 +1,170 @@
+"""What faults cost, measured on a running Lite stack (issue 15), each row checked:
+
+- **worker SIGKILL -> its task running again**: a worker running a long task is SIGKILLed; a
+  second, idle worker picks the task up once the reaper finds its lease lost. Default lease
+  and heartbeat (15 s, 5 s), reaper every 1 s. Target: within 3x the heartbeat interval.
+- **Postgres restart -> tasks flowing again**: the state cluster is stopped (fast) and started
+  again under a stream of short tasks; the time from the server accepting connections again to
+  the next task completing.
+- **queue throughput with an idle-in-transaction session**: the same batch of no-op tasks
+  through the whole stack, with and without a session holding an open transaction (and so the
+  vacuum horizon) for the whole run. Target: >= 90% of the throughput without.
+
+Each row counts only its own tasks and refuses to print unless every one of them succeeded.
+
+    python bench/fault_bench.py [--repeat 3] [--tasks 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from trace_platform.config import Settings
+from trace_platform.contract import TaskSpec
+from trace_platform.db.embedded import EmbeddedPostgres
+from trace_platform.db.migrate import migrate
+from trace_platform.lite.stack import LiteStack
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except psycopg.OperationalError:  # the server is restarting
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"refusing to print: timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def states(dsn: str, ids: list[uuid.UUID]) -> list[tuple[str, int]]:
+    with psycopg.connect(dsn, connect_timeout=2) as conn:
+        return conn.execute(
+            "SELECT status, attempt FROM task_status WHERE task_id = ANY(%s)", [ids]
+        ).fetchall()
+
+
+def create(stack: LiteStack, n: int, seconds: float) -> list[uuid.UUID]:
+    d = stack.services.dispatcher
+    spec = TaskSpec(job="bench", operator="sleep", config={"seconds": seconds}, max_attempts=5)
+    return [d.create_task(spec).task_id for _ in range(n)]
+
+
+def all_succeeded(dsn: str, ids: list[uuid.UUID]) -> bool:
+    got = states(dsn, ids)
+    if len(got) == len(ids) and all(s in ("succeeded", "failed", "canceled") for s, _ in got):
+        if any(s != "succeeded" for s, _ in got):
+            raise SystemExit(f"refusing to print: not every task succeeded: {got}")
+        return True
+    return False
+
+
+def kill_to_running(settings: Settings, dsn: str) -> float:
+    with LiteStack(settings, workers=1, dsn=dsn) as stack:
+        (task,) = create(stack, 1, 120)
+        wait_for(lambda: states(dsn, [task]) == [("running", 1)], 60, "attempt 1")
+        victim = stack.workers[0]
+        stack.add_worker()  # idle, ready to take the task over
+        time.sleep(1)
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: states(dsn, [task]) == [("running", 2)], 120, "attempt 2")
+        took = time.monotonic() - killed
+        stack.services.dispatcher.cancel(task)
+        wait_for(lambda: states(dsn, [task])[0][0] == "canceled", 60, "cancel")
+    return took
+
+
+def restart_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> float:
+    with LiteStack(settings, workers=2, dsn=dsn) as stack:
+        ids = create(stack, 400, 0.05)
+        wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 20, 60, "flow")
+        pg.stop("fast")
+        time.sleep(1)
+        pg.start()
+        back = time.monotonic()
+        before = sum(s == "succeeded" for s, _ in states(dsn, ids))
+        wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) > before, 120, "resume")
+        took = time.monotonic() - back
+        wait_for(lambda: all_succeeded(dsn, ids), 300, "every task")
+    return took
+
+
+def throughput(settings: Settings, dsn: str, n: int, idle: bool) -> float:
+    with LiteStack(settings, workers=2, dsn=dsn) as stack:
+        held = psycopg.connect(dsn) if idle else None
+        try:
+            if held is not None:
+                held.execute("SELECT count(*) FROM task_status")  # open, then idle in txn
+            t0 = time.monotonic()
+            ids = create(stack, n, 0.0)
+            wait_for(lambda: all_succeeded(dsn, ids), 600, "every task")
+            rate = n / (time.monotonic() - t0)
+            if held is not None:
+                assert held.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        finally:
+            if held is not None:
+                held.rollback()
+                held.close()
+    return rate
+
+
+def main() -> int:
+    os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tasks", type=int, default=300)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="trace-fault-bench-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "pg", durable=True)
+    pg.start()
+    try:
+        dsn = pg.dsn()
+        migrate(dsn)
+        settings = Settings(state_dsn=dsn, home=root / "home", auth="permissive")
+        print(
+            f"{os.cpu_count()} cores, fsync on; lease {settings.lease_seconds:.0f} s, heartbeat "
+            f"{settings.heartbeat_seconds:.0f} s, reaper every {settings.reaper_interval_seconds:.0f} s"
+        )
+        kills = [kill_to_running(settings, dsn) for _ in range(args.repeat)]
+        print(
+            f"worker SIGKILL -> task running again: median {statistics.median(kills):.1f} s, "
+            f"max {max(kills):.1f} s (target <= {3 * settings.heartbeat_seconds:.0f} s)"
+        )
+        restarts = [restart_recovery(settings, pg, dsn) for _ in range(args.repeat)]
+        print(
+            f"Postgres restart -> tasks flowing: median {statistics.median(restarts):.2f} s, "
+            f"max {max(restarts):.2f} s"
+        )
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for i in range(args.repeat):  # interleaved, alternating which goes first
+            for idle in (False, True) if i % 2 == 0 else (True, False):
+                rates[idle].append(throughput(settings, dsn, args.tasks, idle))
+        plain, held = statistics.median(rates[False]), statistics.median(rates[True])
+        print(
+            f"no-op tasks/s, 2 workers: {plain:.0f} without, {held:.0f} with an idle-in-"
+            f"transaction session: {held / plain:.0%} (target >= 90%)"
+        )
+    finally:
+        pg.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
