@@ -265,11 +265,8 @@ def main() -> None:
                     if k == "bare":
                         got = bare.execute(sql, params or None).to_arrow_table()
                     elif k == "inproc":
-                        cur = inproc.connection(plan.pins, limits)
-                        try:
+                        with inproc.cursor(plan.pins, limits) as cur:
                             got = run(cur, sql, params, limits)
-                        finally:
-                            cur.close()
                     elif k == "worker":
                         got = svc.query.execute(plan).table
                     elif k == "svc":

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import duckdb
 import httpx
 import psycopg
 import pyarrow as pa
@@ -204,11 +205,33 @@ def test_no_password_in_what_a_query_can_see(chain: Services) -> None:
     # The worker's engine, built here to look inside it (queries cannot: table functions).
     engine = Engine(chain.query.pg_dsn)
     try:
-        engine_con = engine.connection(
-            chain.query.plan(admin(chain), "SELECT 1 FROM blocks").pins, chain.query.limits
-        )
-        shown = engine_con.execute("SELECT path FROM duckdb_databases()").fetchall()
+        pins = chain.query.plan(admin(chain), "SELECT 1 FROM blocks").pins
+        with engine.cursor(pins, chain.query.limits) as engine_con:
+            shown = engine_con.execute("SELECT path FROM duckdb_databases()").fetchall()
         assert all(password not in str(p) for p in shown)
+    finally:
+        engine.close()
+
+
+def test_evicted_duckdb_instances_are_closed(chain: Services) -> None:
+    """The engine keeps a few instances (one per pin set); one pushed out of the cache is
+    closed at once, or by the last query still running on it."""
+    load_hot(chain, "blocks_hot", blocks(90, 99, "hot"), 90, 100, window=1000)
+    engine = Engine(chain.query.pg_dsn, cache_size=1)
+    limits = chain.query.limits
+    first = chain.query.plan(admin(chain), "SELECT 1 FROM blocks").pins
+    second = chain.query.plan(admin(chain), "SELECT 1 FROM blocks_hot").pins
+    try:
+        with engine.cursor(first, limits) as cur:
+            old = next(iter(engine._cache.values()))
+            with engine.cursor(second, limits) as other:  # evicts `first` while it runs
+                assert other.execute("SELECT 1").fetchone() == (1,)
+            assert cur.execute("SELECT 1").fetchone() == (1,)  # still usable: its query runs
+        with pytest.raises(duckdb.ConnectionException):
+            old.execute("SELECT 1")  # closed by its last cursor
+        with engine.cursor(first, limits):  # evicts `second`, nobody on it: closed at once
+            pass
+        assert len(engine._cache) == 1 and not engine._busy and not engine._evicted
     finally:
         engine.close()
 

@@ -11,8 +11,10 @@ in the API process."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -130,24 +132,60 @@ class Engine:
         self.s3 = s3
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[Pin, ...], duckdb.DuckDBPyConnection] = OrderedDict()
+        self._busy: dict[int, int] = {}  # id(instance) -> cursors running on it
+        self._evicted: dict[int, duckdb.DuckDBPyConnection] = {}  # closed by its last cursor
         self._lock = threading.Lock()
 
-    def connection(self, pins: dict[str, Pin], limits: Limits) -> duckdb.DuckDBPyConnection:
-        """A cursor on the instance for this pin set (built on first use)."""
-        key = (*sorted(pins.values(), key=lambda p: p.name), limits.memory_limit)  # type: ignore[arg-type]
+    @contextlib.contextmanager
+    def cursor(self, pins: dict[str, Pin], limits: Limits) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor on the instance for this pin set (built on first use), closed after. An
+        instance evicted from the cache is closed at once, or by its last running cursor."""
+        key = (*sorted(pins.values(), key=lambda p: p.name), limits.memory_limit)
+        con = self._checkout(key)  # type: ignore[arg-type]
+        if con is None:
+            built = self._build(pins, limits)
+            con = self._checkout(key, built)  # type: ignore[arg-type]
+            assert con is not None
+        try:
+            cur = con.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
+        finally:
+            self._checkin(con)
+
+    def _checkout(
+        self, key: tuple[Pin, ...], built: duckdb.DuckDBPyConnection | None = None
+    ) -> duckdb.DuckDBPyConnection | None:
+        """The cached instance for `key` (or `built`, cached now), counted as busy."""
         with self._lock:
-            con = self._cache.get(key)  # type: ignore[arg-type]
+            con = self._cache.get(key)
+            if con is None and built is not None:
+                con = self._cache[key] = built
+                while len(self._cache) > self.cache_size:
+                    _, old = self._cache.popitem(last=False)
+                    if self._busy.get(id(old)):
+                        self._evicted[id(old)] = old  # cursors of other threads still run
+                    else:
+                        old.close()
+            elif con is not None:
+                self._cache.move_to_end(key)
+                if built is not None:  # another thread built it meanwhile
+                    built.close()
             if con is not None:
-                self._cache.move_to_end(key)  # type: ignore[arg-type]
-                return con.cursor()
-        con = self._build(pins, limits)
+                self._busy[id(con)] = self._busy.get(id(con), 0) + 1
+            return con
+
+    def _checkin(self, con: duckdb.DuckDBPyConnection) -> None:
         with self._lock:
-            self._cache[key] = con  # type: ignore[index]
-            while len(self._cache) > self.cache_size:
-                # Not closed here: cursors of other threads may still be running on it; it
-                # closes when the last of them is done with it.
-                self._cache.popitem(last=False)
-        return con.cursor()
+            left = self._busy[id(con)] - 1
+            if left:
+                self._busy[id(con)] = left
+                return
+            del self._busy[id(con)]
+            if self._evicted.pop(id(con), None) is not None:
+                con.close()
 
     def _build(self, pins: dict[str, Pin], limits: Limits) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})

@@ -125,11 +125,8 @@ class Worker:
         try:
             cpu_soft = _cpu_limit(float(req["cpu_seconds"]), self.raise_hard)
             pins = {p["name"]: Pin.from_json(p) for p in req["pins"]}
-            cur = self.engine.connection(pins, limits)
-            try:
+            with self.engine.cursor(pins, limits) as cur:
                 table = run(cur, req["sql"], req.get("params") or None, limits, export=export)
-            finally:
-                cur.close()
             payload = _encode(table, fmt)
             size = memoryview(payload).nbytes
             if size > limits.max_result_bytes:  # e.g. a CSV export larger than its Arrow table
