@@ -17,6 +17,7 @@ from psycopg import Connection
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from trace_platform import faults
 from trace_platform.config import Settings
 from trace_platform.contract import (
     Claim,
@@ -213,7 +214,9 @@ class Lifecycle:
         ):
             fast = {"task_id": req.task_id, "attempt": req.attempt, "lease_token": req.lease_token}
             with self.pool.connection() as conn:
-                if conn.execute(_Q.complete_fast, fast).fetchone() is not None:
+                done = conn.execute(_Q.complete_fast, fast).fetchone() is not None
+                faults.point("complete.before_commit")
+                if done:
                     return CompleteResponse(
                         task_id=req.task_id, attempt=req.attempt, status="succeeded"
                     )
@@ -235,6 +238,7 @@ class Lifecycle:
             )
             self.slots.release(conn, req.task_id)
             status, next_at = self._settle(conn, st, req, conflict)
+            faults.point("complete.before_commit")  # chaos: die mid-request, nothing committed
         return CompleteResponse(
             task_id=req.task_id,
             attempt=req.attempt,

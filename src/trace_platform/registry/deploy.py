@@ -17,6 +17,7 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from trace_platform import faults
 from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
 from trace_platform.dag.validate import DagInvalid, DagProblem
 from trace_platform.db.queries import Queries
@@ -160,6 +161,7 @@ def deploy(
         raise DagInvalid(d.source, d.problems)
     build = d.building
     replays = _start_rebuild(d, intents, manual_cutover, dry_run) if build else _go_live(d)
+    faults.point("deploy.before_commit")  # chaos: die with the whole deploy written, uncommitted
     return DeployResult(
         d.dag_id,
         spec.name,
