@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from tests.support.invariants import assert_invariants
+from tests.support.processes import children
 from tests.support.sandbox import bind_env
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
@@ -78,16 +79,7 @@ def all_done(stack: LiteStack, ids: list[uuid.UUID]) -> list[str] | None:
 def server_pids(pg: EmbeddedPostgres) -> list[int]:
     """The postmaster and every backend and helper it forked."""
     postmaster = int((pg.pgdata / "postmaster.pid").read_text().split()[0])
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == postmaster:
-                kids.append(int(entry.name))
-    return [postmaster, *kids]
+    return [postmaster, *children(postmaster)]
 
 
 def signal_all(pids: list[int], sig: int) -> None:

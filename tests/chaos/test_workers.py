@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from tests.support.invariants import assert_invariants
+from tests.support.processes import alive, children
 from tests.support.sandbox import bind_env, record_dir
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
@@ -43,32 +44,6 @@ def stack(
 def status(stack: LiteStack, task_id: uuid.UUID) -> tuple[str, int]:
     v = stack.services.dispatcher.get_task(task_id)
     return v.status, v.attempt
-
-
-def children(pid: int) -> list[int]:
-    """Every descendant (the sandbox chain is setpriv/unshare -> PID 1 -> host -> JVM...)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents[int(entry.name)] = ppid
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, pp in parents.items() if pp in frontier]
-        out.extend(kids)
-        frontier = kids
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_mixed_tasks_run_to_their_outcomes(stack: LiteStack) -> None:
