@@ -4,23 +4,18 @@ read_roles are now (a deploy-time check alone would let a revoked reader go on f
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
-from psycopg import Connection
-
-from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.store import StoreTx
 from trace_platform.identity import actor_from_row, can_read_row
 
-_Q = Queries("dispatcher")
 
-
-def refused_read(conn: Connection[Any], task_id: UUID) -> str | None:
+def refused_read(tx: StoreTx, task_id: UUID) -> str | None:
     """Why the task may not read one of its inputs (None: it may read them all)."""
-    inputs = conn.execute(_Q.foreign_inputs, {"task_id": task_id}).fetchall()
+    inputs = tx.foreign_inputs(task_id)
     if not inputs:
         return None
-    who = conn.execute(_Q.task_deployer_any_day, {"task_id": task_id}).fetchone()
+    who = tx.task_deployer_any_day(task_id)
     if who is None:
         return "the task's DAG version has no deployer to read its inputs as"
     deployer = actor_from_row(who)
@@ -34,9 +29,9 @@ def refused_read(conn: Connection[Any], task_id: UUID) -> str | None:
     return None
 
 
-def fail_if_refused(conn: Connection[Any], task_id: UUID) -> str | None:
+def fail_if_refused(tx: StoreTx, task_id: UUID) -> str | None:
     """Ends a not yet started task failed when it may not read an input; returns why."""
-    reason = refused_read(conn, task_id)
+    reason = refused_read(tx, task_id)
     if reason is not None:
-        conn.execute(_Q.fail_unstarted, {"task_id": task_id, "error": reason})
+        tx.fail_unstarted(task_id, reason)
     return reason

@@ -8,19 +8,12 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 from uuid import UUID
 
-from psycopg import Connection
-from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
-
 from trace_platform.contract import EventIn, EventsRequest, EventsResponse, OutputCommit
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher import access
-from trace_platform.dispatcher.dag_tasks import tasks_for_event
 from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
 from trace_platform.dispatcher.intents import Intents
+from trace_platform.dispatcher.store import NewCommit, NewEvent, StateStore, StoreTx
 from trace_platform.errors import Forbidden, Invalid
-
-_Q = Queries("dispatcher")
 
 
 def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> dict[str, Any]:
@@ -36,9 +29,7 @@ def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> d
     return outputs
 
 
-def purged_outputs(
-    conn: Connection[Any], st: dict[str, Any], commits: list[OutputCommit]
-) -> list[str]:
+def purged_outputs(tx: StoreTx, st: dict[str, Any], commits: list[OutputCommit]) -> list[str]:
     """The output versions these commits name that an admin purged since the task was made
     (a task naming a dataset it does not produce is refused first)."""
     outputs = check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
@@ -48,12 +39,11 @@ def purged_outputs(
     } - {"None"}
     if not wanted:
         return []
-    rows = conn.execute(_Q.existing_versions, {"versions": sorted(wanted)}).fetchall()
-    return sorted(wanted - {str(r["dataset_version"]) for r in rows})
+    return sorted(wanted - tx.existing_versions(sorted(wanted)))
 
 
 def commit_outputs(
-    conn: Connection[Any], st: dict[str, Any], attempt: int, commits: list[OutputCommit]
+    tx: StoreTx, st: dict[str, Any], attempt: int, commits: list[OutputCommit]
 ) -> set[tuple[str, str]]:
     """Lands the commits; returns the (dataset, scope) pairs of `replace` outputs that rewrote
     an earlier commit: the events for those scopes are invalidations."""
@@ -65,29 +55,28 @@ def commit_outputs(
         )
         if version is None:
             raise Invalid(f"output commit for dataset {c.dataset_uuid} needs a dataset_version")
-        row = conn.execute(
-            _Q.insert_commit,
-            {
-                "commit_id": uuid.uuid4(),
-                "dataset_uuid": c.dataset_uuid,
-                "dataset_version": version,
-                "task_id": st["task_id"],
-                "attempt": attempt,
-                "scope": c.scope,
-                "partition_key": c.partition_key,
-                "range_start": c.range.start if c.range else None,
-                "range_end": c.range.end if c.range else None,
-                "location": c.location,
-                "row_count": c.row_count,
-                "byte_count": c.byte_count,
-                "dag_version": st.get("dag_version"),
-                "chain_id": c.chain.chain_id if c.chain else None,
-                "first_block_hash": c.chain.first_hash if c.chain else None,
-                "last_block_hash": c.chain.last_hash if c.chain else None,
-                "parent_hash": c.chain.parent_hash if c.chain else None,
-            },
-        ).fetchone()
-        if row is not None and row["update_strategy"] == "replace":
+        strategy = tx.insert_commit(
+            NewCommit(
+                commit_id=uuid.uuid4(),
+                dataset_uuid=c.dataset_uuid,
+                dataset_version=version,
+                task_id=st["task_id"],
+                attempt=attempt,
+                scope=c.scope,
+                partition_key=c.partition_key,
+                range_start=c.range.start if c.range else None,
+                range_end=c.range.end if c.range else None,
+                location=c.location,
+                row_count=c.row_count,
+                byte_count=c.byte_count,
+                dag_version=st.get("dag_version"),
+                chain_id=c.chain.chain_id if c.chain else None,
+                first_block_hash=c.chain.first_hash if c.chain else None,
+                last_block_hash=c.chain.last_hash if c.chain else None,
+                parent_hash=c.chain.parent_hash if c.chain else None,
+            )
+        )
+        if strategy == "replace":
             rewritten.add((str(c.dataset_uuid), c.scope))
     return rewritten
 
@@ -95,13 +84,13 @@ def commit_outputs(
 class Emitter:
     """Stores an attempt's events; each new one creates the tasks it starts."""
 
-    def __init__(self, pool: ConnectionPool, intents: Intents) -> None:
-        self.pool = pool
+    def __init__(self, store: StateStore, intents: Intents) -> None:
+        self.store = store
         self.intents = intents
 
     def insert(
         self,
-        conn: Connection[Any],
+        tx: StoreTx,
         st: dict[str, Any],
         attempt: int,
         events: list[EventIn],
@@ -113,59 +102,53 @@ class Emitter:
         if not events:
             return [], 0, 0
         check_outputs(st, [e.dataset_uuid for e in events], "an event")
-        params = [
-            {
-                "event_id": uuid.uuid4(),
-                "start_day": st["start_day"],
-                "org_id": st["org_id"],
-                "task_id": st["task_id"],
-                "attempt": attempt,
-                "dataset_uuid": ev.dataset_uuid,
-                "dedupe_key": ev.dedupe_key,
-                "cursor": ev.cursor,
-                "partition_key": ev.partition_key,
-                "range_start": ev.range.start if ev.range else None,
-                "range_end": ev.range.end if ev.range else None,
-                "payload": Jsonb(ev.payload),
-            }
-            for ev in events
-        ]
+        ids = tx.insert_events(
+            [
+                NewEvent(
+                    event_id=uuid.uuid4(),
+                    start_day=st["start_day"],
+                    org_id=st["org_id"],
+                    task_id=st["task_id"],
+                    attempt=attempt,
+                    dataset_uuid=ev.dataset_uuid,
+                    dedupe_key=ev.dedupe_key,
+                    cursor=ev.cursor,
+                    partition_key=ev.partition_key,
+                    range_start=ev.range.start if ev.range else None,
+                    range_end=ev.range.end if ev.range else None,
+                    payload=ev.payload,
+                )
+                for ev in events
+            ]
+        )
         accepted: list[UUID] = []
         created = 0
-        with conn.cursor() as cur:
-            cur.executemany(_Q.insert_event, params, returning=True)
-            rows = []
-            while True:
-                rows.append(cur.fetchone())
-                if not cur.nextset():
-                    break
-        for ev, row in zip(events, rows, strict=True):
-            if row is None:  # a duplicate returns nothing and starts nothing
+        for ev, event_id in zip(events, ids, strict=True):
+            if event_id is None:  # a duplicate returns nothing and starts nothing
                 continue
-            accepted.append(row["event_id"])
+            accepted.append(event_id)
             invalidates = (str(ev.dataset_uuid), ev.dedupe_key) in rewritten
-            for spec, status in tasks_for_event(
-                conn,
+            for spec, status in tx.tasks_for_event(
                 org_id=st["org_id"],
                 producer=st,
-                event_id=row["event_id"],
+                event_id=event_id,
                 event=ev,
                 invalidates=invalidates,
             ):
-                ref = self.intents.create_task(spec, conn, status)
+                ref = self.intents.create_task(spec, tx, status)
                 if spec.dag_id != st["dag_id"]:  # a shared read: may its DAG still read it?
-                    access.fail_if_refused(conn, ref.task_id)
+                    access.fail_if_refused(tx, ref.task_id)
                 created += 1
         return accepted, len(events) - len(accepted), created
 
     def emit(self, req: EventsRequest) -> EventsResponse:
         """Events reported while the attempt runs (`/internal/events`)."""
-        with self.pool.connection() as conn, conn.transaction():
-            conn.execute(_Q.lock_task_dag_shared, {"task_id": req.task_id})
-            st = fenced(conn, req)
+        with self.store.transaction() as tx:
+            tx.lock_task_dag_shared(req.task_id)
+            st = fenced(tx, req)
             reject_finished(st, req)
             reject_withdrawn(st, req)
-            ids, dups, created = self.insert(conn, st, req.attempt, req.events)
+            ids, dups, created = self.insert(tx, st, req.attempt, req.events)
         return EventsResponse(
             accepted=len(ids), duplicates=dups, event_ids=ids, tasks_created=created
         )

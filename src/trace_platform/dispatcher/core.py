@@ -11,37 +11,47 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
 from trace_platform.contract import EventsRequest, EventsResponse, LeaseRef, TaskRef, TaskSpec
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.commits import Emitter
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.lifecycle import Lifecycle
 from trace_platform.dispatcher.models import AttemptView, TaskView
 from trace_platform.dispatcher.slots import Slots
+from trace_platform.dispatcher.store import StateStore, TaskKey
+from trace_platform.dispatcher.store.postgres import PostgresStore
 from trace_platform.errors import NotFound
-
-_Q = Queries("dispatcher")
 
 
 class Dispatcher(Lifecycle):
-    def __init__(self, pool: ConnectionPool, settings: Settings) -> None:
-        intents = Intents(pool, settings)
+    """Over a Postgres pool (the product) or any other `StateStore` (the in-memory twin)."""
+
+    def __init__(self, store: ConnectionPool | StateStore, settings: Settings) -> None:
+        if isinstance(store, ConnectionPool):
+            store = PostgresStore(store)
+        intents = Intents(store, settings)
         super().__init__(
-            pool,
+            store,
             settings,
             intents=intents,
-            slots=Slots(pool, settings, intents),
-            emitter=Emitter(pool, intents),
+            slots=Slots(store, settings, intents),
+            emitter=Emitter(store, intents),
         )
 
+    @property
+    def pool(self) -> ConnectionPool:
+        """The Postgres pool under the store (for the loops that run their own SQL)."""
+        if not isinstance(self.store, PostgresStore):
+            raise TypeError("this dispatcher's state store is not Postgres")
+        return self.store.pool
+
     def create_task(
-        self, spec: TaskSpec, conn: Connection[Any] | None = None, status: str = "queued"
+        self, spec: TaskSpec, conn: Any | None = None, status: str = "queued"
     ) -> TaskRef:
-        """Task intent and its wake-up in one transaction (the caller's, if given)."""
+        """Task intent and its wake-up in one transaction (the caller's, if given: a store
+        transaction or a Postgres connection)."""
         return self.intents.create_task(spec, conn, status)
 
     def rewake(self, after_seconds: float, limit: int = 500) -> int:
@@ -58,19 +68,19 @@ class Dispatcher(Lifecycle):
 
     # -- user-facing views ---------------------------------------------------------------
     def get_task(self, task_id: UUID) -> TaskView:
-        with self.pool.connection() as conn:
-            v = conn.execute(_Q.task_view, {"task_id": task_id}).fetchone()
+        with self.store.transaction() as tx:
+            v = tx.task_view(task_id)
             if v is None:
                 raise NotFound(f"task {task_id} does not exist")
-            key = {"task_id": task_id, "start_day": v["start_day"]}
-            attempts = conn.execute(_Q.task_attempts, key).fetchall()
-            n_events = conn.execute(_Q.task_event_count, key).fetchone()
+            key = TaskKey(task_id=task_id, start_day=v["start_day"])
+            attempts = tx.task_attempts(key)
+            n_events = tx.task_event_count(key)
         return TaskView(
             **{k: v[k] for k in TaskView.model_fields if k in v},
             attempts=[AttemptView(**a) for a in attempts],
-            events=n_events["n"] if n_events else 0,
+            events=n_events,
         )
 
     def list_tasks(self, limit: int = 50) -> list[dict[str, Any]]:
-        with self.pool.connection() as conn:
-            return conn.execute(_Q.list_tasks, {"limit": limit}).fetchall()
+        with self.store.transaction() as tx:
+            return tx.list_tasks(limit)

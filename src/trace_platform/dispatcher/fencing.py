@@ -5,18 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import Connection
-
 from trace_platform.contract import CompleteRequest, LeaseRef
-from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.store import StoreTx
 from trace_platform.errors import Conflict, NotFound
 
-_Q = Queries("dispatcher")
 
-
-def fenced(conn: Connection[Any], ref: LeaseRef) -> dict[str, Any]:
+def fenced(tx: StoreTx, ref: LeaseRef) -> dict[str, Any]:
     """Locks the status row and checks the caller speaks for the current attempt."""
-    return check_lease(conn.execute(_Q.status_for_update, {"task_id": ref.task_id}).fetchone(), ref)
+    return check_lease(tx.status_for_update(ref.task_id), ref)
 
 
 def check_lease(row: dict[str, Any] | None, ref: LeaseRef) -> dict[str, Any]:

@@ -9,13 +9,10 @@ outcome: succeeded, failed, canceled, state_conflict (completion), lease_expired
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
-
-from psycopg import Connection
-from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from trace_platform import faults
 from trace_platform.config import Settings
@@ -31,16 +28,22 @@ from trace_platform.contract import (
     LeaseRef,
     TaskPayload,
 )
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher import access, reads, state
 from trace_platform.dispatcher.commits import Emitter, commit_outputs, purged_outputs
 from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished, withdraw
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
 from trace_platform.dispatcher.slots import Slots
+from trace_platform.dispatcher.store import (
+    AttemptEnd,
+    ClaimParams,
+    HeartbeatParams,
+    LeaseCheck,
+    RetryParams,
+    StateStore,
+    StoreTx,
+)
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
-
-_Q = Queries("dispatcher")
 
 
 def backoff_seconds(
@@ -52,22 +55,17 @@ def backoff_seconds(
 
 
 def _finish_attempt(
-    conn: Connection[Any], st: dict[str, Any], attempt: int, outcome: str, error: str | None
+    tx: StoreTx, st: dict[str, Any], attempt: int, outcome: str, error: str | None
 ) -> None:
-    conn.execute(
-        _Q.finish_attempt,
-        {
-            "task_id": st["task_id"],
-            "start_day": st["start_day"],
-            "attempt": attempt,
-            "outcome": outcome,
-            "error": error,
-        },
+    tx.finish_attempt(
+        AttemptEnd(
+            task_id=st["task_id"],
+            start_day=st["start_day"],
+            attempt=attempt,
+            outcome=outcome,
+            error=error,
+        )
     )
-
-
-def _set_terminal(conn: Connection[Any], task_id: UUID, status: str, error: str | None) -> None:
-    conn.execute(_Q.set_terminal, {"task_id": task_id, "status": status, "error": error})
 
 
 class Lifecycle:
@@ -77,13 +75,13 @@ class Lifecycle:
 
     def __init__(
         self,
-        pool: ConnectionPool,
+        store: StateStore,
         settings: Settings,
         intents: Intents,
         slots: Slots,
         emitter: Emitter,
     ) -> None:
-        self.pool = pool
+        self.store = store
         self.settings = settings
         self.intents = intents
         self.slots = slots
@@ -94,32 +92,32 @@ class Lifecycle:
         """Leases a queued task: one statement for a task without a worker pool; with one, the
         same statement plus a slot in one transaction (no slot, no claim). A task whose DAG
         may no longer read one of its inputs ends failed instead (403, naming it)."""
-        params = {
-            "task_id": req.task_id,
-            "worker_id": req.worker_id,
-            "lease": self.settings.lease_seconds,
-            "pooled": False,
-        }
-        with self.pool.connection() as conn:
-            refused = access.fail_if_refused(conn, req.task_id)
-            row = None if refused else conn.execute(_Q.claim, params).fetchone()
+        params = ClaimParams(
+            task_id=req.task_id,
+            worker_id=req.worker_id,
+            lease=self.settings.lease_seconds,
+            pooled=False,
+        )
+        with self.store.transaction() as tx:
+            refused = access.fail_if_refused(tx, req.task_id)
+            row = None if refused else tx.claim(params)
         if refused is not None:  # raised once the failure is committed
             raise Forbidden(f"task {req.task_id} cannot run: {refused}")
         if row is not None:
             return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds)
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(_Q.claim, {**params, "pooled": True}).fetchone()
+        with self.store.transaction() as tx:
+            row = tx.claim(replace(params, pooled=True))
             if row is None:
-                raise self._not_claimable(conn, req.task_id)
-            slot = self.slots.lease(conn, req.task_id)  # raises (rolling back the claim) if none
+                raise self._not_claimable(tx, req.task_id)
+            slot = self.slots.lease(tx, req.task_id)  # raises (rolling back the claim) if none
         return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot)
 
     @staticmethod
-    def _not_claimable(conn: Connection[Any], task_id: UUID) -> Exception:
-        st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
+    def _not_claimable(tx: StoreTx, task_id: UUID) -> Exception:
+        st = tx.status(task_id)
         if st is None:
             return NotFound(f"task {task_id} does not exist")
-        paused = conn.execute(_Q.task_dag_paused, {"task_id": task_id}).fetchone()
+        paused = tx.task_dag_paused(task_id)
         if st["status"] == "queued" and st["cancel_requested"]:
             reason = "cancel was requested"
         elif st["status"] == "queued" and paused is not None and paused["paused"]:
@@ -139,12 +137,12 @@ class Lifecycle:
 
     # -- task-fetch and heartbeat -----------------------------------------------------------
     def fetch(self, ref: LeaseRef) -> TaskPayload:
-        with self.pool.connection() as conn:
-            view = check_lease(conn.execute(_Q.task_view, {"task_id": ref.task_id}).fetchone(), ref)
-            slot = conn.execute(_Q.slot_of_task, {"task_id": ref.task_id}).fetchone()
-            operator_state, revision = state.read(conn, view)
-            outputs = reads.outputs_with_strategies(conn, view["outputs"])
-            committed = reads.committed_reads(conn, view, outputs)
+        with self.store.transaction() as tx:
+            view = check_lease(tx.task_view(ref.task_id), ref)
+            slot = tx.slot_of_task(ref.task_id)
+            operator_state, revision = state.read(tx, view)
+            outputs = reads.outputs_with_strategies(tx, view["outputs"])
+            committed = reads.committed_reads(tx, view, outputs)
         status = "canceled" if view["cancel_requested"] else view["status"]
         return TaskPayload(
             task_id=view["task_id"],
@@ -181,20 +179,19 @@ class Lifecycle:
         )
 
     def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(
-                _Q.heartbeat,
-                {
-                    "task_id": req.task_id,
-                    "attempt": req.attempt,
-                    "lease_token": req.lease_token,
-                    "lease": self.settings.lease_seconds,
-                    "progress": Jsonb(req.progress) if req.progress is not None else None,
-                },
-            ).fetchone()
+        with self.store.transaction() as tx:
+            row = tx.heartbeat(
+                HeartbeatParams(
+                    task_id=req.task_id,
+                    attempt=req.attempt,
+                    lease_token=req.lease_token,
+                    lease=self.settings.lease_seconds,
+                    progress=req.progress,
+                )
+            )
             if row is not None:
                 return HeartbeatResponse(**row)
-            st = fenced(conn, req)
+            st = fenced(tx, req)
             raise Conflict(
                 "lease_lost",
                 f"attempt {req.attempt} of task {req.task_id} no longer holds its lease "
@@ -212,32 +209,32 @@ class Lifecycle:
             and not req.outputs
             and req.operator_state is None
         ):
-            fast = {"task_id": req.task_id, "attempt": req.attempt, "lease_token": req.lease_token}
-            with self.pool.connection() as conn:
-                done = conn.execute(_Q.complete_fast, fast).fetchone() is not None
+            fast = LeaseCheck(task_id=req.task_id, attempt=req.attempt, lease_token=req.lease_token)
+            with self.store.transaction() as tx:
+                done = tx.complete_fast(fast)
                 faults.point("complete.before_commit")
                 if done:
                     return CompleteResponse(
                         task_id=req.task_id, attempt=req.attempt, status="succeeded"
                     )
-        with self.pool.connection() as conn, conn.transaction():
-            conn.execute(_Q.lock_task_dag_shared, {"task_id": req.task_id})
-            st = fenced(conn, req)
+        with self.store.transaction() as tx:
+            tx.lock_task_dag_shared(req.task_id)
+            st = fenced(tx, req)
             if st["status"] in ("succeeded", "canceled"):
                 if st["status"] == req.outcome:  # the same report again: idempotent
                     return CompleteResponse(
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 reject_finished(st, req)
-            req = withdraw(st, req, purged_outputs(conn, st, req.outputs))
-            req, conflict = self._compare_state(conn, st, req)
+            req = withdraw(st, req, purged_outputs(tx, st, req.outputs))
+            req, conflict = self._compare_state(tx, st, req)
             # Commits first: an event for a scope they rewrote is an invalidation.
-            rewritten = commit_outputs(conn, st, req.attempt, req.outputs)
+            rewritten = commit_outputs(tx, st, req.attempt, req.outputs)
             ids, dups, created = self.emitter.insert(
-                conn, st, req.attempt, req.final_events, rewritten
+                tx, st, req.attempt, req.final_events, rewritten
             )
-            self.slots.release(conn, req.task_id)
-            status, next_at = self._settle(conn, st, req, conflict)
+            self.slots.release(tx, req.task_id)
+            status, next_at = self._settle(tx, st, req, conflict)
             faults.point("complete.before_commit")  # chaos: die mid-request, nothing committed
         return CompleteResponse(
             task_id=req.task_id,
@@ -251,7 +248,7 @@ class Lifecycle:
         )
 
     def _compare_state(
-        self, conn: Connection[Any], st: dict[str, Any], req: CompleteRequest
+        self, tx: StoreTx, st: dict[str, Any], req: CompleteRequest
     ) -> tuple[CompleteRequest, bool]:
         """A success that saves operator state, checked against the revision it read. If another
         run of the job saved since, nothing of this attempt lands (its report becomes a
@@ -260,7 +257,7 @@ class Lifecycle:
             return req, False
         if st["dag_id"] is None:
             raise Invalid("operator state is kept per DAG job; this task has no DAG")
-        if not self._state_moved(conn, st, req.operator_state_revision):
+        if not self._state_moved(tx, st, req.operator_state_revision):
             return req, False
         lost = {
             "outcome": "failed",
@@ -273,65 +270,63 @@ class Lifecycle:
         return req.model_copy(update=lost), True
 
     def _settle(
-        self, conn: Connection[Any], st: dict[str, Any], req: CompleteRequest, conflict: bool
+        self, tx: StoreTx, st: dict[str, Any], req: CompleteRequest, conflict: bool
     ) -> tuple[str, datetime | None]:
         """Ends the attempt with its outcome and moves the task on: the new status, and when
         a retry is next claimable."""
         if req.outcome == "succeeded":
-            conn.execute(_Q.set_succeeded, {"task_id": req.task_id})
+            tx.set_succeeded(req.task_id)
             if req.operator_state is not None:
-                state.save(conn, st, req.operator_state)
-            _finish_attempt(conn, st, req.attempt, "succeeded", None)
+                state.save(tx, st, req.operator_state)
+            _finish_attempt(tx, st, req.attempt, "succeeded", None)
             return "succeeded", None
         if req.outcome == "canceled":
-            _set_terminal(conn, req.task_id, "canceled", None)
-            _finish_attempt(conn, st, req.attempt, "canceled", None)
+            # A withdrawn success says why it landed nothing (see fencing.withdraw).
+            tx.set_terminal(req.task_id, "canceled", req.error)
+            _finish_attempt(tx, st, req.attempt, "canceled", req.error)
             return "canceled", None
         if req.outcome == "released":
             error = req.error or "handed back by its worker (shutting down)"
-            _finish_attempt(conn, st, req.attempt, "released", error)
+            _finish_attempt(tx, st, req.attempt, "released", error)
             if st["status"] != "running":  # the reaper already decided this attempt's fate
                 return st["status"], None
             if st["cancel_requested"]:
-                _set_terminal(conn, req.task_id, "canceled", error)
+                tx.set_terminal(req.task_id, "canceled", error)
                 return "canceled", None
             # Not the task's failure: queued again at once, and not one of its tries.
-            return "queued", self._schedule_retry(conn, st, error, 0.0)
+            return "queued", self._schedule_retry(tx, st, error, 0.0)
         error = req.error or "operator failed without a message"
-        _finish_attempt(conn, st, req.attempt, state.OUTCOME if conflict else "failed", error)
+        _finish_attempt(tx, st, req.attempt, state.OUTCOME if conflict else "failed", error)
         if st["status"] != "running":
             # A late failure report: the reaper already decided this attempt's fate.
             return st["status"], None
         if conflict and not st["cancel_requested"]:
             # Someone else made progress: not this task's failure, so it costs no retry
             # budget and waits only a moment (jittered, so racers spread out).
-            return "queued", self._schedule_retry(conn, st, error, random.uniform(0.05, 0.5))
-        if req.retryable and not st["cancel_requested"] and state.tries_left(conn, st, req.attempt):
-            return "queued", self._schedule_retry(conn, st, error)
+            return "queued", self._schedule_retry(tx, st, error, random.uniform(0.05, 0.5))
+        if req.retryable and not st["cancel_requested"] and state.tries_left(tx, st, req.attempt):
+            return "queued", self._schedule_retry(tx, st, error)
         final = "canceled" if st["cancel_requested"] else "failed"
-        _set_terminal(conn, req.task_id, final, error)
+        tx.set_terminal(req.task_id, final, error)
         return final, None
 
     # -- retries and the reaper ----------------------------------------------------------
     def _schedule_retry(
-        self, conn: Connection[Any], st: dict[str, Any], error: str, delay: float | None = None
+        self, tx: StoreTx, st: dict[str, Any], error: str, delay: float | None = None
     ) -> datetime:
         if delay is None:
             delay = backoff_seconds(
                 st["attempt"], st["retry_backoff_seconds"], st["retry_backoff_max_seconds"]
             )
-        row = conn.execute(
-            _Q.set_retry, {"task_id": st["task_id"], "error": error, "backoff": delay}
-        ).fetchone()
-        assert row is not None
-        self.intents.wake(conn, st["task_id"], delay)
+        row = tx.set_retry(RetryParams(task_id=st["task_id"], error=error, backoff=delay))
+        self.intents.wake(tx, st["task_id"], delay)
         return row["next_attempt_at"]
 
     def reap(self, limit: int = 100) -> int:
         """Fails attempts whose lease or deadline expired; retries or finishes their tasks.
         Safe to run in many processes at once (SKIP LOCKED)."""
-        with self.pool.connection() as conn, conn.transaction():
-            rows = conn.execute(_Q.expired_leases, {"limit": limit}).fetchall()
+        with self.store.transaction() as tx:
+            rows = tx.expired_leases(limit)
             for st in rows:
                 outcome = "timed_out" if st["timed_out"] else "lease_expired"
                 error = (
@@ -339,25 +334,25 @@ class Lifecycle:
                     if st["timed_out"]
                     else f"attempt {st['attempt']} lost its lease (missed heartbeats)"
                 )
-                _finish_attempt(conn, st, st["attempt"], outcome, error)
-                self.slots.release(conn, st["task_id"])
+                _finish_attempt(tx, st, st["attempt"], outcome, error)
+                self.slots.release(tx, st["task_id"])
                 if st["cancel_requested"]:
-                    _set_terminal(conn, st["task_id"], "canceled", error)
-                elif state.tries_left(conn, st, st["attempt"]):
+                    tx.set_terminal(st["task_id"], "canceled", error)
+                elif state.tries_left(tx, st, st["attempt"]):
                     # Attempts lost to a state race are not tries, here as on completion. A
                     # lost lease is its worker's failure, not the task's: retried at once.
-                    self._schedule_retry(conn, st, error, None if st["timed_out"] else 0.0)
+                    self._schedule_retry(tx, st, error, None if st["timed_out"] else 0.0)
                 else:
-                    _set_terminal(conn, st["task_id"], "failed", error)
+                    tx.set_terminal(st["task_id"], "failed", error)
         return len(rows)
 
     # -- cancel --------------------------------------------------------------------------
     def cancel(self, task_id: UUID) -> CancelResponse:
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(_Q.request_cancel, {"task_id": task_id}).fetchone()
+        with self.store.transaction() as tx:
+            row = tx.request_cancel(task_id)
             if row is not None:
                 return CancelResponse(task_id=task_id, **row)
-            st = conn.execute(_Q.status, {"task_id": task_id}).fetchone()
+            st = tx.status(task_id)
             if st is None:
                 raise NotFound(f"task {task_id} does not exist")
             if st["status"] == "canceled":

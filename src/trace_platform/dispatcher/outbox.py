@@ -17,31 +17,31 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from trace_platform import faults
-from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.store import StateStore
+from trace_platform.dispatcher.store.postgres import PostgresStore
 from trace_platform.queue.driver import QueueDriver
 
-_Q = Queries("outbox")
 log = logging.getLogger(__name__)
 
 
 class OutboxPublisher:
     def __init__(
         self,
-        pool: ConnectionPool,
+        store: ConnectionPool | StateStore,
         driver: QueueDriver,
         *,
         batch_size: int = 500,
         purge_after_seconds: float = 3600,
     ) -> None:
-        self.pool = pool
+        self.store = PostgresStore(store) if isinstance(store, ConnectionPool) else store
         self.driver = driver
         self.batch_size = batch_size
         self.purge_after_seconds = purge_after_seconds
 
     def publish_once(self) -> int:
         """Publishes one batch; returns how many rows were sent."""
-        with self.pool.connection() as conn, conn.transaction():
-            rows = conn.execute(_Q.claim_pending, {"limit": self.batch_size}).fetchall()
+        with self.store.transaction() as tx:
+            rows = tx.claim_pending(self.batch_size)
             if not rows:
                 return 0
             groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -53,14 +53,12 @@ class OutboxPublisher:
                     self.driver.publish_many(queue, [r["payload"] for r in group], delay)
                 except Exception as e:  # the queue is down or refused: keep rows, retry later
                     log.warning("outbox publish to %s failed: %s", queue, e)
-                    conn.execute(
-                        _Q.mark_failed, {"ids": [r["id"] for r in group], "error": str(e)[:2000]}
-                    )
+                    tx.mark_failed([r["id"] for r in group], str(e)[:2000])
                     continue
                 sent.extend(r["id"] for r in group)
             faults.point("outbox.after_publish")
             if sent:
-                conn.execute(_Q.mark_sent, {"ids": sent})
+                tx.mark_sent(sent)
         return len(sent)
 
     def drain(self) -> int:
@@ -70,13 +68,12 @@ class OutboxPublisher:
         return total
 
     def pending(self) -> int:
-        with self.pool.connection() as conn:
-            row = conn.execute(_Q.pending_count).fetchone()
-            return int(row["n"]) if row else 0
+        with self.store.transaction() as tx:
+            return tx.pending_count()
 
     def purge_sent(self) -> int:
-        with self.pool.connection() as conn:
-            return conn.execute(_Q.purge_sent, {"older_than": self.purge_after_seconds}).rowcount
+        with self.store.transaction() as tx:
+            return tx.purge_sent(self.purge_after_seconds)
 
     def run(self, stop: threading.Event, dsn: str, poll_seconds: float = 1.0) -> None:
         """Publish until `stop`; sleeps on LISTEN trace_outbox between batches, polls as a

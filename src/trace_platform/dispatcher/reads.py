@@ -7,8 +7,6 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from psycopg import Connection
-
 from trace_platform.contract import (
     ChainIdentity,
     CommittedScope,
@@ -16,10 +14,8 @@ from trace_platform.contract import (
     RangeSpec,
     scope_key,
 )
-from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.store import ReadsParams, StoreTx
 from trace_platform.operators import WHOLE_INPUT_OPERATORS
-
-_Q = Queries("reads")
 
 
 def _event_scope(event: dict[str, Any]) -> tuple[str | None, RangeSpec | None]:
@@ -30,12 +26,10 @@ def _event_scope(event: dict[str, Any]) -> tuple[str | None, RangeSpec | None]:
     return scope_key(pk, rng), rng
 
 
-def outputs_with_strategies(
-    conn: Connection[Any], outputs: list[dict[str, Any]]
-) -> list[DatasetRef]:
+def outputs_with_strategies(tx: StoreTx, outputs: list[dict[str, Any]]) -> list[DatasetRef]:
     refs = [DatasetRef(**r) for r in outputs]
     versions = [r.dataset_version for r in refs if r.dataset_version is not None]
-    rows = conn.execute(_Q.output_strategies, {"versions": versions}).fetchall()
+    rows = tx.output_strategies(versions)
     by_version = {r["dataset_version"]: r for r in rows}
     for ref in refs:
         row = by_version.get(ref.dataset_version)
@@ -46,7 +40,7 @@ def outputs_with_strategies(
 
 
 def committed_reads(
-    conn: Connection[Any], view: dict[str, Any], outputs: list[DatasetRef]
+    tx: StoreTx, view: dict[str, Any], outputs: list[DatasetRef]
 ) -> list[CommittedScope]:
     event = view["input_event"] or {}
     scope, rng = _event_scope(event)
@@ -69,18 +63,17 @@ def committed_reads(
     own = [o.dataset_version for o in outputs if scope is not None and o.dataset_version]
     if not (scoped or whole or appends or own):
         return []
-    rows = conn.execute(
-        _Q.committed_reads,
-        {
-            "scoped": scoped,
-            "whole": whole,
-            "appends": appends,
-            "own": own,
-            "scope": scope,
-            "range_start": rng.start if rng else None,
-            "range_end": rng.end if rng else None,
-        },
-    ).fetchall()
+    rows = tx.committed_reads(
+        ReadsParams(
+            scoped=scoped,
+            whole=whole,
+            appends=appends,
+            own=own,
+            scope=scope,
+            range_start=rng.start if rng else None,
+            range_end=rng.end if rng else None,
+        )
+    )
     return [
         CommittedScope(
             dataset_uuid=r["dataset_uuid"],

@@ -13,9 +13,7 @@ _PARTITIONS_EVERY = 6 * 3600.0
 
 
 def ensure_partitions(dispatcher: Dispatcher) -> int:
-    with dispatcher.pool.connection() as conn:
-        row = conn.execute("SELECT trace_ensure_partitions() AS n").fetchone()
-        return int(row["n"]) if row else 0
+    return dispatcher.store.ensure_partitions()
 
 
 def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 1.0) -> None:

@@ -4,40 +4,41 @@ task waiting for it. A slot's secrets are opened for the wrapper of the task hol
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
-
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
 from trace_platform.contract import LeaseRef, SlotLease
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.fencing import fenced
 from trace_platform.dispatcher.intents import Intents
+from trace_platform.dispatcher.store import (
+    PoolJob,
+    PoolKey,
+    SlotLeaseParams,
+    StateStore,
+    StoreTx,
+    TaskKey,
+)
 from trace_platform.errors import Conflict, Forbidden
 from trace_platform.identity import actor_from_row
 from trace_platform.identity.vault import can_use_secret, vault_for
 
-_Q = Queries("dispatcher")
-
 
 class Slots:
-    def __init__(self, pool: ConnectionPool, settings: Settings, intents: Intents) -> None:
-        self.pool = pool
+    def __init__(self, store: StateStore, settings: Settings, intents: Intents) -> None:
+        self.store = store
         self.settings = settings
         self.intents = intents
         self.vault = vault_for(settings)  # the key is read once, not on every task's fetch
 
-    def lease(self, conn: Connection[Any], task_id: UUID) -> SlotLease | None:
+    def lease(self, tx: StoreTx, task_id: UUID) -> SlotLease | None:
         """One slot of the job's pool, within min(max_concurrency, pool size)."""
-        t = conn.execute(_Q.task_pool, {"task_id": task_id}).fetchone()
+        t = tx.task_pool(task_id)
         if t is None or t["worker_pool"] is None:
             return None
-        key = {"dag_id": t["dag_id"], "pool": t["worker_pool"], "job": t["job"]}
-        conn.execute(_Q.lock_pool, key)  # serialises slot accounting per pool, not claims at large
-        usage = conn.execute(_Q.pool_usage, key).fetchone()
-        assert usage is not None
+        key = PoolJob(dag_id=t["dag_id"], pool=t["worker_pool"], job=t["job"])
+        # Serialises slot accounting per pool, not claims at large.
+        tx.lock_pool(PoolKey(dag_id=key.dag_id, pool=key.pool))
+        usage = tx.pool_usage(key)
         if usage["job_running"] >= (t["max_concurrency"] or 1) or usage["free_slot"] is None:
             why = (
                 f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
@@ -47,38 +48,43 @@ class Slots:
             raise Conflict(
                 "waiting_for_slot", f"task {task_id} waits for a slot: {why}", pool=t["worker_pool"]
             )
-        conn.execute(_Q.lease_slot, {**key, "task_id": task_id, "slot_index": usage["free_slot"]})
+        tx.lease_slot(
+            SlotLeaseParams(
+                dag_id=key.dag_id,
+                pool=key.pool,
+                job=key.job,
+                task_id=task_id,
+                slot_index=usage["free_slot"],
+            )
+        )
         return SlotLease(pool=t["worker_pool"], slot_index=usage["free_slot"])
 
-    def release(self, conn: Connection[Any], task_id: UUID) -> None:
+    def release(self, tx: StoreTx, task_id: UUID) -> None:
         """Every terminal path (and every retry) frees the slot and wakes the waiting tasks
         that can take the pool's free slots (never one its job's max_concurrency holds back)."""
-        freed = conn.execute(_Q.release_slot, {"task_id": task_id}).fetchone()
+        freed = tx.release_slot(task_id)
         if freed is None:
             return
-        for w in conn.execute(_Q.waiting_for_pool, freed).fetchall():
-            if w["task_id"] != task_id:
-                self.intents.wake(conn, w["task_id"])
+        for waiting in tx.waiting_for_pool(freed):
+            if waiting != task_id:
+                self.intents.wake(tx, waiting)
 
     def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret
         is checked again against the user who deployed the task's DAG version, as they are now
         (a revoked use_role refuses here, naming the secret); values are decrypted only here."""
         vault = self.vault
-        with self.pool.connection() as conn:
-            st = fenced(conn, ref)
+        with self.store.transaction() as tx:
+            st = fenced(tx, ref)
             if st["status"] != "running":
                 raise Conflict("lease_lost", f"task {ref.task_id} is {st['status']}")
-            key = {"task_id": ref.task_id, "org_id": st["org_id"]}
-            rows = conn.execute(_Q.slot_secret_values, key).fetchall()
+            rows = tx.slot_secret_values(ref.task_id, st["org_id"])
             if not rows:
                 return {}
             if any(r["legacy"] for r in rows):  # stored before 0008 and not yet sealed
-                vault.seal_legacy(conn)
-                rows = conn.execute(_Q.slot_secret_values, key).fetchall()
-            who = conn.execute(
-                _Q.task_deployer, {"task_id": ref.task_id, "start_day": st["start_day"]}
-            ).fetchone()
+                tx.seal_legacy_secrets(vault)
+                rows = tx.slot_secret_values(ref.task_id, st["org_id"])
+            who = tx.task_deployer(TaskKey(task_id=ref.task_id, start_day=st["start_day"]))
         deployer = actor_from_row(who) if who else None
         values: dict[str, str] = {}
         for r in rows:

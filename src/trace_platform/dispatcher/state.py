@@ -7,12 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import Connection
-from psycopg.types.json import Jsonb
-
-from trace_platform.db.queries import Queries
-
-_Q = Queries("dispatcher")
+from trace_platform.dispatcher.store import StateKey, StoreTx, TaskKey
 
 OUTCOME = "state_conflict"
 STATE_CONFLICT = (
@@ -21,50 +16,45 @@ STATE_CONFLICT = (
 )
 
 
-def _key(task: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "org_id": task["org_id"],
-        "dag_id": task["dag_id"],
-        "dag_version": task["dag_version"],
-        "job": task["job"],
-    }
-
-
-def read(conn: Connection[Any], task: dict[str, Any]) -> tuple[Any, int]:
-    """The job's state and its revision (None and 0 before the first save, or with no DAG)."""
-    if task["dag_id"] is None:
-        return None, 0
-    row = conn.execute(_Q.operator_state, _key(task)).fetchone()
-    return (row["state"], row["revision"]) if row else (None, 0)
-
-
-def moved(conn: Connection[Any], st: dict[str, Any], read_revision: int) -> bool:
-    """Takes the job's state lock (held to the end of the transaction) and tells whether another
-    run saved since `read_revision` was read."""
-    key = _key(st)
-    conn.execute(_Q.lock_operator_state, key)
-    row = conn.execute(_Q.operator_state, key).fetchone()
-    return (row["revision"] if row else 0) != read_revision
-
-
-def save(conn: Connection[Any], st: dict[str, Any], state: Any) -> None:
-    conn.execute(
-        _Q.save_operator_state, {**_key(st), "state": Jsonb(state), "task_id": st["task_id"]}
+def _key(task: dict[str, Any]) -> StateKey:
+    return StateKey(
+        org_id=task["org_id"],
+        dag_id=task["dag_id"],
+        dag_version=task["dag_version"],
+        job=task["job"],
     )
 
 
-def untried(conn: Connection[Any], st: dict[str, Any]) -> int:
+def read(tx: StoreTx, task: dict[str, Any]) -> tuple[Any, int]:
+    """The job's state and its revision (None and 0 before the first save, or with no DAG)."""
+    if task["dag_id"] is None:
+        return None, 0
+    row = tx.operator_state(_key(task))
+    return (row["state"], row["revision"]) if row else (None, 0)
+
+
+def moved(tx: StoreTx, st: dict[str, Any], read_revision: int) -> bool:
+    """Takes the job's state lock (held to the end of the transaction) and tells whether another
+    run saved since `read_revision` was read."""
+    key = _key(st)
+    tx.lock_operator_state(key)
+    row = tx.operator_state(key)
+    return (row["revision"] if row else 0) != read_revision
+
+
+def save(tx: StoreTx, st: dict[str, Any], state: Any) -> None:
+    tx.save_operator_state(_key(st), state, st["task_id"])
+
+
+def untried(tx: StoreTx, st: dict[str, Any]) -> int:
     """How many of the task's attempts are not tries: lost a state race, or handed back by a
     worker shutting down."""
-    row = conn.execute(
-        _Q.untried_attempts, {"task_id": st["task_id"], "start_day": st["start_day"]}
-    ).fetchone()
-    return int(row["n"]) if row else 0
+    return tx.untried_attempts(TaskKey(task_id=st["task_id"], start_day=st["start_day"]))
 
 
-def tries_left(conn: Connection[Any], st: dict[str, Any], attempt: int) -> bool:
+def tries_left(tx: StoreTx, st: dict[str, Any], attempt: int) -> bool:
     """Whether the task may run again after `attempt` within its max_attempts, attempts that
     are not tries (`untried`) not counting. Their count is read only when the attempt number
     alone would exhaust the budget."""
     budget = int(st["max_attempts"])
-    return attempt < budget or attempt - untried(conn, st) < budget
+    return attempt < budget or attempt - untried(tx, st) < budget

@@ -1,0 +1,42 @@
+"""The one owner of the dispatcher's state: a narrow protocol (`protocol.py`), its typed
+parameters (`params.py`), the Postgres store and its in-memory twin."""
+
+from trace_platform.dispatcher.store.params import (
+    AttemptEnd,
+    ClaimParams,
+    HeartbeatParams,
+    LeaseCheck,
+    NewCommit,
+    NewEvent,
+    NewTask,
+    PoolJob,
+    PoolKey,
+    ReadsParams,
+    RetryParams,
+    SlotLeaseParams,
+    StateKey,
+    TaskKey,
+    Wakeup,
+)
+from trace_platform.dispatcher.store.protocol import Row, StateStore, StoreTx
+
+__all__ = [
+    "AttemptEnd",
+    "ClaimParams",
+    "HeartbeatParams",
+    "LeaseCheck",
+    "NewCommit",
+    "NewEvent",
+    "NewTask",
+    "PoolJob",
+    "PoolKey",
+    "ReadsParams",
+    "RetryParams",
+    "Row",
+    "SlotLeaseParams",
+    "StateKey",
+    "StateStore",
+    "StoreTx",
+    "TaskKey",
+    "Wakeup",
+]

@@ -1,0 +1,1095 @@
+"""The state store in memory: `PostgresStore`'s twin for lifecycle unit tests without Postgres.
+
+Each `MemoryTx` call does what its named query in `db/sql/dispatcher.sql`, `outbox.sql` or
+`reads.sql` does, on plain dict rows: the same columns back, the same filters, ordering and
+state changes, SQL NULLs included (a comparison with None is never true), JSONB columns kept
+as JSON (stored and read back through `json`, as psycopg does). Like procrastinate's
+`InMemoryConnector`, it models the queries, not a database.
+
+A transaction holds the store's one lock (transactions serialise, as row locks would make
+them), sees one `now()` (the clock read when it opened) and is undone from a snapshot if its
+block raises. So the advisory locks are no-ops and `FOR UPDATE SKIP LOCKED` skips nothing.
+
+Limits: there is no DAG registry (only `add_dag`'s name and paused flag: no versions, jobs,
+subscriptions or lineage, so `tasks_for_event` and `foreign_inputs` find nothing, there is no
+deployer, nothing is withdrawn and operator state has lineage 0), no users and no secrets vault
+(a slot's secrets are all "not set"), and no partitions. A nested `transaction()` in one thread
+works like a savepoint (its rollback undoes only its own writes), whereas `PostgresStore` would
+open a second, independent transaction.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from trace_platform.contract import EventIn, TaskSpec
+from trace_platform.dispatcher.store.params import (
+    AttemptEnd,
+    ClaimParams,
+    HeartbeatParams,
+    LeaseCheck,
+    NewCommit,
+    NewEvent,
+    NewTask,
+    PoolJob,
+    PoolKey,
+    ReadsParams,
+    RetryParams,
+    SlotLeaseParams,
+    StateKey,
+    TaskKey,
+    Wakeup,
+)
+from trace_platform.dispatcher.store.protocol import Row
+
+_EPOCH = date(2025, 1, 1)  # trace_start_day's day 0
+_TASK_STATUSES = frozenset({"queued", "running", "succeeded", "failed", "canceled", "buffered"})
+_OUTCOMES = frozenset(
+    {
+        "running",
+        "succeeded",
+        "failed",
+        "canceled",
+        "lease_expired",
+        "timed_out",
+        "state_conflict",
+        "released",
+    }
+)
+_UNTRIED = ("state_conflict", "released")
+_BLOCK_HASH = re.compile(r"0x[0-9a-f]{64}")
+
+# Columns of the queries' SELECT lists and RETURNING clauses, in their order.
+_STATUS = (
+    "task_id",
+    "start_day",
+    "status",
+    "attempt",
+    "lease_token",
+    "lease_until",
+    "heartbeat_at",
+    "started_at",
+    "deadline_at",
+    "next_attempt_at",
+    "cancel_requested",
+    "worker_id",
+    "last_error",
+    "finished_at",
+    "updated_at",
+    "progress",
+    "progress_at",
+)
+_VIEW_REGISTRY = (
+    "task_id",
+    "start_day",
+    "org_id",
+    "dag_id",
+    "dag_version",
+    "job",
+    "operator",
+    "runtime",
+    "config",
+    "parent_task_id",
+    "input_event",
+    "input_versions",
+    "timeout_seconds",
+    "max_attempts",
+    "created_at",
+    "run_id",
+    "worker_pool",
+    "max_concurrency",
+    "outputs",
+)
+_VIEW_STATUS = (
+    "status",
+    "attempt",
+    "cancel_requested",
+    "lease_token",
+    "lease_until",
+    "heartbeat_at",
+    "deadline_at",
+    "next_attempt_at",
+    "last_error",
+    "finished_at",
+)
+_FOR_UPDATE_REGISTRY = (
+    "max_attempts",
+    "retry_backoff_seconds",
+    "retry_backoff_max_seconds",
+    "org_id",
+    "outputs",
+    "run_id",
+    "dag_id",
+    "dag_version",
+    "job",
+)
+_ATTEMPT = ("attempt", "worker_id", "started_at", "finished_at", "outcome", "error")
+_COMMITTED_READ = (
+    "dataset_uuid",
+    "dataset_version",
+    "scope",
+    "range_start",
+    "range_end",
+    "location",
+    "chain_id",
+    "first_block_hash",
+    "last_block_hash",
+    "parent_hash",
+)
+
+
+class ConstraintViolation(ValueError):
+    """A write Postgres would refuse (a unique, foreign-key, not-null or check constraint)."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _start_day(ts: datetime) -> int:
+    """trace_start_day(ts): days since 2025-01-01 of the UTC date."""
+    return (ts.astimezone(UTC).date() - _EPOCH).days
+
+
+def _jsonb(value: Any) -> Any:
+    """A value as a JSONB column keeps it (None: SQL NULL): JSON only, read back as psycopg
+    parses it, and never shared with the caller."""
+    if value is None:
+        return None
+    # allow_nan=False: Postgres refuses NaN and Infinity in JSON as well.
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+def _json_text(value: Any) -> str | None:
+    """A JSON value as `->>` and `jsonb_each_text` give it: strings unquoted, null as NULL."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _pg_bool(text: str) -> bool:
+    """`text::boolean` (Postgres's boolin): true/false, yes/no, on/off, 1/0 or a unique prefix."""
+    s = text.strip().lower()
+    if s and ("true".startswith(s) or "yes".startswith(s) or s in ("on", "1")):
+        return True
+    if s and ("false".startswith(s) or "no".startswith(s) or s in ("of", "off", "0")):
+        return False
+    raise ValueError(f'invalid input syntax for type boolean: "{text}"')
+
+
+def _lt(a: Any, b: Any) -> bool:
+    """`a < b` in a WHERE clause: never true when either side is NULL."""
+    return a is not None and b is not None and bool(a < b)
+
+
+def _eq(a: Any, b: Any) -> bool:
+    """`a = b` in a WHERE clause: never true when either side is NULL."""
+    return a is not None and b is not None and bool(a == b)
+
+
+def _coalesce(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _uuid(value: Any) -> UUID:
+    """A parameter bound to a uuid column (Postgres parses text, refusing what is not one)."""
+    return value if isinstance(value, UUID) else UUID(str(value))
+
+
+def _limit(rows: list[Row], limit: int | None) -> list[Row]:
+    if limit is None:  # LIMIT NULL: all rows
+        return rows
+    if limit < 0:
+        raise ValueError("LIMIT must not be negative")
+    return rows[:limit]
+
+
+def _pick(row: Row, columns: Iterable[str]) -> Row:
+    """The columns of a stored row as a fresh dict (nothing shared with the table)."""
+    return {c: copy.deepcopy(row[c]) for c in columns}
+
+
+def _not_null(table: str, row: Row, columns: Iterable[str]) -> None:
+    for c in columns:
+        if row[c] is None:
+            raise ConstraintViolation(f'null value in column "{c}" of relation "{table}"')
+
+
+def _check_status(status: str) -> None:
+    if status not in _TASK_STATUSES:
+        raise ConstraintViolation(f"task_status_status_check: status {status!r}")
+
+
+@dataclass
+class _Tables:
+    """The rows, keyed by each table's primary (or arbiter) key; dicts keep insertion order,
+    the order a sequential scan would meet them in."""
+
+    task_registry: dict[UUID, Row] = field(default_factory=dict)  # task_id is unique
+    task_status: dict[UUID, Row] = field(default_factory=dict)
+    task_attempts: dict[tuple[UUID, int, int], Row] = field(default_factory=dict)
+    events: dict[tuple[int, UUID], Row] = field(default_factory=dict)
+    # UNIQUE (start_day, producer_task_id, dataset_uuid, dedupe_key) -> the PK above
+    event_keys: dict[tuple[int, UUID, UUID, str], tuple[int, UUID]] = field(default_factory=dict)
+    outbox: dict[int, Row] = field(default_factory=dict)
+    pool_slots: dict[tuple[UUID, str, int], Row] = field(default_factory=dict)
+    operator_state: dict[tuple[UUID, UUID, str, int], Row] = field(default_factory=dict)
+    dags: dict[UUID, Row] = field(default_factory=dict)
+    datasets: dict[UUID, Row] = field(default_factory=dict)
+    dataset_versions: dict[UUID, Row] = field(default_factory=dict)
+    dataset_commits: dict[tuple[UUID, str], Row] = field(default_factory=dict)
+    retired_locations: list[Row] = field(default_factory=list)
+
+
+_TABLES = frozenset(f.name for f in fields(_Tables)) - {"event_keys"}
+
+
+class MemoryTx:
+    """One transaction's calls on the store's tables (see the module docstring)."""
+
+    def __init__(self, store: MemoryStore, now: datetime) -> None:
+        self.store = store
+        self.now = now  # Postgres's now(): the transaction's start, the same for every call
+
+    @property
+    def _t(self) -> _Tables:
+        # Looked up on each call: a nested transaction's rollback swaps the store's tables.
+        return self.store._tables
+
+    def _joined(self) -> Iterator[tuple[Row, Row]]:
+        """task_status JOIN task_registry ON task_id and start_day."""
+        for s in self._t.task_status.values():
+            r = self._t.task_registry.get(s["task_id"])
+            if r is not None and r["start_day"] == s["start_day"]:
+                yield s, r
+
+    def _dag_paused(self, dag_id: UUID | None) -> bool:
+        """EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)."""
+        dag = self._t.dags.get(dag_id) if dag_id is not None else None
+        return dag is not None and bool(dag["paused"])
+
+    def _slot_of(self, task_id: UUID) -> Row | None:
+        for slot in self._t.pool_slots.values():
+            if slot["leased_by_task"] == task_id:
+                return slot
+        return None
+
+    # -- tasks: intents, views --------------------------------------------------------------
+    def insert_task(self, p: NewTask) -> int:
+        if p.task_id in self._t.task_status:
+            raise ConstraintViolation(f"task_status_pkey: task {p.task_id} already exists")
+        start_day = _start_day(self.now)
+        registry: Row = {
+            "task_id": p.task_id,
+            "start_day": start_day,
+            "org_id": p.org_id,
+            "dag_id": p.dag_id,
+            "dag_version": p.dag_version,
+            "job": p.job,
+            "operator": p.operator,
+            "runtime": p.runtime,
+            "config": _jsonb(p.config),
+            "parent_task_id": p.parent_task_id,
+            "input_event_id": p.input_event_id,
+            "input_event": _jsonb(p.input_event),
+            "input_versions": _jsonb(p.input_versions),
+            "timeout_seconds": p.timeout_seconds,
+            "max_attempts": p.max_attempts,
+            "retry_backoff_seconds": p.retry_backoff_seconds,
+            "retry_backoff_max_seconds": p.retry_backoff_max_seconds,
+            "created_at": self.now,
+            "run_id": p.run_id,
+            "worker_pool": p.worker_pool,
+            "max_concurrency": p.max_concurrency,
+            "outputs": _jsonb(p.outputs),
+        }
+        _not_null(
+            "task_registry",
+            registry,
+            (
+                "task_id",
+                "org_id",
+                "job",
+                "operator",
+                "runtime",
+                "config",
+                "input_versions",
+                "timeout_seconds",
+                "max_attempts",
+                "retry_backoff_seconds",
+                "retry_backoff_max_seconds",
+                "outputs",
+            ),
+        )
+        if registry["timeout_seconds"] <= 0:
+            raise ConstraintViolation("task_registry_timeout_seconds_check")
+        if registry["max_attempts"] <= 0:
+            raise ConstraintViolation("task_registry_max_attempts_check")
+        _check_status(p.status)
+        for k in ("retry_backoff_seconds", "retry_backoff_max_seconds"):
+            registry[k] = float(registry[k])  # double precision
+        status: Row = dict.fromkeys(_STATUS)
+        status.update(
+            task_id=p.task_id,
+            start_day=start_day,
+            status=p.status,
+            attempt=0,
+            next_attempt_at=self.now,
+            cancel_requested=False,
+            updated_at=self.now,
+        )
+        self._t.task_registry[p.task_id] = registry
+        self._t.task_status[p.task_id] = status
+        return start_day
+
+    def status(self, task_id: UUID) -> Row | None:
+        s = self._t.task_status.get(task_id)
+        return _pick(s, _STATUS) if s is not None else None
+
+    def status_for_update(self, task_id: UUID) -> Row | None:
+        s = self._t.task_status.get(task_id)
+        r = self._t.task_registry.get(task_id)
+        if s is None or r is None or r["start_day"] != s["start_day"]:
+            return None
+        row = _pick(s, _STATUS) | _pick(r, _FOR_UPDATE_REGISTRY)
+        event = r["input_event"]
+        invalidates = _json_text(event.get("invalidates")) if isinstance(event, dict) else None
+        row["reprocessing"] = _pg_bool(invalidates) if invalidates is not None else False
+        # No DAG versions in memory: none was rolled back or abandoned.
+        row["version_state"] = None
+        row["withdrawn"] = False
+        return row
+
+    def task_view(self, task_id: UUID) -> Row | None:
+        s = self._t.task_status.get(task_id)
+        r = self._t.task_registry.get(task_id)
+        if s is None or r is None or r["start_day"] != s["start_day"]:
+            return None
+        return _pick(r, _VIEW_REGISTRY) | _pick(s, _VIEW_STATUS)
+
+    def task_attempts(self, key: TaskKey) -> list[Row]:
+        rows = [
+            a
+            for a in self._t.task_attempts.values()
+            if a["task_id"] == key.task_id and a["start_day"] == key.start_day
+        ]
+        return [_pick(a, _ATTEMPT) for a in sorted(rows, key=lambda a: a["attempt"])]
+
+    def task_event_count(self, key: TaskKey) -> int:
+        return sum(
+            1
+            for e in self._t.events.values()
+            if e["producer_task_id"] == key.task_id and e["start_day"] == key.start_day
+        )
+
+    def list_tasks(self, limit: int) -> list[Row]:
+        # Ties in created_at (one transaction's tasks) come newest-inserted first.
+        joined = list(self._joined())[::-1]
+        joined.sort(key=lambda sr: sr[1]["created_at"], reverse=True)
+        rows = [
+            _pick(r, ("task_id", "job", "operator", "created_at"))
+            | _pick(s, ("status", "attempt", "last_error", "finished_at"))
+            for s, r in joined
+        ]
+        return _limit(rows, limit)
+
+    def task_dag_paused(self, task_id: UUID) -> Row | None:
+        r = self._t.task_registry.get(task_id)
+        dag = self._t.dags.get(r["dag_id"]) if r is not None and r["dag_id"] is not None else None
+        return _pick(dag, ("name", "paused")) if dag is not None else None
+
+    def lock_task_dag_shared(self, task_id: UUID) -> None:
+        pass  # the store lock already serialises transactions
+
+    # -- the lease --------------------------------------------------------------------------
+    def claim(self, p: ClaimParams) -> Row | None:
+        s = self._t.task_status.get(p.task_id)
+        r = self._t.task_registry.get(p.task_id)
+        if (
+            s is None
+            or r is None
+            or r["start_day"] != s["start_day"]
+            or (r["worker_pool"] is None) == p.pooled  # `(worker_pool IS NULL) <> pooled`
+            or s["status"] != "queued"
+            or not (s["next_attempt_at"] <= self.now)
+            or s["cancel_requested"]
+            or self._dag_paused(r["dag_id"])
+        ):
+            return None
+        attempt = s["attempt"] + 1
+        akey = (s["task_id"], s["start_day"], attempt)
+        if akey in self._t.task_attempts:
+            raise ConstraintViolation(f"task_attempts_pkey: attempt {attempt} exists")
+        s.update(
+            status="running",
+            attempt=attempt,
+            lease_token=uuid.uuid4(),  # gen_random_uuid(): a version 4 UUID
+            lease_until=self.now + timedelta(seconds=p.lease),
+            heartbeat_at=self.now,
+            started_at=self.now,
+            deadline_at=self.now + timedelta(seconds=r["timeout_seconds"]),
+            worker_id=p.worker_id,
+            finished_at=None,
+            updated_at=self.now,
+            progress=None,
+            progress_at=None,
+        )
+        self._t.task_attempts[akey] = {
+            "task_id": s["task_id"],
+            "start_day": s["start_day"],
+            "attempt": attempt,
+            "lease_token": s["lease_token"],
+            "worker_id": p.worker_id,
+            "started_at": self.now,
+            "finished_at": None,
+            "outcome": "running",
+            "error": None,
+        }
+        return _pick(s, ("task_id", "start_day", "attempt", "lease_token", "lease_until"))
+
+    def heartbeat(self, p: HeartbeatParams) -> Row | None:
+        s = self._t.task_status.get(p.task_id)
+        if (
+            s is None
+            or s["attempt"] != p.attempt
+            or not _eq(s["lease_token"], p.lease_token)
+            or s["status"] != "running"
+        ):
+            return None
+        s.update(
+            lease_until=self.now + timedelta(seconds=p.lease),
+            heartbeat_at=self.now,
+            updated_at=self.now,
+        )
+        if p.progress is not None:  # none reported keeps the last one (and its time)
+            s.update(progress=_jsonb(p.progress), progress_at=self.now)
+        return _pick(s, ("status", "lease_until", "cancel_requested"))
+
+    def complete_fast(self, p: LeaseCheck) -> bool:
+        s = self._t.task_status.get(p.task_id)
+        if (
+            s is None
+            or s["attempt"] != p.attempt
+            or not _eq(s["lease_token"], p.lease_token)
+            or s["status"] not in ("running", "queued", "failed")
+            or self._slot_of(p.task_id) is not None
+        ):
+            return False
+        s.update(
+            status="succeeded",
+            lease_until=None,
+            finished_at=self.now,
+            updated_at=self.now,
+            last_error=None,
+        )
+        a = self._t.task_attempts.get((s["task_id"], s["start_day"], p.attempt))
+        if a is not None:
+            finished = a["finished_at"] if a["finished_at"] is not None else self.now
+            a.update(finished_at=finished, outcome="succeeded")
+        return True
+
+    def finish_attempt(self, p: AttemptEnd) -> None:
+        a = self._t.task_attempts.get((p.task_id, p.start_day, p.attempt))
+        if a is None:
+            return
+        if p.outcome not in _OUTCOMES:
+            raise ConstraintViolation(f"task_attempts_outcome_check: outcome {p.outcome!r}")
+        # coalesce: the first end time stays, and an error is never erased by None.
+        a.update(
+            finished_at=a["finished_at"] if a["finished_at"] is not None else self.now,
+            outcome=p.outcome,
+            error=p.error if p.error is not None else a["error"],
+        )
+
+    def set_succeeded(self, task_id: UUID) -> None:
+        s = self._t.task_status.get(task_id)
+        if s is not None:
+            s.update(
+                status="succeeded",
+                lease_until=None,
+                finished_at=self.now,
+                updated_at=self.now,
+                last_error=None,
+            )
+
+    def set_terminal(self, task_id: UUID, status: str, error: str | None) -> None:
+        s = self._t.task_status.get(task_id)
+        if s is None:
+            return
+        _check_status(status)
+        s.update(
+            status=status,
+            lease_until=None,
+            finished_at=self.now,
+            updated_at=self.now,
+            last_error=error if error is not None else s["last_error"],
+        )
+
+    def set_retry(self, p: RetryParams) -> Row:
+        s = self._t.task_status.get(p.task_id)
+        assert s is not None, f"task {p.task_id} has no status row"
+        s.update(
+            status="queued",
+            lease_until=None,
+            updated_at=self.now,
+            last_error=p.error,
+            next_attempt_at=self.now + timedelta(seconds=p.backoff),
+        )
+        return _pick(s, ("next_attempt_at",))
+
+    def request_cancel(self, task_id: UUID) -> Row | None:
+        s = self._t.task_status.get(task_id)
+        if s is None or s["status"] not in ("queued", "buffered", "running"):
+            return None
+        if s["status"] in ("queued", "buffered"):  # not started: canceled at once
+            s.update(status="canceled", finished_at=self.now)
+        s.update(cancel_requested=True, updated_at=self.now)
+        return _pick(s, ("status", "cancel_requested"))
+
+    def expired_leases(self, limit: int) -> list[Row]:
+        now = self.now
+        rows = [
+            (s, r)
+            for s, r in self._joined()
+            if s["status"] == "running"
+            and (_lt(s["lease_until"], now) or _lt(s["deadline_at"], now))
+        ]
+        # ORDER BY lease_until: NULLs last, as Postgres sorts them ascending.
+        rows.sort(key=lambda sr: (sr[0]["lease_until"] is None, sr[0]["lease_until"] or now))
+        out = [
+            _pick(s, ("task_id", "start_day", "attempt", "cancel_requested"))
+            | {"timed_out": None if s["deadline_at"] is None else s["deadline_at"] < now}
+            | _pick(r, ("max_attempts", "retry_backoff_seconds", "retry_backoff_max_seconds"))
+            for s, r in rows
+        ]
+        return _limit(out, limit)
+
+    def untried_attempts(self, key: TaskKey) -> int:
+        return sum(
+            1
+            for a in self._t.task_attempts.values()
+            if a["task_id"] == key.task_id
+            and a["start_day"] == key.start_day
+            and a["outcome"] in _UNTRIED
+        )
+
+    def fail_unstarted(self, task_id: UUID, error: str) -> None:
+        s = self._t.task_status.get(task_id)
+        if s is not None and s["status"] in ("queued", "buffered"):
+            s.update(status="failed", last_error=error, finished_at=self.now, updated_at=self.now)
+
+    def stranded_queued(self, after_seconds: float, limit: int) -> list[Row]:
+        quiet_since = self.now - timedelta(seconds=after_seconds)
+        rows = [
+            _pick(s, ("task_id", "start_day"))
+            for s in self._t.task_status.values()
+            if s["status"] == "queued"
+            and not s["cancel_requested"]
+            and s["next_attempt_at"] <= self.now
+            and s["updated_at"] < quiet_since
+            and not self._registry_dag_paused(s)
+        ]
+        return _limit(rows, limit)
+
+    def _registry_dag_paused(self, s: Row) -> bool:
+        r = self._t.task_registry.get(s["task_id"])
+        return r is not None and r["start_day"] == s["start_day"] and self._dag_paused(r["dag_id"])
+
+    def touch(self, task_ids: list[UUID]) -> None:
+        for task_id in set(task_ids):
+            s = self._t.task_status.get(task_id)
+            if s is not None:
+                s["updated_at"] = self.now
+
+    # -- the outbox -------------------------------------------------------------------------
+    def insert_outbox(self, w: Wakeup) -> None:
+        json.loads(w.payload)  # the jsonb column refuses text that is not JSON
+        oid = next(self.store._outbox_ids)
+        self._t.outbox[oid] = {
+            "id": oid,
+            "queue_name": w.queue,
+            "payload": w.payload,  # the JSON text; read back parsed, as psycopg loads jsonb
+            "delay_seconds": w.delay,
+            "created_at": self.now,
+            "sent_at": None,
+            "publish_errors": 0,
+            "last_error": None,
+        }
+
+    def claim_pending(self, limit: int) -> list[Row]:
+        rows = [
+            {
+                "id": o["id"],
+                "queue_name": o["queue_name"],
+                "payload": json.loads(o["payload"]),  # jsonb, as psycopg loads it
+                "delay_seconds": o["delay_seconds"],
+            }
+            for _, o in sorted(self._t.outbox.items())
+            if o["sent_at"] is None
+        ]
+        return _limit(rows, limit)
+
+    def mark_sent(self, ids: list[int]) -> None:
+        for oid in set(ids):
+            o = self._t.outbox.get(oid)
+            if o is not None:
+                o["sent_at"] = self.now
+
+    def mark_failed(self, ids: list[int], error: str) -> None:
+        for oid in set(ids):
+            o = self._t.outbox.get(oid)
+            if o is not None:
+                o.update(publish_errors=o["publish_errors"] + 1, last_error=error)
+
+    def purge_sent(self, older_than_seconds: float) -> int:
+        cutoff = self.now - timedelta(seconds=older_than_seconds)
+        gone = [oid for oid, o in self._t.outbox.items() if _lt(o["sent_at"], cutoff)]
+        for oid in gone:
+            del self._t.outbox[oid]
+        return len(gone)
+
+    def pending_count(self) -> int:
+        return sum(1 for o in self._t.outbox.values() if o["sent_at"] is None)
+
+    # -- worker-pool slots ------------------------------------------------------------------
+    def task_pool(self, task_id: UUID) -> Row | None:
+        r = self._t.task_registry.get(task_id)
+        return _pick(r, ("dag_id", "worker_pool", "max_concurrency", "job")) if r else None
+
+    def lock_pool(self, key: PoolKey) -> None:
+        pass  # the store lock already serialises transactions
+
+    def _pool(self, dag_id: UUID, pool: str) -> list[Row]:
+        return [
+            slot
+            for slot in self._t.pool_slots.values()
+            if slot["dag_id"] == dag_id and slot["pool"] == pool
+        ]
+
+    def pool_usage(self, key: PoolJob) -> Row:
+        slots = self._pool(key.dag_id, key.pool)
+        free = [s["slot_index"] for s in slots if s["leased_by_task"] is None and not s["retired"]]
+        return {
+            "job_running": sum(1 for s in slots if _eq(s["leased_job"], key.job)),
+            "free_slot": min(free) if free else None,
+        }
+
+    def lease_slot(self, p: SlotLeaseParams) -> None:
+        slot = self._t.pool_slots.get((p.dag_id, p.pool, p.slot_index))
+        if slot is None or slot["leased_by_task"] is not None:
+            return
+        if self._slot_of(p.task_id) is not None:  # pool_slots_task_idx: one slot per task
+            raise ConstraintViolation(f"pool_slots_task_idx: task {p.task_id} holds a slot")
+        slot.update(leased_by_task=p.task_id, leased_job=p.job, leased_at=self.now)
+
+    def release_slot(self, task_id: UUID) -> PoolKey | None:
+        slot = self._slot_of(task_id)
+        if slot is None:
+            return None
+        slot.update(leased_by_task=None, leased_job=None, leased_at=None)
+        return PoolKey(dag_id=slot["dag_id"], pool=slot["pool"])
+
+    def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
+        slots = self._pool(key.dag_id, key.pool)
+        leased: dict[str, int] = {}
+        for slot in slots:
+            if slot["leased_by_task"] is not None and slot["leased_job"] is not None:
+                leased[slot["leased_job"]] = leased.get(slot["leased_job"], 0) + 1
+        free = sum(1 for s in slots if s["leased_by_task"] is None and not s["retired"])
+        waiting = [
+            (s, r)
+            for s, r in self._joined()
+            if _eq(r["dag_id"], key.dag_id)
+            and _eq(r["worker_pool"], key.pool)
+            and s["status"] == "queued"
+            and not s["cancel_requested"]
+            and s["next_attempt_at"] <= self.now
+            and not self._dag_paused(r["dag_id"])
+        ]
+        waiting.sort(key=lambda sr: sr[0]["updated_at"])  # stable: ties keep insertion order
+        places: dict[str, int] = {}
+        eligible: list[UUID] = []
+        for s, r in waiting:
+            # row_number() OVER (PARTITION BY job ORDER BY updated_at) <= the job's room
+            places[r["job"]] = places.get(r["job"], 0) + 1
+            limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
+            room = limit - leased.get(r["job"], 0)
+            if places[r["job"]] <= room:
+                eligible.append(s["task_id"])
+        return eligible[:free]
+
+    def slot_of_task(self, task_id: UUID) -> Row | None:
+        slot = self._slot_of(task_id)
+        return _pick(slot, ("pool", "slot_index", "env", "secrets")) if slot else None
+
+    def slot_secret_values(self, task_id: UUID, org_id: UUID) -> list[Row]:
+        slot = self._slot_of(task_id)
+        if slot is None:
+            return []
+        # No secrets table: every name misses the LEFT JOIN, so its columns are all NULL
+        # (org_id NULL: "not set") and legacy (`legacy_value IS NOT NULL`) is false.
+        return [
+            {
+                "env_var": env_var,
+                "name": _json_text(name),
+                "org_id": None,
+                "owner_user_id": None,
+                "use_roles": None,
+                "ciphertext": None,
+                "legacy": False,
+            }
+            for env_var, name in sorted(slot["secrets"].items())
+        ]
+
+    def seal_legacy_secrets(self, vault: Any) -> int:
+        return 0  # no secrets, so none stored before encryption
+
+    def task_deployer(self, key: TaskKey) -> Row | None:
+        return None  # no DAG versions or users
+
+    # -- read access ------------------------------------------------------------------------
+    def foreign_inputs(self, task_id: UUID) -> list[Row]:
+        return []  # no producer DAGs for datasets
+
+    def task_deployer_any_day(self, task_id: UUID) -> Row | None:
+        return None  # no DAG versions or users
+
+    # -- operator state ---------------------------------------------------------------------
+    @staticmethod
+    def _state_key(key: StateKey) -> tuple[UUID, UUID, str, int]:
+        # Lineage: coalesce(since_version from dag_version_jobs, 0), and memory has no jobs.
+        return (key.org_id, key.dag_id, key.job, 0)
+
+    def operator_state(self, key: StateKey) -> Row | None:
+        row = self._t.operator_state.get(self._state_key(key))
+        return _pick(row, ("state", "revision")) if row is not None else None
+
+    def lock_operator_state(self, key: StateKey) -> None:
+        pass  # the store lock already serialises transactions
+
+    def save_operator_state(self, key: StateKey, state: Any, task_id: UUID) -> None:
+        k = self._state_key(key)
+        row = self._t.operator_state.get(k)
+        if row is not None:
+            row.update(
+                state=_jsonb(state),
+                updated_by_task=task_id,
+                updated_at=self.now,
+                revision=row["revision"] + 1,
+            )
+            return
+        self._t.operator_state[k] = {
+            "org_id": key.org_id,
+            "dag_id": key.dag_id,
+            "job": key.job,
+            "lineage": k[3],
+            "state": _jsonb(state),
+            "updated_by_task": task_id,
+            "updated_at": self.now,
+            "revision": 1,
+        }
+
+    # -- events, commits and reads ----------------------------------------------------------
+    def insert_events(self, events: list[NewEvent]) -> list[UUID | None]:
+        ids: list[UUID | None] = []
+        for e in events:  # one at a time: a duplicate within the batch is a duplicate too
+            dedupe = (e.start_day, e.task_id, e.dataset_uuid, e.dedupe_key)
+            if dedupe in self._t.event_keys:  # ON CONFLICT (...) DO NOTHING
+                ids.append(None)
+                continue
+            pk = (e.start_day, e.event_id)
+            if pk in self._t.events:  # not the arbiter: Postgres raises
+                raise ConstraintViolation(f"events_pkey: event {e.event_id} exists")
+            self._t.events[pk] = {
+                "event_id": e.event_id,
+                "start_day": e.start_day,
+                "org_id": e.org_id,
+                "producer_task_id": e.task_id,
+                "producer_attempt": e.attempt,
+                "dataset_uuid": e.dataset_uuid,
+                "dedupe_key": e.dedupe_key,
+                "cursor": e.cursor,
+                "partition_key": e.partition_key,
+                "range_start": e.range_start,
+                "range_end": e.range_end,
+                "payload": _jsonb(e.payload),
+                "created_at": self.now,
+            }
+            self._t.event_keys[dedupe] = pk
+            ids.append(e.event_id)
+        return ids
+
+    def tasks_for_event(
+        self, *, org_id: UUID, producer: Row, event_id: UUID, event: EventIn, invalidates: bool
+    ) -> list[tuple[TaskSpec, str]]:
+        return []  # no DAG subscriptions in memory
+
+    def insert_commit(self, c: NewCommit) -> str | None:
+        for h in (c.first_block_hash, c.last_block_hash, c.parent_hash):
+            if h is not None and not _BLOCK_HASH.fullmatch(h):
+                raise ConstraintViolation(f"dataset_commits hash check: {h!r}")
+        key = (c.dataset_version, c.scope)
+        old = self._t.dataset_commits.get(key)
+        old_location = old["location"] if old is not None else None
+        if old is not None:
+            # ON CONFLICT DO UPDATE: commit_id, dataset_uuid, partition_key and the range stay.
+            old.update(
+                task_id=c.task_id,
+                attempt=c.attempt,
+                location=c.location,
+                dag_version=c.dag_version,
+                row_count=c.row_count,
+                byte_count=c.byte_count,
+                created_at=self.now,
+                chain_id=c.chain_id,
+                first_block_hash=c.first_block_hash,
+                last_block_hash=c.last_block_hash,
+                parent_hash=c.parent_hash,
+            )
+        else:
+            if c.dataset_uuid not in self._t.datasets:
+                raise ConstraintViolation(f"dataset_commits: no dataset {c.dataset_uuid}")
+            if c.dataset_version not in self._t.dataset_versions:
+                raise ConstraintViolation(f"dataset_commits: no version {c.dataset_version}")
+            if any(r["commit_id"] == c.commit_id for r in self._t.dataset_commits.values()):
+                raise ConstraintViolation(f"dataset_commits_pkey: commit {c.commit_id} exists")
+            self._t.dataset_commits[key] = {
+                "commit_id": c.commit_id,
+                "dataset_uuid": c.dataset_uuid,
+                "dataset_version": c.dataset_version,
+                "task_id": c.task_id,
+                "attempt": c.attempt,
+                "scope": c.scope,
+                "partition_key": c.partition_key,
+                "range_start": c.range_start,
+                "range_end": c.range_end,
+                "location": c.location,
+                "row_count": c.row_count,
+                "byte_count": c.byte_count,
+                "created_at": self.now,
+                "dag_version": c.dag_version,
+                "chain_id": c.chain_id,
+                "first_block_hash": c.first_block_hash,
+                "last_block_hash": c.last_block_hash,
+                "parent_hash": c.parent_hash,
+            }
+        # A row comes back only when a location was replaced and so retired: the scope had a
+        # non-null location distinct from the new one (and the dataset exists, the join's).
+        ds = self._t.datasets.get(c.dataset_uuid)
+        if old_location is None or old_location == c.location or ds is None:
+            return None
+        version = self._t.dataset_versions.get(c.dataset_version)
+        self._t.retired_locations.append(
+            {
+                "id": next(self.store._retired_ids),
+                "org_id": ds["org_id"],
+                "backend": _coalesce(version["backend"] if version else None, ds["backend"]),
+                "location": old_location,
+                "reason": "superseded",
+                "retired_at": self.now,
+                "deleted_at": None,
+            }
+        )
+        # The RETURNING sub-select: the version's strategy, else its dataset's (the version's
+        # own dataset, joined by USING); NULL without a version row.
+        if version is None:
+            return None
+        own = self._t.datasets.get(version["dataset_uuid"])
+        if own is None:
+            return None
+        strategy: str | None = _coalesce(version["update_strategy"], own["update_strategy"])
+        return strategy
+
+    def existing_versions(self, versions: list[str]) -> set[str]:
+        wanted = {_uuid(v) for v in versions}
+        return {str(v) for v in self._t.dataset_versions if v in wanted}
+
+    def output_strategies(self, versions: list[UUID]) -> list[Row]:
+        wanted = {_uuid(v) for v in versions}
+        rows: list[Row] = []
+        for v in self._t.dataset_versions.values():
+            d = self._t.datasets.get(v["dataset_uuid"])
+            if v["dataset_version"] not in wanted or d is None:
+                continue
+            unique_key = _coalesce(v["unique_key"], d["unique_key"])
+            rows.append(
+                {
+                    "dataset_version": v["dataset_version"],
+                    "update_strategy": _coalesce(v["update_strategy"], d["update_strategy"]),
+                    "unique_key": copy.deepcopy(unique_key),
+                }
+            )
+        return rows
+
+    def committed_reads(self, p: ReadsParams) -> list[Row]:
+        scoped = {_uuid(v) for v in p.scoped}
+        whole = {_uuid(v) for v in p.whole}
+        appends = {_uuid(v) for v in p.appends}
+        own = {_uuid(v) for v in p.own}
+
+        def read(c: Row) -> bool:
+            v, scope = c["dataset_version"], c["scope"]
+            return (
+                (v in scoped and _eq(scope, p.scope))
+                or v in whole
+                or (
+                    v in appends
+                    and p.scope is not None
+                    and scope != p.scope
+                    and _lt(c["range_start"], p.range_end)
+                    and _lt(p.range_start, c["range_end"])
+                )
+                or (v in own and _eq(scope, p.scope))
+            )
+
+        rows = [
+            c for c in self._t.dataset_commits.values() if c["location"] is not None and read(c)
+        ]
+        # Postgres sorts uuids by their bytes (as UUID compares) and text byte-wise (locale C).
+        rows.sort(key=lambda c: (c["dataset_version"], c["scope"]))
+        return [_pick(c, _COMMITTED_READ) for c in rows]
+
+
+class MemoryStore:
+    """The state store in memory (see the module docstring); not persisted."""
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self.clock: Callable[[], datetime] = clock or _utcnow
+        self._lock = threading.RLock()
+        self._tables = _Tables()
+        # Like Postgres sequences, ids are never handed out twice: a rollback keeps the gap.
+        self._outbox_ids: itertools.count[int] = itertools.count(1)
+        self._retired_ids: itertools.count[int] = itertools.count(1)
+
+    def _now(self) -> datetime:
+        now = self.clock()
+        if now.tzinfo is None:
+            raise ValueError("the clock must return timezone-aware datetimes (timestamptz)")
+        return now
+
+    @contextmanager
+    def transaction(self) -> Iterator[MemoryTx]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        with self._lock:
+            snapshot = copy.deepcopy(self._tables)
+            try:
+                yield MemoryTx(self, self._now())
+            except BaseException:
+                self._tables = snapshot
+                raise
+
+    def adopt(self, conn: Any) -> MemoryTx:
+        if isinstance(conn, MemoryTx):
+            return conn
+        raise TypeError("the memory store has no Postgres connections")
+
+    def ensure_partitions(self) -> int:
+        return 0  # no partitions
+
+    # -- setup for tests: what the DAG registry and the datasets would hold -----------------
+    def add_dag(self, dag_id: UUID, name: str, paused: bool = False) -> None:
+        with self._lock:
+            self._tables.dags[dag_id] = {"dag_id": dag_id, "name": name, "paused": paused}
+
+    def set_paused(self, dag_id: UUID, paused: bool) -> None:
+        with self._lock:
+            self._tables.dags[dag_id]["paused"] = paused
+
+    def add_pool(
+        self,
+        dag_id: UUID,
+        pool: str,
+        size: int,
+        env: Mapping[str, Any] | None = None,
+        secrets: Mapping[str, str] | None = None,
+    ) -> None:
+        """Slots 0..size-1 of a worker pool, each with this env and these secrets (env var:
+        secret name)."""
+        with self._lock:
+            for i in range(size):
+                key = (dag_id, pool, i)
+                if key in self._tables.pool_slots:
+                    raise ConstraintViolation(f"pool_slots_pkey: slot {i} of {pool} exists")
+                self._tables.pool_slots[key] = {
+                    "dag_id": dag_id,
+                    "pool": pool,
+                    "slot_index": i,
+                    "env": _jsonb(dict(env or {})),
+                    "secrets": _jsonb(dict(secrets or {})),
+                    "retired": False,
+                    "leased_by_task": None,
+                    "leased_job": None,
+                    "leased_at": None,
+                }
+
+    def add_dataset_version(
+        self,
+        dataset_uuid: UUID,
+        dataset_version: UUID,
+        update_strategy: str = "append",
+        unique_key: list[str] | None = None,
+        *,
+        org_id: UUID | None = None,
+        backend: str = "parquet",
+    ) -> None:
+        """A dataset version (its dataset made on first use, with this version's shape)."""
+        if update_strategy not in ("replace", "append"):
+            raise ConstraintViolation(f"update_strategy check: {update_strategy!r}")
+        with self._lock:
+            self._tables.datasets.setdefault(
+                dataset_uuid,
+                {
+                    "dataset_uuid": dataset_uuid,
+                    "org_id": org_id,
+                    "backend": backend,
+                    "update_strategy": update_strategy,
+                    "unique_key": list(unique_key or []),
+                },
+            )
+            self._tables.dataset_versions[dataset_version] = {
+                "dataset_version": dataset_version,
+                "dataset_uuid": dataset_uuid,
+                "backend": backend,
+                "update_strategy": update_strategy,
+                "unique_key": list(unique_key) if unique_key is not None else None,
+                "state": "complete",
+            }
+
+    # -- test harness ---------------------------------------------------------------------
+    def expire_lease(self, task_id: UUID) -> None:
+        """The running task's lease ran out a second ago (the reaper's `expired_leases` finds
+        it)."""
+        with self._lock:
+            s = self._tables.task_status[task_id]
+            if s["status"] != "running":
+                raise ValueError(f"task {task_id} is {s['status']}, not running")
+            s["lease_until"] = self._now() - timedelta(seconds=1)
+
+    def make_claimable(self, task_id: UUID) -> None:
+        """The task's backoff ended a second ago."""
+        with self._lock:
+            self._tables.task_status[task_id]["next_attempt_at"] = self._now() - timedelta(
+                seconds=1
+            )
+
+    def rows(self, table: str) -> list[Row]:
+        """A copy of one table's rows (`task_status`, `outbox`, `retired_locations`, ...)."""
+        if table not in _TABLES:
+            raise KeyError(f"no table {table!r} in the memory store")
+        with self._lock:
+            stored: Any = getattr(self._tables, table)
+            values = stored.values() if isinstance(stored, dict) else stored
+            return [copy.deepcopy(r) for r in values]

@@ -1,0 +1,275 @@
+"""The state store on Postgres: each call is one named query of `db/sql/dispatcher.sql`,
+`outbox.sql` or `reads.sql`, its typed parameters turned into the query's parameter dict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from trace_platform.contract import EventIn, TaskSpec
+from trace_platform.db.queries import Queries
+from trace_platform.dispatcher.dag_tasks import tasks_for_event
+from trace_platform.dispatcher.store.params import (
+    AttemptEnd,
+    ClaimParams,
+    HeartbeatParams,
+    LeaseCheck,
+    NewCommit,
+    NewEvent,
+    NewTask,
+    PoolJob,
+    PoolKey,
+    ReadsParams,
+    RetryParams,
+    SlotLeaseParams,
+    StateKey,
+    TaskKey,
+    Wakeup,
+    fields,
+)
+from trace_platform.dispatcher.store.protocol import Row
+
+_Q = Queries("dispatcher")
+_OUTBOX = Queries("outbox")
+_READS = Queries("reads")
+
+
+def _json(value: Any) -> Jsonb | None:
+    return Jsonb(value) if value is not None else None
+
+
+class PostgresTx:
+    """One transaction's calls on a connection (the caller owns the transaction)."""
+
+    def __init__(self, conn: Connection[Any]) -> None:
+        self.conn = conn
+
+    def _one(self, query: str, params: dict[str, Any] | None = None) -> Row | None:
+        return self.conn.execute(query, params).fetchone()
+
+    def _all(self, query: str, params: dict[str, Any] | None = None) -> list[Row]:
+        return self.conn.execute(query, params).fetchall()
+
+    # -- tasks ------------------------------------------------------------------------------
+    def insert_task(self, p: NewTask) -> int:
+        row = fields(p)
+        for k in ("config", "input_event", "input_versions", "outputs"):
+            row[k] = _json(row[k])
+        got = self._one(_Q.insert_registry, row)
+        assert got is not None
+        start_day = int(got["start_day"])
+        self.conn.execute(
+            _Q.insert_status, {"task_id": p.task_id, "start_day": start_day, "status": p.status}
+        )
+        return start_day
+
+    def status(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.status, {"task_id": task_id})
+
+    def status_for_update(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.status_for_update, {"task_id": task_id})
+
+    def task_view(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.task_view, {"task_id": task_id})
+
+    def task_attempts(self, key: TaskKey) -> list[Row]:
+        return self._all(_Q.task_attempts, fields(key))
+
+    def task_event_count(self, key: TaskKey) -> int:
+        row = self._one(_Q.task_event_count, fields(key))
+        return int(row["n"]) if row else 0
+
+    def list_tasks(self, limit: int) -> list[Row]:
+        return self._all(_Q.list_tasks, {"limit": limit})
+
+    def task_dag_paused(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.task_dag_paused, {"task_id": task_id})
+
+    def lock_task_dag_shared(self, task_id: UUID) -> None:
+        self.conn.execute(_Q.lock_task_dag_shared, {"task_id": task_id})
+
+    # -- the lease --------------------------------------------------------------------------
+    def claim(self, p: ClaimParams) -> Row | None:
+        return self._one(_Q.claim, fields(p))
+
+    def heartbeat(self, p: HeartbeatParams) -> Row | None:
+        return self._one(_Q.heartbeat, {**fields(p), "progress": _json(p.progress)})
+
+    def complete_fast(self, p: LeaseCheck) -> bool:
+        return self._one(_Q.complete_fast, fields(p)) is not None
+
+    def finish_attempt(self, p: AttemptEnd) -> None:
+        self.conn.execute(_Q.finish_attempt, fields(p))
+
+    def set_succeeded(self, task_id: UUID) -> None:
+        self.conn.execute(_Q.set_succeeded, {"task_id": task_id})
+
+    def set_terminal(self, task_id: UUID, status: str, error: str | None) -> None:
+        self.conn.execute(_Q.set_terminal, {"task_id": task_id, "status": status, "error": error})
+
+    def set_retry(self, p: RetryParams) -> Row:
+        row = self._one(_Q.set_retry, fields(p))
+        assert row is not None, f"task {p.task_id} has no status row"
+        return row
+
+    def request_cancel(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.request_cancel, {"task_id": task_id})
+
+    def expired_leases(self, limit: int) -> list[Row]:
+        return self._all(_Q.expired_leases, {"limit": limit})
+
+    def untried_attempts(self, key: TaskKey) -> int:
+        row = self._one(_Q.untried_attempts, fields(key))
+        return int(row["n"]) if row else 0
+
+    def fail_unstarted(self, task_id: UUID, error: str) -> None:
+        self.conn.execute(_Q.fail_unstarted, {"task_id": task_id, "error": error})
+
+    def stranded_queued(self, after_seconds: float, limit: int) -> list[Row]:
+        return self._all(_Q.stranded_queued, {"after": after_seconds, "limit": limit})
+
+    def touch(self, task_ids: list[UUID]) -> None:
+        self.conn.execute(_Q.touch, {"ids": task_ids})
+
+    # -- the outbox -------------------------------------------------------------------------
+    def insert_outbox(self, w: Wakeup) -> None:
+        self.conn.execute(
+            _Q.insert_outbox,
+            {"queue": w.queue, "payload": Jsonb(w.payload, dumps=lambda s: s), "delay": w.delay},
+        )
+
+    def claim_pending(self, limit: int) -> list[Row]:
+        return self._all(_OUTBOX.claim_pending, {"limit": limit})
+
+    def mark_sent(self, ids: list[int]) -> None:
+        self.conn.execute(_OUTBOX.mark_sent, {"ids": ids})
+
+    def mark_failed(self, ids: list[int], error: str) -> None:
+        self.conn.execute(_OUTBOX.mark_failed, {"ids": ids, "error": error})
+
+    def purge_sent(self, older_than_seconds: float) -> int:
+        return self.conn.execute(_OUTBOX.purge_sent, {"older_than": older_than_seconds}).rowcount
+
+    def pending_count(self) -> int:
+        row = self._one(_OUTBOX.pending_count)
+        return int(row["n"]) if row else 0
+
+    # -- worker-pool slots ------------------------------------------------------------------
+    def task_pool(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.task_pool, {"task_id": task_id})
+
+    def lock_pool(self, key: PoolKey) -> None:
+        self.conn.execute(_Q.lock_pool, fields(key))
+
+    def pool_usage(self, key: PoolJob) -> Row:
+        row = self._one(_Q.pool_usage, fields(key))
+        assert row is not None
+        return row
+
+    def lease_slot(self, p: SlotLeaseParams) -> None:
+        self.conn.execute(_Q.lease_slot, fields(p))
+
+    def release_slot(self, task_id: UUID) -> PoolKey | None:
+        row = self._one(_Q.release_slot, {"task_id": task_id})
+        return PoolKey(dag_id=row["dag_id"], pool=row["pool"]) if row else None
+
+    def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
+        return [r["task_id"] for r in self._all(_Q.waiting_for_pool, fields(key))]
+
+    def slot_of_task(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.slot_of_task, {"task_id": task_id})
+
+    def slot_secret_values(self, task_id: UUID, org_id: UUID) -> list[Row]:
+        return self._all(_Q.slot_secret_values, {"task_id": task_id, "org_id": org_id})
+
+    def seal_legacy_secrets(self, vault: Any) -> int:
+        return int(vault.seal_legacy(self.conn))
+
+    def task_deployer(self, key: TaskKey) -> Row | None:
+        return self._one(_Q.task_deployer, fields(key))
+
+    # -- read access ------------------------------------------------------------------------
+    def foreign_inputs(self, task_id: UUID) -> list[Row]:
+        return self._all(_Q.foreign_inputs, {"task_id": task_id})
+
+    def task_deployer_any_day(self, task_id: UUID) -> Row | None:
+        return self._one(_Q.task_deployer_any_day, {"task_id": task_id})
+
+    # -- operator state ---------------------------------------------------------------------
+    def operator_state(self, key: StateKey) -> Row | None:
+        return self._one(_Q.operator_state, fields(key))
+
+    def lock_operator_state(self, key: StateKey) -> None:
+        self.conn.execute(_Q.lock_operator_state, fields(key))
+
+    def save_operator_state(self, key: StateKey, state: Any, task_id: UUID) -> None:
+        self.conn.execute(
+            _Q.save_operator_state, {**fields(key), "state": Jsonb(state), "task_id": task_id}
+        )
+
+    # -- events, commits and reads ----------------------------------------------------------
+    def insert_events(self, events: list[NewEvent]) -> list[UUID | None]:
+        if not events:
+            return []
+        params = [{**fields(e), "payload": Jsonb(e.payload)} for e in events]
+        ids: list[UUID | None] = []
+        with self.conn.cursor() as cur:
+            cur.executemany(_Q.insert_event, params, returning=True)
+            while True:
+                row = cur.fetchone()
+                ids.append(row["event_id"] if row else None)
+                if not cur.nextset():
+                    break
+        return ids
+
+    def tasks_for_event(
+        self, *, org_id: UUID, producer: Row, event_id: UUID, event: EventIn, invalidates: bool
+    ) -> list[tuple[TaskSpec, str]]:
+        return list(
+            tasks_for_event(
+                self.conn,
+                org_id=org_id,
+                producer=producer,
+                event_id=event_id,
+                event=event,
+                invalidates=invalidates,
+            )
+        )
+
+    def insert_commit(self, c: NewCommit) -> str | None:
+        row = self._one(_Q.insert_commit, fields(c))
+        return row["update_strategy"] if row else None
+
+    def existing_versions(self, versions: list[str]) -> set[str]:
+        rows = self._all(_Q.existing_versions, {"versions": versions})
+        return {str(r["dataset_version"]) for r in rows}
+
+    def output_strategies(self, versions: list[UUID]) -> list[Row]:
+        return self._all(_READS.output_strategies, {"versions": versions})
+
+    def committed_reads(self, p: ReadsParams) -> list[Row]:
+        return self._all(_READS.committed_reads, fields(p))
+
+
+class PostgresStore:
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+
+    @contextmanager
+    def transaction(self) -> Iterator[PostgresTx]:
+        with self.pool.connection() as conn, conn.transaction():
+            yield PostgresTx(conn)
+
+    def adopt(self, conn: Any) -> PostgresTx:
+        return conn if isinstance(conn, PostgresTx) else PostgresTx(conn)
+
+    def ensure_partitions(self) -> int:
+        with self.pool.connection() as conn:
+            row = conn.execute("SELECT trace_ensure_partitions() AS n").fetchone()
+            return int(row["n"]) if row else 0

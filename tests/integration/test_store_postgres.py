@@ -1,0 +1,95 @@
+"""The state-store conformance suite on the Postgres store (a fresh database per test)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from tests.support.store_conformance import StateStoreConformance
+from trace_platform.contract import LITE_ORG_ID
+from trace_platform.dispatcher.core import Dispatcher
+from trace_platform.services import Services
+
+
+class PostgresHarness:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.dispatcher: Dispatcher = services.dispatcher
+
+    def _run(self, sql: str, *args: Any) -> None:
+        with self.services.pool.connection() as conn:
+            conn.execute(sql, args)
+
+    def expire_lease(self, task_id: UUID) -> None:
+        self._run(
+            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
+            task_id,
+        )
+
+    def expire_deadline(self, task_id: UUID) -> None:
+        self._run(
+            "UPDATE task_status SET deadline_at = now() - interval '1 s' WHERE task_id = %s",
+            task_id,
+        )
+
+    def make_claimable(self, task_id: UUID) -> None:
+        self._run(
+            "UPDATE task_status SET next_attempt_at = now() - interval '1 s' WHERE task_id = %s",
+            task_id,
+        )
+
+    def add_dag(self, name: str) -> UUID:
+        dag_id = uuid.uuid4()
+        self._run(
+            "INSERT INTO dags (dag_id, org_id, name, owner_user_id) "
+            "SELECT %s, %s, %s, user_id FROM users WHERE org_id = %s LIMIT 1",
+            dag_id,
+            LITE_ORG_ID,
+            name,
+            LITE_ORG_ID,
+        )
+        return dag_id
+
+    def set_paused(self, dag_id: UUID, paused: bool) -> None:
+        self._run("UPDATE dags SET paused = %s WHERE dag_id = %s", paused, dag_id)
+
+    def add_pool(self, dag_id: UUID, pool: str, size: int) -> None:
+        self._run(
+            "INSERT INTO pool_slots (dag_id, pool, slot_index) "
+            "SELECT %s, %s, i FROM generate_series(0, %s - 1) AS i",
+            dag_id,
+            pool,
+            size,
+        )
+
+    def add_dataset_version(self, dag_id: UUID, update_strategy: str) -> tuple[UUID, UUID]:
+        ds, version = uuid.uuid4(), uuid.uuid4()
+        self._run(
+            "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
+            "update_strategy, producer_dag_id, producer_job, producer_output_index) "
+            "VALUES (%s, %s, %s, 'parquet', 'mem://d', %s, %s, 'j', 0)",
+            ds,
+            LITE_ORG_ID,
+            f"d_{ds.hex[:8]}",
+            update_strategy,
+            dag_id,
+        )
+        self._run(
+            "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, "
+            "location, update_strategy) VALUES (%s, %s, %s, 1, 'mem://d/v', %s)",
+            version,
+            ds,
+            dag_id,
+            update_strategy,
+        )
+        return ds, version
+
+
+class TestPostgresStore(StateStoreConformance):
+    @pytest.fixture
+    def harness(self, services: Services) -> Iterator[PostgresHarness]:
+        yield PostgresHarness(services)
