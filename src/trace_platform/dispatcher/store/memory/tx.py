@@ -1,39 +1,42 @@
-"""The state store in memory: `PostgresStore`'s twin for lifecycle unit tests without Postgres.
-
-Each `MemoryTx` call does what its named query in `db/sql/dispatcher.sql`, `outbox.sql` or
-`reads.sql` does, on plain dict rows: the same columns back, the same filters, ordering and
-state changes, SQL NULLs included (a comparison with None is never true), JSONB columns kept
-as JSON (stored and read back through `json`, as psycopg does). Like procrastinate's
-`InMemoryConnector`, it models the queries, not a database.
-
-A transaction holds the store's one lock (transactions serialise, as row locks would make
-them), sees one `now()` (the clock read when it opened) and is undone from a snapshot if its
-block raises. So the advisory locks are no-ops and `FOR UPDATE SKIP LOCKED` skips nothing.
-
-Limits: there is no DAG registry (only `add_dag`'s name and paused flag: no versions, jobs,
-subscriptions or lineage, so `tasks_for_event` and `foreign_inputs` find nothing, there is no
-deployer, nothing is withdrawn and operator state has lineage 0), no users and no secrets vault
-(a slot's secrets are all "not set"), and no partitions. A nested `transaction()` in one thread
-works like a savepoint (its rollback undoes only its own writes), whereas `PostgresStore` would
-open a second, independent transaction.
-"""
+"""One transaction's calls on the in-memory tables: each does what its named query does."""
 
 from __future__ import annotations
 
 import copy
-import itertools
 import json
-import re
-import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
-from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from trace_platform.contract import EventIn, TaskSpec
+from trace_platform.dispatcher.store.memory.tables import (
+    _ATTEMPT,
+    _BLOCK_HASH,
+    _COMMITTED_READ,
+    _FOR_UPDATE_REGISTRY,
+    _OUTCOMES,
+    _STATUS,
+    _UNTRIED,
+    _VIEW_REGISTRY,
+    _VIEW_STATUS,
+    ConstraintViolation,
+    _check_status,
+    _coalesce,
+    _eq,
+    _json_text,
+    _jsonb,
+    _limit,
+    _lt,
+    _not_null,
+    _pg_bool,
+    _pick,
+    _start_day,
+    _Tables,
+    _uuid,
+)
 from trace_platform.dispatcher.store.params import (
     AttemptEnd,
     ClaimParams,
@@ -53,208 +56,8 @@ from trace_platform.dispatcher.store.params import (
 )
 from trace_platform.dispatcher.store.protocol import Row
 
-_EPOCH = date(2025, 1, 1)  # trace_start_day's day 0
-_TASK_STATUSES = frozenset({"queued", "running", "succeeded", "failed", "canceled", "buffered"})
-_OUTCOMES = frozenset(
-    {
-        "running",
-        "succeeded",
-        "failed",
-        "canceled",
-        "lease_expired",
-        "timed_out",
-        "state_conflict",
-        "released",
-    }
-)
-_UNTRIED = ("state_conflict", "released")
-_BLOCK_HASH = re.compile(r"0x[0-9a-f]{64}")
-
-# Columns of the queries' SELECT lists and RETURNING clauses, in their order.
-_STATUS = (
-    "task_id",
-    "start_day",
-    "status",
-    "attempt",
-    "lease_token",
-    "lease_until",
-    "heartbeat_at",
-    "started_at",
-    "deadline_at",
-    "next_attempt_at",
-    "cancel_requested",
-    "worker_id",
-    "last_error",
-    "finished_at",
-    "updated_at",
-    "progress",
-    "progress_at",
-)
-_VIEW_REGISTRY = (
-    "task_id",
-    "start_day",
-    "org_id",
-    "dag_id",
-    "dag_version",
-    "job",
-    "operator",
-    "runtime",
-    "config",
-    "parent_task_id",
-    "input_event",
-    "input_versions",
-    "timeout_seconds",
-    "max_attempts",
-    "created_at",
-    "run_id",
-    "worker_pool",
-    "max_concurrency",
-    "outputs",
-)
-_VIEW_STATUS = (
-    "status",
-    "attempt",
-    "cancel_requested",
-    "lease_token",
-    "lease_until",
-    "heartbeat_at",
-    "deadline_at",
-    "next_attempt_at",
-    "last_error",
-    "finished_at",
-)
-_FOR_UPDATE_REGISTRY = (
-    "max_attempts",
-    "retry_backoff_seconds",
-    "retry_backoff_max_seconds",
-    "org_id",
-    "outputs",
-    "run_id",
-    "dag_id",
-    "dag_version",
-    "job",
-)
-_ATTEMPT = ("attempt", "worker_id", "started_at", "finished_at", "outcome", "error")
-_COMMITTED_READ = (
-    "dataset_uuid",
-    "dataset_version",
-    "scope",
-    "range_start",
-    "range_end",
-    "location",
-    "chain_id",
-    "first_block_hash",
-    "last_block_hash",
-    "parent_hash",
-)
-
-
-class ConstraintViolation(ValueError):
-    """A write Postgres would refuse (a unique, foreign-key, not-null or check constraint)."""
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _start_day(ts: datetime) -> int:
-    """trace_start_day(ts): days since 2025-01-01 of the UTC date."""
-    return (ts.astimezone(UTC).date() - _EPOCH).days
-
-
-def _jsonb(value: Any) -> Any:
-    """A value as a JSONB column keeps it (None: SQL NULL): JSON only, read back as psycopg
-    parses it, and never shared with the caller."""
-    if value is None:
-        return None
-    # allow_nan=False: Postgres refuses NaN and Infinity in JSON as well.
-    return json.loads(json.dumps(value, allow_nan=False))
-
-
-def _json_text(value: Any) -> str | None:
-    """A JSON value as `->>` and `jsonb_each_text` give it: strings unquoted, null as NULL."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
-
-
-def _pg_bool(text: str) -> bool:
-    """`text::boolean` (Postgres's boolin): true/false, yes/no, on/off, 1/0 or a unique prefix."""
-    s = text.strip().lower()
-    if s and ("true".startswith(s) or "yes".startswith(s) or s in ("on", "1")):
-        return True
-    if s and ("false".startswith(s) or "no".startswith(s) or s in ("of", "off", "0")):
-        return False
-    raise ValueError(f'invalid input syntax for type boolean: "{text}"')
-
-
-def _lt(a: Any, b: Any) -> bool:
-    """`a < b` in a WHERE clause: never true when either side is NULL."""
-    return a is not None and b is not None and bool(a < b)
-
-
-def _eq(a: Any, b: Any) -> bool:
-    """`a = b` in a WHERE clause: never true when either side is NULL."""
-    return a is not None and b is not None and bool(a == b)
-
-
-def _coalesce(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
-
-
-def _uuid(value: Any) -> UUID:
-    """A parameter bound to a uuid column (Postgres parses text, refusing what is not one)."""
-    return value if isinstance(value, UUID) else UUID(str(value))
-
-
-def _limit(rows: list[Row], limit: int | None) -> list[Row]:
-    if limit is None:  # LIMIT NULL: all rows
-        return rows
-    if limit < 0:
-        raise ValueError("LIMIT must not be negative")
-    return rows[:limit]
-
-
-def _pick(row: Row, columns: Iterable[str]) -> Row:
-    """The columns of a stored row as a fresh dict (nothing shared with the table)."""
-    return {c: copy.deepcopy(row[c]) for c in columns}
-
-
-def _not_null(table: str, row: Row, columns: Iterable[str]) -> None:
-    for c in columns:
-        if row[c] is None:
-            raise ConstraintViolation(f'null value in column "{c}" of relation "{table}"')
-
-
-def _check_status(status: str) -> None:
-    if status not in _TASK_STATUSES:
-        raise ConstraintViolation(f"task_status_status_check: status {status!r}")
-
-
-@dataclass
-class _Tables:
-    """The rows, keyed by each table's primary (or arbiter) key; dicts keep insertion order,
-    the order a sequential scan would meet them in."""
-
-    task_registry: dict[UUID, Row] = field(default_factory=dict)  # task_id is unique
-    task_status: dict[UUID, Row] = field(default_factory=dict)
-    task_attempts: dict[tuple[UUID, int, int], Row] = field(default_factory=dict)
-    events: dict[tuple[int, UUID], Row] = field(default_factory=dict)
-    # UNIQUE (start_day, producer_task_id, dataset_uuid, dedupe_key) -> the PK above
-    event_keys: dict[tuple[int, UUID, UUID, str], tuple[int, UUID]] = field(default_factory=dict)
-    outbox: dict[int, Row] = field(default_factory=dict)
-    pool_slots: dict[tuple[UUID, str, int], Row] = field(default_factory=dict)
-    operator_state: dict[tuple[UUID, UUID, str, int], Row] = field(default_factory=dict)
-    dags: dict[UUID, Row] = field(default_factory=dict)
-    datasets: dict[UUID, Row] = field(default_factory=dict)
-    dataset_versions: dict[UUID, Row] = field(default_factory=dict)
-    dataset_commits: dict[tuple[UUID, str], Row] = field(default_factory=dict)
-    retired_locations: list[Row] = field(default_factory=list)
-
-
-_TABLES = frozenset(f.name for f in fields(_Tables)) - {"event_keys"}
+if TYPE_CHECKING:
+    from trace_platform.dispatcher.store.memory import MemoryStore
 
 
 class MemoryTx:
@@ -805,7 +608,14 @@ class MemoryTx:
     # -- events, commits and reads ----------------------------------------------------------
     def insert_events(self, events: list[NewEvent]) -> list[UUID | None]:
         ids: list[UUID | None] = []
-        for e in events:  # one at a time: a duplicate within the batch is a duplicate too
+        for given in events:  # one at a time: a duplicate within the batch is a duplicate too
+            e = replace(  # uuid columns cast text, as Postgres does
+                given,
+                event_id=_uuid(given.event_id),
+                org_id=_uuid(given.org_id),
+                task_id=_uuid(given.task_id),
+                dataset_uuid=_uuid(given.dataset_uuid),
+            )
             dedupe = (e.start_day, e.task_id, e.dataset_uuid, e.dedupe_key)
             if dedupe in self._t.event_keys:  # ON CONFLICT (...) DO NOTHING
                 ids.append(None)
@@ -838,6 +648,14 @@ class MemoryTx:
         return []  # no DAG subscriptions in memory
 
     def insert_commit(self, c: NewCommit) -> str | None:
+        # A version named by a task's outputs comes from JSON, as text: Postgres casts it.
+        c = replace(
+            c,
+            commit_id=_uuid(c.commit_id),
+            dataset_uuid=_uuid(c.dataset_uuid),
+            dataset_version=_uuid(c.dataset_version),
+            task_id=_uuid(c.task_id),
+        )
         for h in (c.first_block_hash, c.last_block_hash, c.parent_hash):
             if h is not None and not _BLOCK_HASH.fullmatch(h):
                 raise ConstraintViolation(f"dataset_commits hash check: {h!r}")
@@ -961,135 +779,3 @@ class MemoryTx:
         # Postgres sorts uuids by their bytes (as UUID compares) and text byte-wise (locale C).
         rows.sort(key=lambda c: (c["dataset_version"], c["scope"]))
         return [_pick(c, _COMMITTED_READ) for c in rows]
-
-
-class MemoryStore:
-    """The state store in memory (see the module docstring); not persisted."""
-
-    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
-        self.clock: Callable[[], datetime] = clock or _utcnow
-        self._lock = threading.RLock()
-        self._tables = _Tables()
-        # Like Postgres sequences, ids are never handed out twice: a rollback keeps the gap.
-        self._outbox_ids: itertools.count[int] = itertools.count(1)
-        self._retired_ids: itertools.count[int] = itertools.count(1)
-
-    def _now(self) -> datetime:
-        now = self.clock()
-        if now.tzinfo is None:
-            raise ValueError("the clock must return timezone-aware datetimes (timestamptz)")
-        return now
-
-    @contextmanager
-    def transaction(self) -> Iterator[MemoryTx]:
-        """One transaction: committed when the block ends, rolled back if it raises."""
-        with self._lock:
-            snapshot = copy.deepcopy(self._tables)
-            try:
-                yield MemoryTx(self, self._now())
-            except BaseException:
-                self._tables = snapshot
-                raise
-
-    def adopt(self, conn: Any) -> MemoryTx:
-        if isinstance(conn, MemoryTx):
-            return conn
-        raise TypeError("the memory store has no Postgres connections")
-
-    def ensure_partitions(self) -> int:
-        return 0  # no partitions
-
-    # -- setup for tests: what the DAG registry and the datasets would hold -----------------
-    def add_dag(self, dag_id: UUID, name: str, paused: bool = False) -> None:
-        with self._lock:
-            self._tables.dags[dag_id] = {"dag_id": dag_id, "name": name, "paused": paused}
-
-    def set_paused(self, dag_id: UUID, paused: bool) -> None:
-        with self._lock:
-            self._tables.dags[dag_id]["paused"] = paused
-
-    def add_pool(
-        self,
-        dag_id: UUID,
-        pool: str,
-        size: int,
-        env: Mapping[str, Any] | None = None,
-        secrets: Mapping[str, str] | None = None,
-    ) -> None:
-        """Slots 0..size-1 of a worker pool, each with this env and these secrets (env var:
-        secret name)."""
-        with self._lock:
-            for i in range(size):
-                key = (dag_id, pool, i)
-                if key in self._tables.pool_slots:
-                    raise ConstraintViolation(f"pool_slots_pkey: slot {i} of {pool} exists")
-                self._tables.pool_slots[key] = {
-                    "dag_id": dag_id,
-                    "pool": pool,
-                    "slot_index": i,
-                    "env": _jsonb(dict(env or {})),
-                    "secrets": _jsonb(dict(secrets or {})),
-                    "retired": False,
-                    "leased_by_task": None,
-                    "leased_job": None,
-                    "leased_at": None,
-                }
-
-    def add_dataset_version(
-        self,
-        dataset_uuid: UUID,
-        dataset_version: UUID,
-        update_strategy: str = "append",
-        unique_key: list[str] | None = None,
-        *,
-        org_id: UUID | None = None,
-        backend: str = "parquet",
-    ) -> None:
-        """A dataset version (its dataset made on first use, with this version's shape)."""
-        if update_strategy not in ("replace", "append"):
-            raise ConstraintViolation(f"update_strategy check: {update_strategy!r}")
-        with self._lock:
-            self._tables.datasets.setdefault(
-                dataset_uuid,
-                {
-                    "dataset_uuid": dataset_uuid,
-                    "org_id": org_id,
-                    "backend": backend,
-                    "update_strategy": update_strategy,
-                    "unique_key": list(unique_key or []),
-                },
-            )
-            self._tables.dataset_versions[dataset_version] = {
-                "dataset_version": dataset_version,
-                "dataset_uuid": dataset_uuid,
-                "backend": backend,
-                "update_strategy": update_strategy,
-                "unique_key": list(unique_key) if unique_key is not None else None,
-                "state": "complete",
-            }
-
-    # -- test harness ---------------------------------------------------------------------
-    def expire_lease(self, task_id: UUID) -> None:
-        """The running task's lease ran out a second ago (the reaper's `expired_leases` finds
-        it)."""
-        with self._lock:
-            s = self._tables.task_status[task_id]
-            if s["status"] != "running":
-                raise ValueError(f"task {task_id} is {s['status']}, not running")
-            s["lease_until"] = self._now() - timedelta(seconds=1)
-
-    def make_claimable(self, task_id: UUID) -> None:
-        """The task's backoff ended a second ago."""
-        with self._lock:
-            self._tables.task_status[task_id]["next_attempt_at"] = self._now() - timedelta(
-                seconds=1
-            )
-
-    def rows(self, table: str) -> list[Row]:
-        """A copy of one table's rows (`task_status`, `outbox`, `retired_locations`, ...)."""
-        if table not in _TABLES:
-            raise KeyError(f"no table {table!r} in the memory store")
-        with self._lock:
-            stored: Any = getattr(self._tables, table)
-            values = stored.values() if isinstance(stored, dict) else stored
-            return [copy.deepcopy(r) for r in values]
