@@ -91,17 +91,30 @@ class Claim(BaseModel):
 
 
 class LeaseRef(_Body):
-    """Every fenced call names the attempt it speaks for and proves it holds that lease."""
+    """Every fenced call names the attempt it speaks for and proves it holds that lease. On
+    the wire it travels one way on every call: `task_id` and `attempt` in the query string,
+    the token in the `X-Lease-Token` header (never in a URL or a body, so never logged)."""
 
     task_id: UUID
     attempt: int = Field(gt=0)
     lease_token: UUID
-    # Accepted from older workers, unused: the task's status row (hash-partitioned by task_id)
-    # holds its start_day, which prunes every registry and attempt lookup joined to it.
+    # Accepted from older callers, unused and never sent: the task's status row
+    # (hash-partitioned by task_id) holds its start_day, which prunes every lookup joined to it.
     start_day: int | None = None
 
 
-class HeartbeatRequest(LeaseRef):
+LEASE_TOKEN_HEADER = "X-Lease-Token"
+
+
+def lease_params(ref: LeaseRef) -> dict[str, Any]:
+    """The query string and header a fenced call carries its lease reference in."""
+    return {
+        "params": {"task_id": str(ref.task_id), "attempt": ref.attempt},
+        "headers": {LEASE_TOKEN_HEADER: str(ref.lease_token)},
+    }
+
+
+class HeartbeatBody(_Body):
     progress: dict[str, Any] | None = None  # the operator's latest ctx.progress, if any
 
     @model_validator(mode="after")
@@ -229,8 +242,16 @@ class CommittedScope(BaseModel):
     chain: ChainIdentity | None = None
 
 
-class EventsRequest(LeaseRef):
+class HeartbeatRequest(LeaseRef, HeartbeatBody):
+    """A heartbeat as the Dispatcher takes it: the lease reference and the body."""
+
+
+class EventsBody(_Body):
     events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_CALL)
+
+
+class EventsRequest(LeaseRef, EventsBody):
+    pass
 
 
 class EventsResponse(BaseModel):
@@ -240,7 +261,7 @@ class EventsResponse(BaseModel):
     tasks_created: int = 0
 
 
-class CompleteRequest(LeaseRef):
+class CompleteBody(_Body):
     # `released`: the worker hands the attempt back unfinished (it is shutting down); the task
     # is queued again at once and the attempt is not one of its tries.
     outcome: Literal["succeeded", "failed", "canceled", "released"]
@@ -260,6 +281,10 @@ class CompleteRequest(LeaseRef):
         ):
             raise ValueError("a released attempt carries no events, outputs or state")
         return self
+
+
+class CompleteRequest(LeaseRef, CompleteBody):
+    pass
 
 
 class CompleteResponse(BaseModel):

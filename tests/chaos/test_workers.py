@@ -147,13 +147,12 @@ def test_killed_worker_is_reaped_retried_and_fenced(stack: LiteStack) -> None:
 
     late = httpx.post(
         f"{stack.url}/internal/task-complete",
-        json={
-            "task_id": str(ref.task_id),
-            "attempt": 1,
-            "lease_token": str(token[0]),
-            "outcome": "succeeded",
+        json={"outcome": "succeeded"},
+        params={"task_id": str(ref.task_id), "attempt": 1},
+        headers={
+            "X-Internal-Token": stack.services.internal_token or "",
+            "X-Lease-Token": str(token[0]),
         },
-        headers={"X-Internal-Token": stack.services.internal_token or ""},
     )
     assert late.status_code == 409 and late.json()["error"] == "stale_attempt"
     assert status(stack, ref.task_id) == ("running", 2)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.support.wire import fenced
 from trace_platform.config import Settings
 from trace_platform.contract import DatasetRef, TaskSpec
 from trace_platform.db.embedded import free_port
@@ -68,20 +69,22 @@ def test_happy_path_over_http(api: httpx.Client) -> None:
         headers={"X-Lease-Token": c["lease_token"]},
     )
     assert fetched.status_code == 200 and fetched.json()["operator"] == "noop"
-    hb = api.post("/internal/heartbeat", json={**lease(c), "progress": {"done": 0.5}})
+    hb = api.post("/internal/heartbeat", **fenced({**lease(c), "progress": {"done": 0.5}}))
     assert hb.status_code == 200 and hb.json()["cancel_requested"] is False
     ds = OUT
     ev = api.post(
-        "/internal/events", json={**lease(c), "events": [{"dataset_uuid": ds, "cursor": "1"}]}
+        "/internal/events", **fenced({**lease(c), "events": [{"dataset_uuid": ds, "cursor": "1"}]})
     )
     assert ev.json()["accepted"] == 1
     done = api.post(
         "/internal/task-complete",
-        json={
-            **lease(c),
-            "outcome": "succeeded",
-            "final_events": [{"dataset_uuid": ds, "cursor": "2"}],
-        },
+        **fenced(
+            {
+                **lease(c),
+                "outcome": "succeeded",
+                "final_events": [{"dataset_uuid": ds, "cursor": "2"}],
+            }
+        ),
     )
     assert done.status_code == 200 and done.json()["status"] == "succeeded"
     view = api.get(f"/v1/tasks/{c['task_id']}").json()
@@ -146,7 +149,11 @@ def test_bad_input_gets_clear_error_and_changes_nothing(
     elif isinstance(body, dict):
         body = json.loads(json.dumps(body).replace("{unknown}", unknown))
     before = snapshot(services)
-    r = api.request(method, path.replace("{unknown}", unknown), json=body)
+    url = path.replace("{unknown}", unknown)
+    if path.startswith("/internal/") and path != "/internal/claim":
+        r = api.request(method, url, **fenced(body))
+    else:
+        r = api.request(method, url, json=body)
     assert r.status_code == status, r.text
     err = r.json()
     assert err["error"] == code and err["message"]
@@ -170,7 +177,7 @@ def test_oversized_body_is_413_and_changes_nothing(api: httpx.Client, services: 
     c = running_task(api)
     before = snapshot(services)
     huge = {**lease(c), "outcome": "failed", "error": "x" * (3 * 1024 * 1024)}
-    r = api.post("/internal/task-complete", json=huge)
+    r = api.post("/internal/task-complete", **fenced(huge))
     assert r.status_code == 413 and "limit" in r.json()["message"]
     assert snapshot(services) == before
 
@@ -224,17 +231,19 @@ def test_events_only_for_the_tasks_own_outputs(
     before = snapshot(services)
     r = api.post(
         "/internal/events",
-        json={**lease(c), "events": [{"dataset_uuid": other_dag_dataset, "cursor": "1"}]},
+        **fenced({**lease(c), "events": [{"dataset_uuid": other_dag_dataset, "cursor": "1"}]}),
     )
     assert r.status_code == 403 and r.json()["error"] == "forbidden"
     assert other_dag_dataset in r.json()["message"]
     done = api.post(
         "/internal/task-complete",
-        json={
-            **lease(c),
-            "outcome": "succeeded",
-            "final_events": [{"dataset_uuid": other_dag_dataset, "cursor": "2"}],
-        },
+        **fenced(
+            {
+                **lease(c),
+                "outcome": "succeeded",
+                "final_events": [{"dataset_uuid": other_dag_dataset, "cursor": "2"}],
+            }
+        ),
     )
     assert done.status_code == 403
     assert snapshot(services) == before  # no event, no task, no state change

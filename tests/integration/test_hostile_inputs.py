@@ -120,6 +120,9 @@ def trigger(id_: str, status: int, fragment: str, **kw: Any) -> Any:
 
 JSON = {"Content-Type": "application/json"}
 LEASE = {"task_id": str(uuid.UUID(int=1)), "attempt": 1, "lease_token": str(uuid.UUID(int=2))}
+# A fenced call's lease reference, as the wire carries it: query string and header.
+FENCED = f"task_id={LEASE['task_id']}&attempt=1"
+TOKEN = {"X-Lease-Token": LEASE["lease_token"]}
 
 TABLE = [
     # -- the Query Service, as the no-role user -------------------------------------------
@@ -377,31 +380,31 @@ TABLE = [
     row(
         "internal-chunked-40mb",
         "POST",
-        "/internal/task-complete",
+        f"/internal/task-complete?{FENCED}",
         413,
         f"over the limit of {MAX_BODY_BYTES} bytes",
         content=chunked(40 * 1024 * 1024),
-        headers=JSON,
+        headers={**JSON, **TOKEN},
         who="internal",
     ),
     row(
         "internal-malformed-json",
         "POST",
-        "/internal/heartbeat",
+        f"/internal/heartbeat?{FENCED}",
         422,
         "invalid JSON",
-        content=b'{"task_id": ',
-        headers=JSON,
+        content=b'{"progress": ',
+        headers={**JSON, **TOKEN},
         who="internal",
     ),
     row(
         "internal-not-utf8",
         "POST",
-        "/internal/events",
+        f"/internal/events?{FENCED}",
         422,
         "invalid JSON",
-        content=b'{"task_id": "\xff\xfe"}',
-        headers=JSON,
+        content=b'{"events": "\xff\xfe"}',
+        headers={**JSON, **TOKEN},
         who="internal",
     ),
     row(
@@ -416,22 +419,23 @@ TABLE = [
     row(
         "internal-attempt-not-a-number",
         "POST",
-        "/internal/heartbeat",
+        f"/internal/heartbeat?task_id={LEASE['task_id']}&attempt=one",
         422,
         "attempt",
-        json={**LEASE, "attempt": "one"},
+        json={},
+        headers=TOKEN,
         who="internal",
     ),
     row(
         "internal-deep-progress",
         "POST",
-        "/internal/heartbeat",
+        f"/internal/heartbeat?{FENCED}",
         422,
         "64 levels",
-        content=json.dumps({**LEASE, "progress": {}})
+        content=json.dumps({"progress": {}})
         .replace("{}", '{"p": ' + deep_json(5000) + "}")
         .encode(),
-        headers=JSON,
+        headers={**JSON, **TOKEN},
         who="internal",
     ),
     row(
@@ -446,13 +450,13 @@ TABLE = [
     row(
         "internal-too-many-events",
         "POST",
-        "/internal/events",
+        f"/internal/events?{FENCED}",
         422,
         "1000",
         json={
-            **LEASE,
             "events": [{"dataset_uuid": LEASE["task_id"], "cursor": str(i)} for i in range(1001)],
         },
+        headers=TOKEN,
         who="internal",
     ),
     # -- the gateway itself --------------------------------------------------------------------

@@ -12,15 +12,17 @@ from pydantic import BaseModel
 from trace_platform.contract import (
     Claim,
     ClaimRequest,
-    CompleteRequest,
+    CompleteBody,
     CompleteResponse,
     EventIn,
-    EventsRequest,
+    EventsBody,
     EventsResponse,
-    HeartbeatRequest,
+    HeartbeatBody,
     HeartbeatResponse,
+    LeaseRef,
     OutputCommit,
     TaskPayload,
+    lease_params,
 )
 
 T = TypeVar("T", bound=BaseModel)
@@ -88,16 +90,11 @@ class DispatcherClient:
             "GET",
             "/internal/task-fetch",
             TaskPayload,
-            params={"task_id": str(claim.task_id), "attempt": claim.attempt},
-            headers={"X-Lease-Token": str(claim.lease_token)},
+            **_lease(claim),
         )
 
     def secrets(self, claim: Claim) -> dict[str, str]:
-        r = self.http.get(
-            "/internal/task-secrets",
-            params={"task_id": str(claim.task_id), "attempt": claim.attempt},
-            headers={"X-Lease-Token": str(claim.lease_token)},
-        )
+        r = self.http.get("/internal/task-secrets", **_lease(claim))
         if r.status_code >= 400:
             body = r.json()
             raise ApiError(r.status_code, body.get("error", "error"), body.get("message", r.text))
@@ -108,7 +105,7 @@ class DispatcherClient:
     ) -> HeartbeatResponse:
         """One try within `timeout`: the wrapper's loop retries (it must keep serving its
         operator meanwhile, and knows how long the lease holds)."""
-        body = HeartbeatRequest(**_ref(claim), progress=progress)
+        body = HeartbeatBody(progress=progress)
         return self._call(
             "POST",
             "/internal/heartbeat",
@@ -116,12 +113,17 @@ class DispatcherClient:
             retries=0,
             content=body.model_dump_json(),
             timeout=timeout,
+            **_lease(claim),
         )
 
     def events(self, claim: Claim, events: list[EventIn]) -> EventsResponse:
-        body = EventsRequest(**_ref(claim), events=events)
+        body = EventsBody(events=events)
         return self._call(
-            "POST", "/internal/events", EventsResponse, content=body.model_dump_json()
+            "POST",
+            "/internal/events",
+            EventsResponse,
+            content=body.model_dump_json(),
+            **_lease(claim),
         )
 
     def complete(
@@ -136,8 +138,7 @@ class DispatcherClient:
         operator_state: dict[str, Any] | None = None,
         operator_state_revision: int = 0,
     ) -> CompleteResponse:
-        body = CompleteRequest(
-            **_ref(claim),
+        body = CompleteBody(
             outcome=outcome,
             error=error,
             retryable=retryable,  # type: ignore[arg-type]
@@ -147,16 +148,17 @@ class DispatcherClient:
             operator_state_revision=operator_state_revision,
         )
         return self._call(
-            "POST", "/internal/task-complete", CompleteResponse, content=body.model_dump_json()
+            "POST",
+            "/internal/task-complete",
+            CompleteResponse,
+            content=body.model_dump_json(),
+            **_lease(claim),
         )
 
     def close(self) -> None:
         self.http.close()
 
 
-def _ref(claim: Claim) -> dict[str, Any]:
-    return {
-        "task_id": claim.task_id,
-        "attempt": claim.attempt,
-        "lease_token": claim.lease_token,
-    }
+def _lease(claim: Claim) -> dict[str, Any]:
+    ref = LeaseRef(task_id=claim.task_id, attempt=claim.attempt, lease_token=claim.lease_token)
+    return lease_params(ref)

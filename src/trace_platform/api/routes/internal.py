@@ -7,22 +7,37 @@ from __future__ import annotations
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Depends, Header, Query
 
 from trace_platform.api.routes import trace_router
 from trace_platform.contract import (
     Claim,
     ClaimRequest,
+    CompleteBody,
     CompleteRequest,
     CompleteResponse,
+    EventsBody,
     EventsRequest,
     EventsResponse,
+    HeartbeatBody,
     HeartbeatRequest,
     HeartbeatResponse,
     LeaseRef,
     TaskPayload,
 )
 from trace_platform.services import Services
+
+
+def lease_ref(
+    task_id: UUID,
+    attempt: Annotated[int, Query(gt=0)],
+    x_lease_token: Annotated[UUID, Header()],
+) -> LeaseRef:
+    """Every fenced call's lease reference, the one way it travels (see `LeaseRef`)."""
+    return LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token)
+
+
+Lease = Annotated[LeaseRef, Depends(lease_ref)]
 
 
 def router(services: Services) -> APIRouter:
@@ -34,31 +49,23 @@ def router(services: Services) -> APIRouter:
         return d.claim(body)
 
     @r.get("/internal/task-fetch")
-    def task_fetch(
-        task_id: UUID,
-        attempt: Annotated[int, Query(gt=0)],
-        x_lease_token: Annotated[UUID, Header()],
-    ) -> TaskPayload:
-        return d.fetch(LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
+    def task_fetch(ref: Lease) -> TaskPayload:
+        return d.fetch(ref)
 
     @r.get("/internal/task-secrets")
-    def task_secrets(
-        task_id: UUID,
-        attempt: Annotated[int, Query(gt=0)],
-        x_lease_token: Annotated[UUID, Header()],
-    ) -> dict[str, str]:
-        return d.secrets(LeaseRef(task_id=task_id, attempt=attempt, lease_token=x_lease_token))
+    def task_secrets(ref: Lease) -> dict[str, str]:
+        return d.secrets(ref)
 
     @r.post("/internal/heartbeat")
-    def heartbeat(body: HeartbeatRequest) -> HeartbeatResponse:
-        return d.heartbeat(body)
+    def heartbeat(ref: Lease, body: HeartbeatBody) -> HeartbeatResponse:
+        return d.heartbeat(HeartbeatRequest(**dict(ref), **dict(body)))
 
     @r.post("/internal/events")
-    def events(body: EventsRequest) -> EventsResponse:
-        return d.events(body)
+    def events(ref: Lease, body: EventsBody) -> EventsResponse:
+        return d.events(EventsRequest(**dict(ref), **dict(body)))
 
     @r.post("/internal/task-complete")
-    def task_complete(body: CompleteRequest) -> CompleteResponse:
-        return d.complete(body)
+    def task_complete(ref: Lease, body: CompleteBody) -> CompleteResponse:
+        return d.complete(CompleteRequest(**dict(ref), **dict(body)))
 
     return r
