@@ -41,6 +41,9 @@ class DatasetRef(_Body):
     unique_key: list[str] | None = None
 
 
+MAX_BACKOFF_SECONDS = 30 * 24 * 3600
+
+
 class TaskSpec(_Body):
     job: str = Field(min_length=1, max_length=200)
     operator: str = Field(min_length=1, max_length=200)
@@ -56,11 +59,12 @@ class TaskSpec(_Body):
     outputs: list[DatasetRef] = Field(default_factory=list)
     run_id: UUID | None = None
     worker_pool: str | None = None
-    max_concurrency: int | None = Field(default=None, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0, le=10_000)  # as a DAG job's
     timeout_seconds: int | None = Field(default=None, gt=0, le=7 * 24 * 3600)
     max_attempts: int | None = Field(default=None, gt=0, le=100)
-    retry_backoff_seconds: float | None = Field(default=None, ge=0)
-    retry_backoff_max_seconds: float | None = Field(default=None, ge=0)
+    # At most 30 days: a retry's wake-up delay is stored in whole seconds (an INT column).
+    retry_backoff_seconds: float | None = Field(default=None, ge=0, le=MAX_BACKOFF_SECONDS)
+    retry_backoff_max_seconds: float | None = Field(default=None, ge=0, le=MAX_BACKOFF_SECONDS)
 
 
 class TaskRef(BaseModel):

@@ -66,27 +66,38 @@ class PostgresHarness:
             size,
         )
 
-    def add_dataset_version(self, dag_id: UUID, update_strategy: str) -> tuple[UUID, UUID]:
+    def add_dataset_version(
+        self, dag_id: UUID, update_strategy: str, unique_key: list[str] | None = None
+    ) -> tuple[UUID, UUID]:
         ds, version = uuid.uuid4(), uuid.uuid4()
         self._run(
             "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
-            "update_strategy, producer_dag_id, producer_job, producer_output_index) "
-            "VALUES (%s, %s, %s, 'parquet', 'mem://d', %s, %s, 'j', 0)",
+            "update_strategy, producer_dag_id, producer_job, producer_output_index, unique_key) "
+            "VALUES (%s, %s, %s, 'parquet', 'mem://d', %s, %s, 'j', "
+            "(SELECT count(*) FROM datasets WHERE producer_dag_id = %s), %s)",
             ds,
             LITE_ORG_ID,
             f"d_{ds.hex[:8]}",
             update_strategy,
             dag_id,
+            dag_id,
+            list(unique_key or []),
         )
         self._run(
             "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, "
-            "location, update_strategy) VALUES (%s, %s, %s, 1, 'mem://d/v', %s)",
+            "location, update_strategy, unique_key) VALUES (%s, %s, %s, 1, 'mem://d/v', %s, %s)",
             version,
             ds,
             dag_id,
             update_strategy,
+            unique_key,
         )
         return ds, version
+
+    def retired_locations(self) -> list[str]:
+        with self.services.pool.connection() as conn:
+            rows = conn.execute("SELECT location FROM retired_locations ORDER BY id").fetchall()
+        return [r["location"] for r in rows]
 
 
 class TestPostgresStore(StateStoreConformance):

@@ -14,8 +14,10 @@ from typing import Any, Protocol
 from uuid import UUID
 
 import pytest
+from pydantic import ValidationError
 
 from trace_platform.contract import (
+    MAX_BACKOFF_SECONDS,
     Claim,
     ClaimRequest,
     CompleteRequest,
@@ -53,8 +55,13 @@ class Harness(Protocol):
 
     def add_pool(self, dag_id: UUID, pool: str, size: int) -> None: ...
 
-    def add_dataset_version(self, dag_id: UUID, update_strategy: str) -> tuple[UUID, UUID]:
+    def add_dataset_version(
+        self, dag_id: UUID, update_strategy: str, unique_key: list[str] | None = None
+    ) -> tuple[UUID, UUID]:
         """A dataset produced by the DAG and one version of it: (dataset_uuid, version)."""
+
+    def retired_locations(self) -> list[str]:
+        """The locations retired so far (superseded by a later commit of their scope)."""
 
 
 class RecordingDriver:
@@ -360,6 +367,10 @@ class StateStoreConformance:
         assert complete(d, c3, operator_state={"n": 2}, operator_state_revision=1).status == (
             "succeeded"
         )
+        # the second save bumped the revision again: a new run reads it
+        c4 = claim(d, d.create_task(job).task_id)
+        payload = d.fetch(LeaseRef(**lease(c4)))
+        assert (payload.operator_state, payload.operator_state_revision) == ({"n": 2}, 2)
 
     # -- events and output commits ------------------------------------------------------------
     def test_events_are_deduplicated_and_only_for_own_outputs(
@@ -409,3 +420,239 @@ class StateStoreConformance:
         r = complete(d, c, outputs=[commit], final_events=[EventIn(dataset_uuid=ds, cursor="1")])
         assert (r.status, r.events_accepted) == ("canceled", 0)
         assert "purged" in (d.get_task(c.task_id).last_error or "")
+
+    # -- added by review: mutation killers --------------------------------------------------
+    def test_released_attempts_do_not_count_against_the_budget(self, d: Dispatcher) -> None:
+        ref = d.create_task(spec(max_attempts=2))
+        assert complete(d, claim(d, ref.task_id), "released").status == "queued"
+        c2 = claim(d, ref.task_id)
+        assert c2.attempt == 2
+        # attempt 2 is only the first try: a retryable failure is retried
+        r = complete(d, c2, "failed", error="boom", retryable=True)
+        assert r.status == "queued"
+
+    def test_a_freed_slot_wakes_no_more_tasks_than_the_pool_has_free(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("limit")
+        harness.add_pool(dag, "rpc", 2)
+        pooled = {"dag_id": dag, "dag_version": 1, "worker_pool": "rpc", "max_concurrency": 5}
+        ids = [d.create_task(spec(**pooled)).task_id for _ in range(4)]
+        first = claim(d, ids[0])
+        claim(d, ids[1])
+        for t in ids[2:]:
+            with pytest.raises(Conflict):
+                claim(d, t)
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, first)
+        assert [t for t, _ in woken(d)] == [ids[2]]  # one free slot: one wake-up, the oldest
+
+    def test_a_late_report_of_a_reaped_attempt_keeps_the_reapers_error(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        c = claim(d, d.create_task(spec(max_attempts=3)).task_id)
+        harness.expire_lease(c.task_id)
+        assert d.reap() == 1
+        assert complete(d, c, "canceled").status == "canceled"  # no error of its own
+        view = d.get_task(c.task_id)
+        lost = "attempt 1 lost its lease (missed heartbeats)"
+        assert view.last_error == lost  # coalesce(error, last_error)
+        assert [(a.outcome, a.error) for a in view.attempts] == [("canceled", lost)]
+
+    def test_rewake_skips_paused_and_backing_off_tasks(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("sleepy")
+        d.create_task(spec(dag_id=dag, dag_version=1))
+        harness.set_paused(dag, True)
+        backing = d.create_task(spec(retry_backoff_seconds=60, retry_backoff_max_seconds=60))
+        r = complete(d, claim(d, backing.task_id), "failed", error="x", retryable=True)
+        assert r.status == "queued"
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        assert d.rewake(after_seconds=0) == 0
+
+    def test_a_freed_slot_does_not_wake_a_paused_dags_tasks(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("paused_pool")
+        harness.add_pool(dag, "rpc", 1)
+        pooled = {"dag_id": dag, "dag_version": 1, "worker_pool": "rpc", "max_concurrency": 5}
+        t1, t2 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
+        c1 = claim(d, t1)
+        with pytest.raises(Conflict):
+            claim(d, t2)
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        harness.set_paused(dag, True)
+        complete(d, c1)
+        assert woken(d) == []
+
+    def test_a_freed_slot_does_not_wake_a_task_backing_off(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("backoff_pool")
+        harness.add_pool(dag, "rpc", 2)
+        pooled = {
+            "dag_id": dag,
+            "dag_version": 1,
+            "worker_pool": "rpc",
+            "max_concurrency": 5,
+            "retry_backoff_seconds": 60,
+            "retry_backoff_max_seconds": 60,
+        }
+        t1, t2 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
+        c1, c2 = claim(d, t1), claim(d, t2)
+        assert complete(d, c2, "failed", error="x", retryable=True).status == "queued"
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, c1)
+        assert woken(d) == []  # t2 is not claimable yet; its own delayed wake-up was sent
+
+    def test_a_reaped_attempt_is_reaped_once_and_loses_its_lease(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        c = claim(d, d.create_task(spec(max_attempts=3)).task_id)
+        harness.expire_deadline(c.task_id)
+        assert d.reap() == 1
+        view = d.get_task(c.task_id)
+        assert (view.status, view.lease_until) == ("queued", None)
+        assert d.reap() == 0  # queued now: its passed deadline is not a running attempt's
+        with pytest.raises(Conflict) as e:
+            d.heartbeat(HeartbeatRequest(**lease(c)))
+        assert e.value.code == "lease_lost"
+
+    def test_a_late_success_does_not_revive_a_canceled_task(self, d: Dispatcher) -> None:
+        c = claim(d, d.create_task(spec()).task_id)
+        d.cancel(c.task_id)
+        assert complete(d, c, "canceled").status == "canceled"
+        with pytest.raises(Conflict) as e:
+            complete(d, c)
+        assert e.value.code == "task_finished"
+        assert d.get_task(c.task_id).status == "canceled"
+
+    def test_a_success_after_a_retried_failure_clears_the_error(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("recovering")
+        ref = d.create_task(spec(dag_id=dag, dag_version=1, job="agg", max_attempts=3))
+        complete(d, claim(d, ref.task_id), "failed", error="boom", retryable=True)
+        assert d.get_task(ref.task_id).last_error == "boom"
+        harness.make_claimable(ref.task_id)
+        c2 = claim(d, ref.task_id)
+        # operator state takes the full path (set_succeeded), not the one-statement success
+        r = complete(d, c2, operator_state={"n": 1}, operator_state_revision=0)
+        assert r.status == "succeeded"
+        assert d.get_task(ref.task_id).last_error is None
+
+    def test_events_are_deduplicated_per_dataset_and_counted_per_producer(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("two_outputs")
+        ds1, v1 = harness.add_dataset_version(dag, "append")
+        ds2, v2 = harness.add_dataset_version(dag, "append")
+        outs = [
+            DatasetRef(dataset_uuid=ds1, dataset_version=v1),
+            DatasetRef(dataset_uuid=ds2, dataset_version=v2),
+        ]
+        task = spec(dag_id=dag, dag_version=1, outputs=outs)
+        c1, c2 = claim(d, d.create_task(task).task_id), claim(d, d.create_task(task).task_id)
+        same = [EventIn(dataset_uuid=ds1, cursor="1"), EventIn(dataset_uuid=ds2, cursor="1")]
+        assert d.events(EventsRequest(**lease(c1), events=same)).accepted == 2
+        assert d.events(EventsRequest(**lease(c2), events=same[:1])).accepted == 1
+        assert (d.get_task(c1.task_id).events, d.get_task(c2.task_id).events) == (2, 1)
+
+    def test_max_concurrency_counts_only_the_jobs_own_slots(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("per_job")
+        harness.add_pool(dag, "rpc", 3)
+        base = {"dag_id": dag, "dag_version": 1, "worker_pool": "rpc"}
+        claim(d, d.create_task(spec(job="a", max_concurrency=1, **base)).task_id)
+        b1, b2 = (d.create_task(spec(job="b", max_concurrency=2, **base)).task_id for _ in "12")
+        claim(d, b1)
+        assert claim(d, b2).slot is not None  # job a's slot is not job b's
+
+    def test_purge_keeps_unsent_wakeups(self, d: Dispatcher) -> None:
+        d.create_task(spec())
+        pub = OutboxPublisher(d.store, RecordingDriver(), purge_after_seconds=0)  # type: ignore[arg-type]
+        assert pub.purge_sent() == 0
+        assert pub.pending() == 1
+        assert pub.drain() == 1
+        assert pub.purge_sent() == 1
+
+    def test_a_whole_reader_reads_every_committed_scope_that_has_a_location(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("whole")
+        ds, version = harness.add_dataset_version(dag, "append")
+        out = DatasetRef(dataset_uuid=ds, dataset_version=version)
+        w = claim(d, d.create_task(spec(dag_id=dag, dag_version=1, outputs=[out])).task_id)
+        commits = [
+            OutputCommit(dataset_uuid=ds, partition_key="p1", location="a/1"),
+            OutputCommit(dataset_uuid=ds, partition_key="p2", location="a/2"),
+            OutputCommit(dataset_uuid=ds, partition_key="p3"),  # no location: nothing to read
+        ]
+        assert complete(d, w, outputs=commits).outputs_committed == 3
+        reader = spec(dag_id=dag, dag_version=1, operator="sql_transform", input_versions=[out])
+        r = claim(d, d.create_task(reader).task_id)
+        got = d.fetch(LeaseRef(**lease(r))).committed
+        assert [(c.scope, c.location) for c in got] == [
+            ("partition:p1", "a/1"),
+            ("partition:p2", "a/2"),
+        ]
+
+    def test_an_append_output_reads_only_the_scopes_overlapping_its_range(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("appender")
+        ds, version = harness.add_dataset_version(dag, "append", unique_key=["id"])
+        out = DatasetRef(dataset_uuid=ds, dataset_version=version)
+        w = claim(d, d.create_task(spec(dag_id=dag, dag_version=1, outputs=[out])).task_id)
+        commits = [
+            OutputCommit(dataset_uuid=ds, range=RangeSpec(start=a, end=a + 10), location=f"r/{a}")
+            for a in (0, 10, 20)
+        ]
+        complete(d, w, outputs=commits)
+        event = {"dataset_uuid": str(uuid.uuid4()), "range": {"start": 5, "end": 15}}
+        task = spec(dag_id=dag, dag_version=1, outputs=[out], input_event=event)
+        r = claim(d, d.create_task(task).task_id)
+        got = d.fetch(LeaseRef(**lease(r))).committed
+        assert [c.scope for c in got] == ["range:0-10", "range:10-20"]
+
+    def test_a_rewritten_scope_retires_its_old_location_once(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("rewriter")
+        ds, version = harness.add_dataset_version(dag, "replace")
+        out = DatasetRef(dataset_uuid=ds, dataset_version=version)
+        task = spec(dag_id=dag, dag_version=1, outputs=[out])
+        for location in ("x/1", "x/2", "x/2"):
+            c = claim(d, d.create_task(task).task_id)
+            complete(d, c, outputs=[OutputCommit(dataset_uuid=ds, location=location)])
+        assert harness.retired_locations() == ["x/1"]  # x/2 again replaced nothing
+
+    # -- added by review: values Postgres refuses (the twin does not check them) -------------
+    def test_text_with_a_nul_is_refused(self, d: Dispatcher) -> None:
+        ref = d.create_task(spec())
+        with pytest.raises(Exception):  # noqa: B017 - psycopg.DataError on Postgres
+            claim(d, ref.task_id, worker="w\x00")
+        assert d.get_task(ref.task_id).status == "queued"
+
+    def test_jsonb_normalises_object_key_order(self, d: Dispatcher) -> None:
+        ref = d.create_task(spec(config={"zz": 1, "a": {"yy": 2, "b": 3}}))
+        config = d.get_task(ref.task_id).config
+        assert list(config) == ["a", "zz"] and list(config["a"]) == ["b", "yy"]
+
+    # -- added by review: the longest backoff a spec may ask for still requeues ---------------
+    def test_the_longest_retry_backoff_still_requeues(self, d: Dispatcher) -> None:
+        longest = MAX_BACKOFF_SECONDS
+        with pytest.raises(ValidationError):  # a clear 422 before anything is stored
+            spec(retry_backoff_seconds=longest + 1)
+        with pytest.raises(ValidationError):
+            spec(max_concurrency=2**31)
+        ref = d.create_task(
+            spec(max_attempts=3, retry_backoff_seconds=longest, retry_backoff_max_seconds=longest)
+        )
+        woken(d)
+        r = complete(d, claim(d, ref.task_id), "failed", error="x", retryable=True)
+        assert r.status == "queued"
+        (delay,) = [s for t, s in woken(d) if t == ref.task_id][-1:]
+        assert longest / 2 <= delay <= longest

@@ -10,7 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from trace_platform.config import Settings
-from trace_platform.contract import MAX_CONFIG_BYTES, TaskRef, TaskSpec
+from trace_platform.contract import MAX_BACKOFF_SECONDS, MAX_CONFIG_BYTES, TaskRef, TaskSpec
 from trace_platform.dispatcher.store import NewTask, StateStore, StoreTx, Wakeup
 from trace_platform.errors import Invalid
 from trace_platform.queue import payloads
@@ -25,8 +25,10 @@ class Intents:
         """An outbox row in the caller's transaction: the task's wake-up, after `delay`.
         (`tx` may be a connection a caller outside the dispatcher holds.)"""
         payload = payloads.encode(payloads.TaskWakeup(task_id=task_id))
+        # Never past what a spec may ask for (settings are not bounded): the column is an INT.
+        seconds = min(math.ceil(delay), MAX_BACKOFF_SECONDS)
         self.store.adopt(tx).insert_outbox(
-            Wakeup(queue=self.settings.task_queue, payload=payload, delay=math.ceil(delay))
+            Wakeup(queue=self.settings.task_queue, payload=payload, delay=seconds)
         )
 
     def create_task(

@@ -13,7 +13,9 @@ block raises. So the advisory locks are no-ops and `FOR UPDATE SKIP LOCKED` skip
 Limits: there is no DAG registry (only `add_dag`'s name and paused flag: no versions, jobs,
 subscriptions or lineage, so `tasks_for_event` and `foreign_inputs` find nothing, there is no
 deployer, nothing is withdrawn and operator state has lineage 0), no users and no secrets vault
-(a slot's secrets are all "not set"), and no partitions. A nested `transaction()` in one thread
+(a slot's secrets are all "not set"), and no partitions. It checks what the
+lifecycle relies on (keys, NOT NULL, statuses, JSON), not every value Postgres refuses: a
+NUL in text, say, is stored. A nested `transaction()` in one thread
 works like a savepoint (its rollback undoes only its own writes), whereas `PostgresStore` would
 open a second, independent transaction.
 """

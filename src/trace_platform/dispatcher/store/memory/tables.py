@@ -129,7 +129,17 @@ def _jsonb(value: Any) -> Any:
     if value is None:
         return None
     # allow_nan=False: Postgres refuses NaN and Infinity in JSON as well.
-    return json.loads(json.dumps(value, allow_nan=False))
+    return _jsonb_order(json.loads(json.dumps(value, allow_nan=False)))
+
+
+def _jsonb_order(value: Any) -> Any:
+    """JSONB keeps an object's keys shortest first, then by their bytes (not as written)."""
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return {k: _jsonb_order(value[k]) for k in keys}
+    if isinstance(value, list):
+        return [_jsonb_order(v) for v in value]
+    return value
 
 
 def _json_text(value: Any) -> str | None:
