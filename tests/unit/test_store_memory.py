@@ -14,7 +14,7 @@ from tests.support.store_conformance import StateStoreConformance
 from trace_platform.config import Settings
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.dispatcher.core import Dispatcher
-from trace_platform.dispatcher.store.memory import MemoryStore
+from trace_platform.store.tasks.memory import MemoryStore
 
 
 class MemoryHarness:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from trace_platform.dispatcher.store import StoreTx
 from trace_platform.identity import actor_from_row, can_read_row
+from trace_platform.store.tasks import StoreTx
 
 
 def refused_read(tx: StoreTx, task_id: UUID) -> str | None:

@@ -12,8 +12,8 @@ from trace_platform.contract import EventIn, EventsRequest, EventsResponse, Outp
 from trace_platform.dispatcher import access
 from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
 from trace_platform.dispatcher.intents import Intents
-from trace_platform.dispatcher.store import NewCommit, NewEvent, StateStore, StoreTx
 from trace_platform.errors import Forbidden, Invalid
+from trace_platform.store.tasks import NewCommit, NewEvent, StateStore, StoreTx
 
 
 def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> dict[str, Any]:

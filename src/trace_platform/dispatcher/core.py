@@ -20,9 +20,9 @@ from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.lifecycle import Lifecycle
 from trace_platform.dispatcher.models import AttemptView, TaskView
 from trace_platform.dispatcher.slots import Slots
-from trace_platform.dispatcher.store import StateStore, TaskKey
-from trace_platform.dispatcher.store.postgres import PostgresStore
 from trace_platform.errors import NotFound
+from trace_platform.store.tasks import StateStore, TaskKey
+from trace_platform.store.tasks.postgres import PostgresStore
 
 
 class Dispatcher(Lifecycle):

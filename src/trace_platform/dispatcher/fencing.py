@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from trace_platform.contract import CompleteRequest, LeaseRef
-from trace_platform.dispatcher.store import StoreTx
 from trace_platform.errors import Conflict, NotFound
+from trace_platform.store.tasks import StoreTx
 
 
 def fenced(tx: StoreTx, ref: LeaseRef) -> dict[str, Any]:

@@ -11,9 +11,9 @@ from uuid import UUID
 
 from trace_platform.config import Settings
 from trace_platform.contract import MAX_BACKOFF_SECONDS, MAX_CONFIG_BYTES, TaskRef, TaskSpec
-from trace_platform.dispatcher.store import NewTask, StateStore, StoreTx, Wakeup
 from trace_platform.errors import Invalid
 from trace_platform.queue import payloads
+from trace_platform.store.tasks import NewTask, StateStore, StoreTx, Wakeup
 
 
 class Intents:

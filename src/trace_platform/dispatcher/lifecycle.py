@@ -34,7 +34,8 @@ from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finish
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
 from trace_platform.dispatcher.slots import Slots
-from trace_platform.dispatcher.store import (
+from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
+from trace_platform.store.tasks import (
     AttemptEnd,
     ClaimParams,
     HeartbeatParams,
@@ -43,7 +44,6 @@ from trace_platform.dispatcher.store import (
     StateStore,
     StoreTx,
 )
-from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 
 
 def backoff_seconds(

@@ -17,9 +17,9 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from trace_platform import faults
-from trace_platform.dispatcher.store import StateStore
-from trace_platform.dispatcher.store.postgres import PostgresStore
 from trace_platform.queue.driver import QueueDriver
+from trace_platform.store.tasks import StateStore
+from trace_platform.store.tasks.postgres import PostgresStore
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from trace_platform.contract import (
     RangeSpec,
     scope_key,
 )
-from trace_platform.dispatcher.store import ReadsParams, StoreTx
 from trace_platform.operators import WHOLE_INPUT_OPERATORS
+from trace_platform.store.tasks import ReadsParams, StoreTx
 
 
 def _event_scope(event: dict[str, Any]) -> tuple[str | None, RangeSpec | None]:

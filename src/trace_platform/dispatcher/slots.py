@@ -10,7 +10,10 @@ from trace_platform.config import Settings
 from trace_platform.contract import LeaseRef, SlotLease
 from trace_platform.dispatcher.fencing import fenced
 from trace_platform.dispatcher.intents import Intents
-from trace_platform.dispatcher.store import (
+from trace_platform.errors import Conflict, Forbidden
+from trace_platform.identity import actor_from_row
+from trace_platform.identity.vault import can_use_secret, vault_for
+from trace_platform.store.tasks import (
     PoolJob,
     PoolKey,
     SlotLeaseParams,
@@ -18,9 +21,6 @@ from trace_platform.dispatcher.store import (
     StoreTx,
     TaskKey,
 )
-from trace_platform.errors import Conflict, Forbidden
-from trace_platform.identity import actor_from_row
-from trace_platform.identity.vault import can_use_secret, vault_for
 
 
 class Slots:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trace_platform.dispatcher.store import StateKey, StoreTx, TaskKey
+from trace_platform.store.tasks import StateKey, StoreTx, TaskKey
 
 OUTCOME = "state_conflict"
 STATE_CONFLICT = (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from trace_platform.contract import EventIn, TaskSpec
-from trace_platform.dispatcher.store.memory.tables import (
+from trace_platform.store.tasks.memory.tables import (
     _ATTEMPT,
     _BLOCK_HASH,
     _COMMITTED_READ,
@@ -37,7 +37,7 @@ from trace_platform.dispatcher.store.memory.tables import (
     _Tables,
     _uuid,
 )
-from trace_platform.dispatcher.store.params import (
+from trace_platform.store.tasks.params import (
     AttemptEnd,
     ClaimParams,
     HeartbeatParams,
@@ -54,10 +54,10 @@ from trace_platform.dispatcher.store.params import (
     TaskKey,
     Wakeup,
 )
-from trace_platform.dispatcher.store.protocol import Row
+from trace_platform.store.tasks.protocol import Row
 
 if TYPE_CHECKING:
-    from trace_platform.dispatcher.store.memory import MemoryStore
+    from trace_platform.store.tasks.memory import MemoryStore
 
 
 class MemoryTx:

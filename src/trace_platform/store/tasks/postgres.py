@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 from trace_platform.contract import EventIn, TaskSpec
 from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.dag_tasks import tasks_for_event
-from trace_platform.dispatcher.store.params import (
+from trace_platform.store.tasks.params import (
     AttemptEnd,
     ClaimParams,
     HeartbeatParams,
@@ -33,7 +33,7 @@ from trace_platform.dispatcher.store.params import (
     Wakeup,
     fields,
 )
-from trace_platform.dispatcher.store.protocol import Row
+from trace_platform.store.tasks.protocol import Row
 
 _Q = Queries("dispatcher")
 _OUTBOX = Queries("outbox")

@@ -31,15 +31,15 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from trace_platform.dispatcher.store.memory.tables import (
+from trace_platform.store.tasks.memory.tables import (
     _TABLES,
     ConstraintViolation,
     _jsonb,
     _Tables,
     _utcnow,
 )
-from trace_platform.dispatcher.store.memory.tx import MemoryTx
-from trace_platform.dispatcher.store.protocol import Row
+from trace_platform.store.tasks.memory.tx import MemoryTx
+from trace_platform.store.tasks.protocol import Row
 
 __all__ = ["MemoryStore", "MemoryTx"]
 

@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 from uuid import UUID
 
-from trace_platform.dispatcher.store.protocol import Row
+from trace_platform.store.tasks.protocol import Row
 
 _EPOCH = date(2025, 1, 1)  # trace_start_day's day 0
 _TASK_STATUSES = frozenset({"queued", "running", "succeeded", "failed", "canceled", "buffered"})

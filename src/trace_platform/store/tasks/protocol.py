@@ -4,7 +4,7 @@ A `StateStore` opens transactions; a `StoreTx` is one transaction's calls. Each 
 statement's worth of work with typed parameters (`params.py`) and returns plain rows (dicts
 keyed by column). Two stores implement it: `PostgresStore` (the named SQL in
 `db/sql/dispatcher.sql`, the product) and `MemoryStore` (its in-memory twin, for lifecycle unit
-tests without Postgres); `tests/store/` is the one conformance suite both pass.
+tests without Postgres); `tests/support/store_conformance.py` is the one conformance suite both pass.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from trace_platform.contract import EventIn, TaskSpec
-from trace_platform.dispatcher.store.params import (
+from trace_platform.store.tasks.params import (
     AttemptEnd,
     ClaimParams,
     HeartbeatParams,

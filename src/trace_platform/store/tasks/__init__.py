@@ -1,7 +1,7 @@
 """The one owner of the dispatcher's state: a narrow protocol (`protocol.py`), its typed
 parameters (`params.py`), the Postgres store and its in-memory twin."""
 
-from trace_platform.dispatcher.store.params import (
+from trace_platform.store.tasks.params import (
     AttemptEnd,
     ClaimParams,
     HeartbeatParams,
@@ -18,7 +18,7 @@ from trace_platform.dispatcher.store.params import (
     TaskKey,
     Wakeup,
 )
-from trace_platform.dispatcher.store.protocol import Row, StateStore, StoreTx
+from trace_platform.store.tasks.protocol import Row, StateStore, StoreTx
 
 __all__ = [
     "AttemptEnd",
