@@ -5,7 +5,11 @@
   and heartbeat (15 s, 5 s), reaper every 1 s. Target: within 3x the heartbeat interval.
 - **Postgres restart -> tasks flowing again**: the state cluster is stopped (fast) and started
   again under a stream of short tasks; the time from the server accepting connections again to
-  the next task completing.
+  the next task completing, and to **throughput back to normal**: the first 1-second window
+  (server clock, task finish times) completing at least 90% of the tasks per second of the 3 s
+  before the fault. Target: within 2 lease periods.
+- **Postgres frozen (SIGSTOP) for 1.5 leases, then thawed**: leases run out meanwhile; the
+  same throughput-back-to-normal figure from the thaw.
 - **queue throughput with an idle-in-transaction session**: the same batch of no-op tasks
   through the whole stack, with and without a session holding an open transaction (and so the
   vacuum horizon) for the whole run. Target: >= 90% of the throughput without.
@@ -18,6 +22,7 @@ Each row counts only its own tasks and refuses to print unless every one of them
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -26,6 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -90,19 +96,86 @@ def kill_to_running(settings: Settings, dsn: str) -> float:
     return took
 
 
-def restart_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> float:
+def server_now(dsn: str) -> datetime:
+    def now() -> datetime | None:
+        with psycopg.connect(dsn, connect_timeout=2) as conn:
+            row = conn.execute("SELECT now()").fetchone()
+        return row[0] if row else None
+
+    got: datetime = wait_for(now, 120, "the server to answer")
+    return got
+
+
+def back_to_normal(
+    dsn: str, ids: list[uuid.UUID], fault_at: datetime, resumed_at: datetime
+) -> float:
+    """Seconds from `resumed_at` to the first 1-second window of completions at >= 90% of the
+    rate in the 3 s before `fault_at` (finish times on the server's clock)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT finished_at FROM task_status WHERE task_id = ANY(%s) AND status = 'succeeded'",
+            [ids],
+        ).fetchall()
+    done = sorted(r[0] for r in rows)
+    second = timedelta(seconds=1)
+    normal = sum(fault_at - 3 * second <= t < fault_at for t in done) / 3
+    if normal < 2:
+        raise SystemExit(f"refusing to print: too few tasks/s before the fault ({normal:.1f})")
+    after = [t for t in done if t >= resumed_at]
+    for i, t in enumerate(after):
+        if sum(u < t + second for u in after[i:]) >= 0.9 * normal:
+            return (t - resumed_at).total_seconds()
+    raise SystemExit("refusing to print: the tasks ran out before throughput was back to normal")
+
+
+def restart_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> tuple[float, float]:
+    """(to the next completion, to normal throughput) after a restart."""
     with LiteStack(settings, workers=2, dsn=dsn) as stack:
-        ids = create(stack, 400, 0.05)
-        wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 20, 60, "flow")
+        ids = create(stack, 600, 0.05)
+        wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
+        fault_at = server_now(dsn)
         pg.stop("fast")
         time.sleep(1)
         pg.start()
         back = time.monotonic()
+        resumed_at = server_now(dsn)
         before = sum(s == "succeeded" for s, _ in states(dsn, ids))
         wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) > before, 120, "resume")
         took = time.monotonic() - back
         wait_for(lambda: all_succeeded(dsn, ids), 300, "every task")
-    return took
+        normal = back_to_normal(dsn, ids, fault_at, resumed_at)
+    return took, normal
+
+
+def freeze_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> float:
+    """To normal throughput after the server was stopped (SIGSTOP) for 1.5 leases."""
+    with LiteStack(settings, workers=2, dsn=dsn) as stack:
+        ids = create(stack, 600, 0.05)
+        wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
+        fault_at = server_now(dsn)
+        postmaster = int((pg.pgdata / "postmaster.pid").read_text().split()[0])
+        pids = [postmaster, *descendants(postmaster)]
+        try:
+            signal_all(pids, signal.SIGSTOP)
+            time.sleep(1.5 * settings.lease_seconds)
+        finally:
+            signal_all(pids, signal.SIGCONT)
+        resumed_at = server_now(dsn)
+        wait_for(lambda: all_succeeded(dsn, ids), 600, "every task")
+        return back_to_normal(dsn, ids, fault_at, resumed_at)
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        out += [int(child), *descendants(int(child))]
+    return out
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # exited since it was listed
+            os.kill(pid, sig)
 
 
 def throughput(settings: Settings, dsn: str, n: int, idle: bool) -> float:
@@ -148,9 +221,19 @@ def main() -> int:
             f"max {max(kills):.1f} s (target <= {3 * settings.heartbeat_seconds:.0f} s)"
         )
         restarts = [restart_recovery(settings, pg, dsn) for _ in range(args.repeat)]
+        flowing, normal = [r[0] for r in restarts], [r[1] for r in restarts]
+        two_leases = 2 * settings.lease_seconds
         print(
-            f"Postgres restart -> tasks flowing: median {statistics.median(restarts):.2f} s, "
-            f"max {max(restarts):.2f} s"
+            f"Postgres restart -> tasks flowing: median {statistics.median(flowing):.2f} s, "
+            f"max {max(flowing):.2f} s; -> throughput back to normal: median "
+            f"{statistics.median(normal):.1f} s, max {max(normal):.1f} s "
+            f"(target <= {two_leases:.0f} s, 2 leases)"
+        )
+        thaws = [freeze_recovery(settings, pg, dsn) for _ in range(args.repeat)]
+        print(
+            f"Postgres frozen {1.5 * settings.lease_seconds:.0f} s -> throughput back to normal "
+            f"after the thaw: median {statistics.median(thaws):.1f} s, max {max(thaws):.1f} s "
+            f"(target <= {two_leases:.0f} s)"
         )
         rates: dict[bool, list[float]] = {False: [], True: []}
         for i in range(args.repeat):  # interleaved, alternating which goes first

@@ -15,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support.invariants import assert_invariants
+from tests.support.invariants import assert_invariants, assert_no_dead_holders
 from tests.support.processes import alive, children
 from tests.support.sandbox import bind_env, record_dir
 from tests.support.wait import wait_for
@@ -108,6 +108,50 @@ def test_duplicate_wakeups_run_operator_once(stack: LiteStack, tmp_path: Path) -
     assert_invariants(stack.services)
 
 
+def test_reordered_early_and_late_wakeups_change_nothing(stack: LiteStack, tmp_path: Path) -> None:
+    """Wake-ups out of order: in reverse, for a retry still backing off (early), and for tasks
+    already finished (late, delayed past their end). Each attempt runs once, a retry never
+    starts before its backoff, and every stray wake-up is acked and dropped."""
+    record = record_dir(tmp_path) / "runs.txt"
+    d, driver = stack.services.dispatcher, stack.services.driver
+    plain = [
+        d.create_task(TaskSpec(job="order", operator="noop", config={"record_to": str(record)}))
+        for _ in range(6)
+    ]
+    flaky = d.create_task(
+        TaskSpec(
+            job="order_flaky",
+            operator="fail",
+            config={"succeed_on_attempt": 2},
+            retry_backoff_seconds=3.0,
+            retry_backoff_max_seconds=3.0,
+        )
+    )
+
+    def wake(task_id: uuid.UUID, delay: int = 0) -> None:
+        driver.publish("tasks", {"kind": "task_wakeup", "task_id": str(task_id)}, delay)
+
+    for r in reversed(plain):
+        wake(r.task_id)
+        wake(r.task_id, 2)  # late: arrives after the task ended
+    wait_for(lambda: status(stack, flaky.task_id) == ("queued", 1), 30, "the flaky task's retry")
+    for _ in range(5):  # early: the retry is still backing off
+        wake(flaky.task_id)
+    finished = [*plain, flaky]
+    wait_for(lambda: all(status(stack, r.task_id)[0] == "succeeded" for r in finished), 60, "done")
+    view = d.get_task(flaky.task_id)
+    first, second = view.attempts
+    assert first.finished_at is not None
+    assert (second.started_at - first.finished_at).total_seconds() >= 1.5  # backoff/2 at least
+    assert view.attempt == 2
+    time.sleep(2.5)  # the late wake-ups come due
+    wait_for(lambda: driver.receive("tasks", 1, 0.01) == [], 30, "stray wake-ups acked")
+    runs = Counter(record.read_text().split("\n")[:-1])
+    assert runs == Counter({f"{r.task_id} 1": 1 for r in plain})
+    assert all(status(stack, r.task_id) == ("succeeded", 1) for r in plain)
+    assert_invariants(stack.services)
+
+
 @pytest.mark.parametrize("stack", [1], indirect=True)
 def test_killed_worker_is_reaped_retried_and_fenced(stack: LiteStack) -> None:
     d = stack.services.dispatcher
@@ -136,6 +180,10 @@ def test_killed_worker_is_reaped_retried_and_fenced(stack: LiteStack) -> None:
     assert hosts, "the operator runs in a child process of the worker"
     worker.send_signal(signal.SIGKILL)
     worker.wait()
+    # Still 'running' under a lease that has not run out: the checker sees the dead holder.
+    if status(stack, ref.task_id) == ("running", 1):
+        with pytest.raises(AssertionError, match="running under a dead worker"):
+            assert_no_dead_holders(stack.services)
     # The operator host dies with its wrapper: nothing runs on unsupervised.
     wait_for(lambda: not any(alive(p) for p in hosts), 10, "operator host to die")
 

@@ -180,6 +180,7 @@ def test_a_deploy_racing_a_cutover_does_not_deadlock(live: Services, monkeypatch
     """deploy locks the dags row (FOR UPDATE) then the change lock; cutover, rollback and pause
     take the change lock then the dags row. Widened with a sleep between the cutover's two."""
     from trace_platform.registry import rollout
+    from trace_platform.store.rollout import RolloutStore
 
     services, me = live, admin(live)
     services.control.deploy(me, pipeline("b"), manual_cutover=True)
@@ -189,7 +190,7 @@ def test_a_deploy_racing_a_cutover_does_not_deadlock(live: Services, monkeypatch
 
     def lock(conn: Any, dag_id: Any, **kw: Any) -> Any:
         if threading.get_ident() == slow_thread.get("id"):
-            conn.execute(rollout._Q.lock_dag, {"dag_id": dag_id})
+            RolloutStore(conn).lock_dag(dag_id=dag_id)
             time.sleep(1.0)
         return real(conn, dag_id, **kw)
 
@@ -207,7 +208,7 @@ def test_a_deploy_racing_a_cutover_does_not_deadlock(live: Services, monkeypatch
 def test_a_trigger_racing_a_deploy_does_not_deadlock(live: Services, monkeypatch: Any) -> None:
     """fire() takes the change lock shared, then inserts trigger_fires (its FK takes KEY SHARE on
     the dags row); deploy holds the dags row FOR UPDATE while it waits for the change lock."""
-    import trace_platform.dispatcher.dag_tasks as dag_tasks
+    import trace_platform.store.dag_tasks as dag_tasks
 
     services, me = live, admin(live)
     real_fire_event = dag_tasks._Q

@@ -91,7 +91,9 @@ def deployed(services: Services, monkeypatch: pytest.MonkeyPatch) -> Services:
 
     monkeypatch.setattr(cron, "fire", fire)
     # Every pass handles the failing triggers first (their names sort before the good one's).
-    queries = cron._T
+    from trace_platform.store import dag_tasks as dag_task_store
+
+    queries = dag_task_store._Q
     ordered = queries.cron_candidates.strip().rstrip(";") + " ORDER BY cs.trigger"
 
     class Ordered:
@@ -100,7 +102,7 @@ def deployed(services: Services, monkeypatch: pytest.MonkeyPatch) -> Services:
         def __getattr__(self, name: str) -> Any:
             return getattr(queries, name)
 
-    monkeypatch.setattr(cron, "_T", Ordered())
+    monkeypatch.setattr(dag_task_store, "_Q", Ordered())
     monkeypatch.setattr(cron, "_failing", {})
     return services
 

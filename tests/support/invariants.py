@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import socket
+from pathlib import Path
 
 from trace_platform.services import Services
 
 
 def assert_invariants(services: Services, *, allow_dead: int = 0) -> None:
     services.publisher.drain()
+    assert_no_dead_holders(services)
     with services.pool.connection() as conn:
         stuck = conn.execute(
             "SELECT task_id FROM task_status WHERE status = 'running' AND lease_until < now()"
@@ -48,6 +51,26 @@ def assert_invariants(services: Services, *, allow_dead: int = 0) -> None:
                                  WHERE s.task_id::text = m.payload ->> 'task_id')"""
         ).fetchall()
         assert orphans == [], f"wake-ups for tasks that do not exist: {orphans}"
+
+
+def assert_no_dead_holders(services: Services) -> None:
+    """No task is running under a worker process that is gone (its lease may not have run out
+    yet: a lease-only check passes it)."""
+    with services.pool.connection() as conn:
+        running = conn.execute(
+            "SELECT task_id, worker_id, lease_until FROM task_status WHERE status = 'running'"
+        ).fetchall()
+    held = [r for r in running if dead_local_worker(r["worker_id"])]
+    assert held == [], f"running under a dead worker (lost until its lease runs out): {held}"
+
+
+def dead_local_worker(worker_id: str | None) -> bool:
+    """Whether a worker id (`host:pid:nonce`, see worker/wrapper.py) names a process of this
+    machine that is gone: its task is lost until the lease runs out, which a lease-only check
+    cannot see."""
+    host, _, rest = (worker_id or "").partition(":")
+    pid = rest.partition(":")[0]
+    return host == socket.gethostname() and pid.isdigit() and not Path(f"/proc/{pid}").exists()
 
 
 # A queued task is lost unless something will wake it: a wake-up in the queue (visible,

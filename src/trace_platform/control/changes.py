@@ -15,7 +15,6 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import parse
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.errors import Conflict, NotFound
 from trace_platform.identity import Actor, can_deploy
@@ -26,15 +25,14 @@ from trace_platform.registry.deploy import (
     deploy,
     live_spec_problems,
 )
-
-_R = Queries("registry")
-_O = Queries("rollout")
+from trace_platform.store.registry import RegistryStore
+from trace_platform.store.rollout import RolloutStore
 
 log = logging.getLogger("trace.changes")
 
 
 def spec_of(conn: Connection[Any], dag_id: UUID, version: int) -> DagSpec:
-    row = conn.execute(_R.dag_version, {"dag_id": dag_id, "version": version}).fetchone()
+    row = RegistryStore(conn).dag_version(dag_id=dag_id, version=version).fetchone()
     if row is None:
         raise NotFound(f"DAG has no version {version}")
     return DagSpec.model_validate(row["spec"])
@@ -98,7 +96,7 @@ class DagChanges:
 
     def _deployable(self, conn: Connection[Any], actor: Actor, name: str) -> dict[str, Any]:
         """The DAG, if the actor may change it; for anyone else it does not exist."""
-        dag = conn.execute(_R.dag_by_name, {"org_id": actor.org_id, "name": name}).fetchone()
+        dag = RegistryStore(conn).dag_by_name(org_id=actor.org_id, name=name).fetchone()
         if dag is None or not can_deploy(actor, dag):
             raise NotFound(f"no DAG named '{name}'")
         return dag  # type: ignore[no-any-return]
@@ -115,7 +113,7 @@ class DagChanges:
                 "active_version": dag["active_version"],
                 "building_version": building,
                 "paused": dag["paused"],
-                "versions": conn.execute(_O.dag_versions, {"dag_id": dag_id}).fetchall(),
+                "versions": RolloutStore(conn).dag_versions(dag_id=dag_id).fetchall(),
             }
             if building is not None:
                 rows = rollout.progress(conn, dag_id, building)
@@ -124,9 +122,9 @@ class DagChanges:
                     "version": building,
                     "manual_cutover": v["manual_cutover"],
                     "jobs": rows,
-                    "datasets": conn.execute(
-                        _O.dataset_status, {"dag_id": dag_id, "version": building}
-                    ).fetchall(),
+                    "datasets": RolloutStore(conn)
+                    .dataset_status(dag_id=dag_id, version=building)
+                    .fetchall(),
                     "blocked_by": rollout.blockers(rows)
                     or _conflicts(conn, dag, spec_of(conn, dag_id, building)),
                 }
@@ -143,7 +141,7 @@ class DagChanges:
         res = rollout.cutover(
             conn, self.intents, dag_id, expect=expect, spec_of=lambda d, v: spec_of(conn, d, v)
         )
-        dag = conn.execute(_R.dag_by_id, {"dag_id": dag_id}).fetchone()
+        dag = RegistryStore(conn).dag_by_id(dag_id=dag_id).fetchone()
         apply_live_spec(conn, dag, spec_of(conn, dag_id, res["version"]))
         return res
 
@@ -160,7 +158,7 @@ class DagChanges:
                 fired_by=actor.user_id,
             )
             if res["rolled_back"] is not None:
-                live = conn.execute(_R.dag_by_id, {"dag_id": dag_id}).fetchone()
+                live = RegistryStore(conn).dag_by_id(dag_id=dag_id).fetchone()
                 apply_live_spec(conn, live, spec_of(conn, dag_id, res["version"]))
         return res
 
@@ -173,7 +171,7 @@ class DagChanges:
         """Cuts over every rebuild that is complete and not waiting for a manual cutover."""
         done = []
         with self.pool.connection() as conn:
-            candidates = conn.execute(_O.building_dags).fetchall()
+            candidates = RolloutStore(conn).building_dags().fetchall()
         for c in candidates:
             try:
                 with self.pool.connection() as conn:

@@ -12,7 +12,6 @@ from psycopg_pool import ConnectionPool
 from trace_platform.contract import TaskRef, TaskSpec
 from trace_platform.control.changes import DagChanges
 from trace_platform.dag.schema import NAME
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
 from trace_platform.dispatcher.models import CancelResponse, TaskView
@@ -35,11 +34,10 @@ from trace_platform.identity.vault import (
 )
 from trace_platform.registry.deploy import DeployResult
 from trace_platform.registry.versions import list_versions, purge
-
-_R = Queries("registry")
-_T = Queries("dag_tasks")
-_S = Queries("secrets")
-_K = Queries("tasks")
+from trace_platform.store.dag_tasks import DagTaskStore
+from trace_platform.store.registry import RegistryStore
+from trace_platform.store.secrets import SecretStore
+from trace_platform.store.task_views import TaskViewStore
 
 # Fields only the Dispatcher sets (from a DAG's deploy, its triggers and events): an ad-hoc task
 # has none, so it cannot borrow a DAG's worker pool slots (and their secrets) or join its runs.
@@ -103,20 +101,20 @@ class ControlPlane:
         )
 
     def _dag(self, conn: Any, actor: Actor, name: str) -> dict[str, Any]:
-        dag = conn.execute(_R.dag_by_name, {"org_id": actor.org_id, "name": name}).fetchone()
+        dag = RegistryStore(conn).dag_by_name(org_id=actor.org_id, name=name).fetchone()
         if dag is None:
             raise NotFound(f"no DAG named '{name}'")
         return dag  # type: ignore[no-any-return]
 
     def _deployable_dag_ids(self, conn: Any, actor: Actor) -> list[UUID]:
-        rows = conn.execute(_R.list_dags, {"org_id": actor.org_id}).fetchall()
+        rows = RegistryStore(conn).list_dags(org_id=actor.org_id).fetchall()
         return [r["dag_id"] for r in rows if can_deploy(actor, r)]
 
     def list_dags(self, actor: Actor) -> list[dict[str, Any]]:
         """DAGs the user may deploy, or whose published datasets they may read."""
         with self.pool.connection() as conn:
-            rows = conn.execute(_R.list_dags, {"org_id": actor.org_id}).fetchall()
-            datasets = conn.execute(_R.list_datasets, {"org_id": actor.org_id}).fetchall()
+            rows = RegistryStore(conn).list_dags(org_id=actor.org_id).fetchall()
+            datasets = RegistryStore(conn).list_datasets(org_id=actor.org_id).fetchall()
         readable = {d["producer_dag_id"] for d in datasets if can_read_row(actor, d)}
         out = []
         for r in rows:
@@ -132,10 +130,11 @@ class ControlPlane:
             dag = self._dag(conn, actor, name)
             if not can_deploy(actor, dag):
                 raise NotFound(f"no DAG named '{name}'")
-            v = conn.execute(
-                _R.dag_version,
-                {"dag_id": dag["dag_id"], "version": version or dag["active_version"]},
-            ).fetchone()
+            v = (
+                RegistryStore(conn)
+                .dag_version(dag_id=dag["dag_id"], version=version or dag["active_version"])
+                .fetchone()
+            )
         if v is None:
             raise NotFound(f"DAG '{name}' has no version {version}")
         return {**dag, "version": v["version"], "spec": v["spec"], "deployed_at": v["deployed_at"]}
@@ -144,9 +143,7 @@ class ControlPlane:
         require_admin(actor, "change who may deploy a DAG")
         with self.pool.connection() as conn:
             dag = self._dag(conn, actor, name)
-            conn.execute(
-                _R.set_deploy_roles, {"dag_id": dag["dag_id"], "roles": sorted(set(roles))}
-            )
+            RegistryStore(conn).set_deploy_roles(dag_id=dag["dag_id"], roles=sorted(set(roles)))
 
     def trigger(
         self,
@@ -171,9 +168,11 @@ class ControlPlane:
                 raise Forbidden(f"'{actor.name}' may not trigger DAG '{dag_name}'")
             if dag["active_version"] is None:
                 raise Conflict("not_deployed", f"DAG '{dag_name}' has no active version")
-            spec = conn.execute(
-                _R.dag_version, {"dag_id": dag["dag_id"], "version": dag["active_version"]}
-            ).fetchone()["spec"]  # type: ignore[index]
+            spec = (
+                RegistryStore(conn)
+                .dag_version(dag_id=dag["dag_id"], version=dag["active_version"])
+                .fetchone()["spec"]
+            )  # type: ignore[index]
             base: dict[str, Any] = {}
             if kind != "manual":
                 named = {
@@ -199,7 +198,7 @@ class ControlPlane:
     def list_datasets(self, actor: Actor) -> list[dict[str, Any]]:
         """Only the datasets this user may read (the rest are invisible, not just locked)."""
         with self.pool.connection() as conn:
-            rows = conn.execute(_R.list_datasets, {"org_id": actor.org_id}).fetchall()
+            rows = RegistryStore(conn).list_datasets(org_id=actor.org_id).fetchall()
         return [r for r in rows if can_read_row(actor, r)]
 
     def show_dataset(self, actor: Actor, name: str) -> dict[str, Any]:
@@ -215,11 +214,11 @@ class ControlPlane:
         require_admin(actor, "change a dataset's read_roles")
         _check_roles(add)
         with self.pool.connection() as conn:
-            ds = conn.execute(_R.dataset_by_name, {"org_id": actor.org_id, "name": name}).fetchone()
+            ds = RegistryStore(conn).dataset_by_name(org_id=actor.org_id, name=name).fetchone()
             if ds is None:
                 raise NotFound(f"no dataset named '{name}'")
             roles = sorted((set(ds["read_roles"]) | set(add)) - set(remove))
-            conn.execute(_R.set_read_roles, {"dataset_uuid": ds["dataset_uuid"], "roles": roles})
+            RegistryStore(conn).set_read_roles(dataset_uuid=ds["dataset_uuid"], roles=roles)
         return roles
 
     def dataset_versions(self, actor: Actor, name: str) -> list[dict[str, Any]]:
@@ -258,30 +257,32 @@ class ControlPlane:
         key = {"org_id": actor.org_id, "name": name}
         sealed = self.vault.seal(actor.org_id, name, value)
         with self.pool.connection() as conn, conn.transaction():
-            created = conn.execute(
-                _S.insert_secret,
-                {**key, "ciphertext": sealed, "owner": actor.user_id, "use_roles": use_roles or []},
-            ).fetchone()
+            created = (
+                SecretStore(conn)
+                .insert_secret(
+                    **key, ciphertext=sealed, owner=actor.user_id, use_roles=use_roles or []
+                )
+                .fetchone()
+            )
             if created is None:
-                row = conn.execute(_S.secret_for_update, key).fetchone()
+                row = SecretStore(conn).secret_for_update(**key).fetchone()
                 assert row is not None
                 if not can_manage_secret(actor, row):
                     raise Forbidden(
                         f"'{actor.name}' may not change secret '{name}' "
                         "(only its owner or an org admin may)"
                     )
-                conn.execute(
-                    _S.update_secret,
-                    {**key, "ciphertext": sealed, "use_roles": use_roles, "owner": actor.user_id},
+                SecretStore(conn).update_secret(
+                    **key, ciphertext=sealed, use_roles=use_roles, owner=actor.user_id
                 )
-            (written,) = conn.execute(_S.list_secrets, key).fetchall()
+            (written,) = SecretStore(conn).list_secrets(**key).fetchall()
         return {**_listed(written), "created": created is not None}
 
     def list_secrets(self, actor: Actor) -> list[dict[str, Any]]:
         """Names, owners, use_roles and update times (never values): every secret of the org
         for admins, else the ones the user owns or may use."""
         with self.pool.connection() as conn:
-            rows = conn.execute(_S.list_secrets, {"org_id": actor.org_id, "name": None}).fetchall()
+            rows = SecretStore(conn).list_secrets(org_id=actor.org_id, name=None).fetchall()
         return [_listed(r) for r in rows if can_use_secret(actor, r)]
 
     # -- users ---------------------------------------------------------------------------------
@@ -304,7 +305,7 @@ class ControlPlane:
         """Org admins see their org's tasks; others the tasks of DAGs they may deploy. Anything
         else answers exactly like a task that does not exist."""
         with self.pool.connection() as conn:
-            t = conn.execute(_K.task_scope, {"task_id": task_id}).fetchone()
+            t = TaskViewStore(conn).task_scope(task_id=task_id).fetchone()
         visible = (
             t is not None
             and t["org_id"] == actor.org_id
@@ -338,10 +339,13 @@ class ControlPlane:
                 )
         if spec.outputs:
             with self.pool.connection() as conn:
-                foreign = conn.execute(
-                    _K.foreign_datasets,
-                    {"uuids": [o.dataset_uuid for o in spec.outputs], "org_id": actor.org_id},
-                ).fetchall()
+                foreign = (
+                    TaskViewStore(conn)
+                    .foreign_datasets(
+                        uuids=[o.dataset_uuid for o in spec.outputs], org_id=actor.org_id
+                    )
+                    .fetchall()
+                )
             if foreign:
                 raise Invalid(f"dataset {foreign[0]['dataset_uuid']} is not a dataset of your org")
         return self.dispatcher.create_task(spec.model_copy(update={"org_id": actor.org_id}))
@@ -350,7 +354,7 @@ class ControlPlane:
         """The org's most recent tasks: org admins only."""
         require_admin(actor, "list all tasks")
         with self.pool.connection() as conn:
-            return conn.execute(_K.org_tasks, {"org_id": actor.org_id, "limit": limit}).fetchall()
+            return TaskViewStore(conn).org_tasks(org_id=actor.org_id, limit=limit).fetchall()
 
     def get_task(self, actor: Actor, task_id: UUID) -> TaskView:
         self._visible_task(actor, task_id)
@@ -366,15 +370,16 @@ class ControlPlane:
     ) -> list[dict[str, Any]]:
         """Runs of the DAGs the user may deploy (all of the org's for admins)."""
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                _T.list_runs,
-                {
-                    "org_id": actor.org_id,
-                    "dag_ids": self._deployable_dag_ids(conn, actor),
-                    "dag": dag,
-                    "limit": limit,
-                },
-            ).fetchall()
+            rows = (
+                DagTaskStore(conn)
+                .list_runs(
+                    org_id=actor.org_id,
+                    dag_ids=self._deployable_dag_ids(conn, actor),
+                    dag=dag,
+                    limit=limit,
+                )
+                .fetchall()
+            )
         for r in rows:
             r["status"] = "running" if r["active"] else ("failed" if r["failed"] else "succeeded")
         return rows
@@ -383,8 +388,8 @@ class ControlPlane:
         """A run and its task tree, for org admins and its DAG's deployers; for anyone else
         (another org included) it does not exist."""
         with self.pool.connection() as conn:
-            f = conn.execute(_T.run_fire, {"run_id": run_id}).fetchone()
+            f = DagTaskStore(conn).run_fire(run_id=run_id).fetchone()
             if f is None or not can_deploy(actor, f):
                 raise NotFound(f"no run {run_id}")
-            tasks = conn.execute(_T.run_tree, {"run_id": run_id}).fetchall()
+            tasks = DagTaskStore(conn).run_tree(run_id=run_id).fetchall()
         return {**f, "tasks": tasks}

@@ -15,9 +15,7 @@ from psycopg.types.json import Jsonb
 
 from trace_platform.contract import DatasetRef, EventIn, TaskSpec
 from trace_platform.dag.schema import JobSpec
-from trace_platform.db.queries import Queries
-
-_Q = Queries("dag_tasks")
+from trace_platform.store.dag_tasks import DagTaskStore
 
 
 def _refs(rows: list[dict[str, Any]]) -> list[DatasetRef]:
@@ -59,8 +57,8 @@ def job_task(
         parent_task_id=parent_task_id,
         input_event_id=input_event_id,
         input_event=input_event,
-        input_versions=_refs(conn.execute(_Q.job_inputs, key).fetchall()),
-        outputs=_refs(conn.execute(_Q.job_outputs, key).fetchall()),
+        input_versions=_refs(DagTaskStore(conn).job_inputs(**key).fetchall()),
+        outputs=_refs(DagTaskStore(conn).job_outputs(**key).fetchall()),
         run_id=run_id,
         worker_pool=job.worker_pool,
         max_concurrency=job.scaling.max_concurrency if job.worker_pool else None,
@@ -70,7 +68,7 @@ def job_task(
 
 
 def _jobs(conn: Connection[Any], dag_id: UUID, version: int) -> dict[str, JobSpec]:
-    row = conn.execute(_Q.version_spec, {"dag_id": dag_id, "version": version}).fetchone()
+    row = DagTaskStore(conn).version_spec(dag_id=dag_id, version=version).fetchone()
     assert row is not None, f"dag {dag_id} has no version {version}"
     return {name: JobSpec.model_validate(j) for name, j in row["spec"]["jobs"].items()}
 
@@ -89,7 +87,7 @@ def tasks_for_event(
     'buffered' for a rebuild's work held until cutover. An invalidation (the producer rewrote
     the scope, or says so in the payload, as an aggregator re-emitting a window does) reaches
     its readers marked `invalidates`."""
-    conn.execute(_Q.lock_dags_shared, {"dataset_uuid": event.dataset_uuid})
+    DagTaskStore(conn).lock_dags_shared(dataset_uuid=event.dataset_uuid)
     written = next(
         (
             o.get("dataset_version")
@@ -98,16 +96,17 @@ def tasks_for_event(
         ),
         None,
     )
-    subs = conn.execute(
-        _Q.subscribers,
-        {
-            "dataset_uuid": event.dataset_uuid,
-            "org_id": org_id,
-            "written": written,
-            "producer_dag": producer.get("dag_id"),
-            "producer_version": producer.get("dag_version"),
-        },
-    ).fetchall()
+    subs = (
+        DagTaskStore(conn)
+        .subscribers(
+            dataset_uuid=event.dataset_uuid,
+            org_id=org_id,
+            written=written,
+            producer_dag=producer.get("dag_id"),
+            producer_version=producer.get("dag_version"),
+        )
+        .fetchall()
+    )
     specs: list[tuple[TaskSpec, str]] = []
     cache: dict[tuple[UUID, int], dict[str, JobSpec]] = {}
     input_event = event_json(event_id, producer["task_id"], event)
@@ -161,31 +160,34 @@ def fire(
     """Records the firing (once per (dag, trigger, fire_key)) and returns the source-job tasks
     to create with their status (a rebuilding version's are held until cutover); an
     already-recorded firing returns its run and no tasks."""
-    conn.execute(_Q.lock_dag_shared, {"dag_id": dag["dag_id"]})
+    DagTaskStore(conn).lock_dag_shared(dag_id=dag["dag_id"])
     run_id = uuid.uuid4()
-    row = conn.execute(
-        _Q.insert_fire,
-        {
-            "run_id": run_id,
-            "dag_id": dag["dag_id"],
-            "dag_version": dag["active_version"],
-            "trigger": trigger,
-            "kind": kind,
-            "fire_key": fire_key,
-            "config": Jsonb(config),
-            "fired_by": fired_by,
-        },
-    ).fetchone()
+    row = (
+        DagTaskStore(conn)
+        .insert_fire(
+            run_id=run_id,
+            dag_id=dag["dag_id"],
+            dag_version=dag["active_version"],
+            trigger=trigger,
+            kind=kind,
+            fire_key=fire_key,
+            config=Jsonb(config),
+            fired_by=fired_by,
+        )
+        .fetchone()
+    )
     if row is None:
-        existing = conn.execute(
-            _Q.fire_by_key, {"dag_id": dag["dag_id"], "trigger": trigger, "fire_key": fire_key}
-        ).fetchone()
+        existing = (
+            DagTaskStore(conn)
+            .fire_by_key(dag_id=dag["dag_id"], trigger=trigger, fire_key=fire_key)
+            .fetchone()
+        )
         assert existing is not None
         return existing["run_id"], []
     event = fire_event(trigger, kind, fire_key, config)
     specs: list[tuple[TaskSpec, str]] = []
     cache: dict[int, dict[str, JobSpec]] = {}
-    for s in conn.execute(_Q.source_jobs, {"dag_id": dag["dag_id"]}).fetchall():
+    for s in DagTaskStore(conn).source_jobs(dag_id=dag["dag_id"]).fetchall():
         if s["version"] not in cache:
             cache[s["version"]] = _jobs(conn, dag["dag_id"], s["version"])
         spec = job_task(

@@ -12,10 +12,9 @@ from uuid import UUID
 from psycopg import Connection
 
 from trace_platform.contract import LITE_ORG_ID
-from trace_platform.db.queries import Queries
 from trace_platform.errors import Forbidden, Invalid
+from trace_platform.store.identity import IdentityStore
 
-_Q = Queries("identity")
 LITE_ADMIN = "admin"
 KEY_PREFIX = "trc_"
 
@@ -50,9 +49,8 @@ def new_key() -> str:
 def create_key(conn: Connection[Any], user_id: UUID) -> str:
     """Returns the key once; only its digest is stored."""
     key = new_key()
-    conn.execute(
-        _Q.insert_key,
-        {"key_id": uuid.uuid4(), "user_id": user_id, "key_hash": hash_key(key), "prefix": key[:8]},
+    IdentityStore(conn).insert_key(
+        key_id=uuid.uuid4(), user_id=user_id, key_hash=hash_key(key), prefix=key[:8]
     )
     return key
 
@@ -65,26 +63,19 @@ def ensure_user(
     is_admin: bool = False,
     roles: list[str] | None = None,
 ) -> Actor:
-    conn.execute(
-        _Q.ensure_user,
-        {
-            "user_id": uuid.uuid4(),
-            "org_id": org_id,
-            "name": name,
-            "is_admin": is_admin,
-            "roles": roles or [],
-        },
+    IdentityStore(conn).ensure_user(
+        user_id=uuid.uuid4(), org_id=org_id, name=name, is_admin=is_admin, roles=roles or []
     )
-    row = conn.execute(_Q.user_by_name, {"org_id": org_id, "name": name}).fetchone()
+    row = IdentityStore(conn).user_by_name(org_id=org_id, name=name).fetchone()
     assert row is not None
     return actor_from_row(row)
 
 
 def bootstrap_lite(conn: Connection[Any]) -> tuple[Actor, str | None]:
     """The Lite org and its admin; returns a new admin key only the first time."""
-    conn.execute(_Q.ensure_org, {"org_id": LITE_ORG_ID, "name": "lite"})
+    IdentityStore(conn).ensure_org(org_id=LITE_ORG_ID, name="lite")
     admin = ensure_user(conn, LITE_ORG_ID, LITE_ADMIN, is_admin=True)
-    if conn.execute(_Q.user_has_key, {"user_id": admin.user_id}).fetchone():
+    if IdentityStore(conn).user_has_key(user_id=admin.user_id).fetchone():
         return admin, None
     return admin, create_key(conn, admin.user_id)
 
@@ -92,12 +83,12 @@ def bootstrap_lite(conn: Connection[Any]) -> tuple[Actor, str | None]:
 def authenticate(conn: Connection[Any], key: str | None) -> Actor | None:
     if not key:
         return None
-    row = conn.execute(_Q.authenticate, {"key_hash": hash_key(key)}).fetchone()
+    row = IdentityStore(conn).authenticate(key_hash=hash_key(key)).fetchone()
     return actor_from_row(row) if row else None
 
 
 def lite_admin(conn: Connection[Any]) -> Actor:
-    row = conn.execute(_Q.user_by_name, {"org_id": LITE_ORG_ID, "name": LITE_ADMIN}).fetchone()
+    row = IdentityStore(conn).user_by_name(org_id=LITE_ORG_ID, name=LITE_ADMIN).fetchone()
     if row is None:
         admin, _ = bootstrap_lite(conn)
         return admin
@@ -109,10 +100,9 @@ def set_roles(
 ) -> None:
     require_admin(actor, "change users' roles")
     if (
-        conn.execute(
-            _Q.set_roles,
-            {"org_id": actor.org_id, "name": name, "roles": roles, "is_admin": is_admin},
-        ).fetchone()
+        IdentityStore(conn)
+        .set_roles(org_id=actor.org_id, name=name, roles=roles, is_admin=is_admin)
+        .fetchone()
         is None
     ):
         raise Invalid(f"no user '{name}' in this org")

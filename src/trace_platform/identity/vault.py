@@ -22,11 +22,9 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from psycopg import Connection
 
 from trace_platform.config import Profile, Settings
-from trace_platform.db.queries import Queries
 from trace_platform.errors import Invalid, TraceError
 from trace_platform.identity import Actor
-
-_Q = Queries("secrets")
+from trace_platform.store.secrets import SecretStore
 
 # The rule of the `secrets.name` CHECK constraint (migration 0003), checked before touching it.
 SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
@@ -145,15 +143,12 @@ class Vault:
         Dispatcher if a task meets one first); returns how many. With none: one query, no
         lock, no key."""
         with conn.transaction():
-            rows = conn.execute(_Q.legacy_plaintext).fetchall()
+            rows = SecretStore(conn).legacy_plaintext().fetchall()
             for r in rows:
-                conn.execute(
-                    _Q.seal_legacy,
-                    {
-                        "org_id": r["org_id"],
-                        "name": r["name"],
-                        "ciphertext": self.seal(r["org_id"], r["name"], r["legacy_value"]),
-                    },
+                SecretStore(conn).seal_legacy(
+                    org_id=r["org_id"],
+                    name=r["name"],
+                    ciphertext=self.seal(r["org_id"], r["name"], r["legacy_value"]),
                 )
         return len(rows)
 

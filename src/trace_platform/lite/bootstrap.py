@@ -12,6 +12,7 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
 from trace_platform.identity import bootstrap_lite
+from trace_platform.store.identity import IdentityStore
 
 
 def key_file(settings: Settings) -> Path:
@@ -25,7 +26,7 @@ def bootstrap(settings: Settings, pool: ConnectionPool) -> str | None:
     # listable; everything secret inside is 0600, and the operator sandbox never sees it.
     settings.home.chmod(0o711)
     with pool.connection() as conn, conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('trace_bootstrap'))")
+        IdentityStore(conn).lock_bootstrap()
         _, key = bootstrap_lite(conn)
     if key is not None:
         _write_private(key_file(settings), key, replace=True)

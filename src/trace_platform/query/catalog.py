@@ -9,18 +9,16 @@ from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
-from trace_platform.db.queries import Queries
 from trace_platform.errors import NotFound
 from trace_platform.identity import Actor, can_read_row
 from trace_platform.objectstore import ObjectStore, list_all
 from trace_platform.query.pins import Pin
-
-_Q = Queries("query")
+from trace_platform.store.pins import PinStore
 
 
 def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
     with pool.connection() as conn:
-        rows = conn.execute(_Q.readable_names, {"org_id": actor.org_id}).fetchall()
+        rows = PinStore(conn).readable_names(org_id=actor.org_id).fetchall()
     return [r["dataset_name"] for r in rows if can_read_row(actor, r)]
 
 
@@ -28,12 +26,12 @@ def lease(pool: ConnectionPool, query_id: UUID, ttl_seconds: float) -> None:
     """Registers a running query before it pins anything (its own transaction, committed first):
     while it lives, the collector deletes no location it may have pinned."""
     with pool.connection() as conn:
-        conn.execute(_Q.insert_pin, {"query_id": query_id, "ttl": ttl_seconds})
+        PinStore(conn).insert_pin(query_id=query_id, ttl=ttl_seconds)
 
 
 def release(pool: ConnectionPool, query_id: UUID) -> None:
     with pool.connection() as conn:
-        conn.execute(_Q.delete_pin, {"query_id": query_id})
+        PinStore(conn).delete_pin(query_id=query_id)
 
 
 def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str]) -> dict[str, Pin]:
@@ -44,7 +42,7 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
     One statement reads every pin, so all of them come from one snapshot."""
     wanted = sorted(names)
     with pool.connection() as conn:
-        rows = conn.execute(_Q.pin_datasets, {"org_id": actor.org_id, "names": wanted}).fetchall()
+        rows = PinStore(conn).pin_datasets(org_id=actor.org_id, names=wanted).fetchall()
     by_name = {r["dataset_name"]: r for r in rows}
     hidden = [n for n in wanted if n not in by_name or not can_read_row(actor, by_name[n])]
     if hidden:

@@ -13,10 +13,9 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from trace_platform.db.queries import Queries
 from trace_platform.objectstore import ObjectStore, delete_prefix
+from trace_platform.store.collector import CollectorStore
 
-_Q = Queries("collector")
 log = logging.getLogger("trace.collector")
 
 
@@ -58,13 +57,15 @@ class Collector:
     def collect_batch(self) -> int:
         """One batch: deletes what may go and marks it; returns how many were deleted."""
         with self.pool.connection() as conn, conn.transaction():
-            conn.execute(_Q.expire_pins)
-            rows = conn.execute(
-                _Q.collectable, {"grace": self.grace_seconds, "batch": self.batch_size}
-            ).fetchall()
+            CollectorStore(conn).expire_pins()
+            rows = (
+                CollectorStore(conn)
+                .collectable(grace=self.grace_seconds, batch=self.batch_size)
+                .fetchall()
+            )
             done = [r["id"] for r in rows if self._delete(r)]
             if done:
-                conn.execute(_Q.mark_deleted, {"ids": done})
+                CollectorStore(conn).mark_deleted(ids=done)
         return len(done)
 
     def collect(self, stop: threading.Event | None = None) -> int:

@@ -20,16 +20,14 @@ from psycopg.types.json import Jsonb
 from trace_platform import faults
 from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
 from trace_platform.dag.validate import DagInvalid, DagProblem
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
 from trace_platform.registry import rollout
-
-_Q = Queries("registry")
-_S = Queries("secrets")
-_O = Queries("rollout")
+from trace_platform.store.registry import RegistryStore
+from trace_platform.store.rollout import RolloutStore
+from trace_platform.store.secrets import SecretStore
 
 
 def dataset_location(org_id: UUID, dataset_uuid: UUID, backend: str) -> str:
@@ -189,20 +187,14 @@ def _lock_dag(
     """The DAG row (made on a first deploy), locked, once the actor may deploy it. A dry run
     holds the change lock shared: events keep flowing while it plans."""
     created = (
-        conn.execute(
-            _Q.insert_dag,
-            {
-                "dag_id": uuid.uuid4(),
-                "org_id": actor.org_id,
-                "name": spec.name,
-                "owner": actor.user_id,
-            },
-        ).rowcount
+        RegistryStore(conn)
+        .insert_dag(dag_id=uuid.uuid4(), org_id=actor.org_id, name=spec.name, owner=actor.user_id)
+        .rowcount
         == 1
     )
     # Not locked yet: the change lock comes first, then the row (every change takes them in
     # that order; a row locked first would deadlock with a cutover).
-    dag = conn.execute(_Q.dag_by_name, {"org_id": actor.org_id, "name": spec.name}).fetchone()
+    dag = RegistryStore(conn).dag_by_name(org_id=actor.org_id, name=spec.name).fetchone()
     assert dag is not None
     if not can_deploy(actor, dag):
         raise Forbidden(
@@ -211,9 +203,11 @@ def _lock_dag(
     dag = rollout.lock(conn, dag["dag_id"], shared=dry_run)
     previous: dict[str, Any] = {}
     if dag["active_version"] is not None:
-        prev = conn.execute(
-            _Q.dag_version, {"dag_id": dag["dag_id"], "version": dag["active_version"]}
-        ).fetchone()
+        prev = (
+            RegistryStore(conn)
+            .dag_version(dag_id=dag["dag_id"], version=dag["active_version"])
+            .fetchone()
+        )
         previous = prev["spec"]["jobs"] if prev else {}
     return _Deploy(conn, actor, spec, source_yaml, source, dag, created, previous)
 
@@ -226,17 +220,14 @@ def _supersede_rebuild(d: _Deploy) -> None:
 
 def _store_version(d: _Deploy) -> None:
     """The immutable dag_version: the spec as deployed, its source and checksum."""
-    d.version = d.conn.execute(_Q.next_version, {"dag_id": d.dag_id}).fetchone()["v"]  # type: ignore[index]
-    d.conn.execute(
-        _Q.insert_dag_version,
-        {
-            "dag_id": d.dag_id,
-            "version": d.version,
-            "spec": Jsonb(d.spec.model_dump(mode="json", by_alias=True)),
-            "source_yaml": d.source_yaml,
-            "checksum": hashlib.sha256(d.source_yaml.encode()).hexdigest(),
-            "deployed_by": d.deployer.user_id,
-        },
+    d.version = RegistryStore(d.conn).next_version(dag_id=d.dag_id).fetchone()["v"]  # type: ignore[index]
+    RegistryStore(d.conn).insert_dag_version(
+        dag_id=d.dag_id,
+        version=d.version,
+        spec=Jsonb(d.spec.model_dump(mode="json", by_alias=True)),
+        source_yaml=d.source_yaml,
+        checksum=hashlib.sha256(d.source_yaml.encode()).hexdigest(),
+        deployed_by=d.deployer.user_id,
     )
 
 
@@ -268,7 +259,7 @@ def _assign_datasets(d: _Deploy, *, shape: bool = True) -> None:
     shape (backend, update strategy) changes only when a version that has it goes live."""
     known = {
         (r["producer_job"], r["producer_output_index"]): r
-        for r in d.conn.execute(_Q.datasets_of_dag, {"dag_id": d.dag_id}).fetchall()
+        for r in RegistryStore(d.conn).datasets_of_dag(dag_id=d.dag_id).fetchall()
     }
     for name, job in d.spec.jobs.items():
         for idx, out in enumerate(job.outputs):
@@ -282,18 +273,11 @@ def _assign_datasets(d: _Deploy, *, shape: bool = True) -> None:
                 "unique_key": out.unique_key,
             }
             if row is None:
-                d.conn.execute(
-                    _Q.insert_dataset,
-                    {
-                        **fields,
-                        "org_id": d.org_id,
-                        "dag_id": d.dag_id,
-                        "job": name,
-                        "idx": idx,
-                    },
+                RegistryStore(d.conn).insert_dataset(
+                    **fields, org_id=d.org_id, dag_id=d.dag_id, job=name, idx=idx
                 )
             elif shape and any(row[k] != v for k, v in fields.items()):
-                d.conn.execute(_Q.update_dataset_shape, fields)
+                RegistryStore(d.conn).update_dataset_shape(**fields)
             d.outputs[(name, idx)] = ds_uuid
 
 
@@ -312,38 +296,29 @@ def _cut_versions(d: _Deploy) -> None:
             if cut or ver is None:
                 cut = True
                 ver = uuid.uuid4()
-                d.conn.execute(
-                    _O.insert_dataset_version,
-                    {
-                        "dataset_version": ver,
-                        "dataset_uuid": ds_uuid,
-                        "dag_id": d.dag_id,
-                        "dag_version": d.version,
-                        "location": version_location(d.org_id, ds_uuid, ver, out.backend),
-                        "state": "building" if d.building else "complete",
-                        "backend": out.backend,
-                        "update_strategy": out.update_strategy,
-                        "unique_key": out.unique_key,
-                    },
+                RolloutStore(d.conn).insert_dataset_version(
+                    dataset_version=ver,
+                    dataset_uuid=ds_uuid,
+                    dag_id=d.dag_id,
+                    dag_version=d.version,
+                    location=version_location(d.org_id, ds_uuid, ver, out.backend),
+                    state="building" if d.building else "complete",
+                    backend=out.backend,
+                    update_strategy=out.update_strategy,
+                    unique_key=out.unique_key,
                 )
-            d.conn.execute(
-                _O.insert_version_output,
-                {
-                    "dag_id": d.dag_id,
-                    "version": d.version,
-                    "job": name,
-                    "dataset_uuid": ds_uuid,
-                    "dataset_version": ver,
-                },
+            RolloutStore(d.conn).insert_version_output(
+                dag_id=d.dag_id,
+                version=d.version,
+                job=name,
+                dataset_uuid=ds_uuid,
+                dataset_version=ver,
             )
-        d.conn.execute(
-            _O.insert_version_job,
-            {
-                "dag_id": d.dag_id,
-                "version": d.version,
-                "job": name,
-                "since_version": d.version if cut else live_lineage.get(name, 0),
-            },
+        RolloutStore(d.conn).insert_version_job(
+            dag_id=d.dag_id,
+            version=d.version,
+            job=name,
+            since_version=d.version if cut else live_lineage.get(name, 0),
         )
 
 
@@ -351,14 +326,12 @@ def _publish_names(d: _Deploy, *, apply: bool = True) -> None:
     """Publishing is metadata only: names move, data does not. A building version's names
     are checked now and move at its cutover."""
     if apply:
-        d.conn.execute(_Q.unpublish_dag, {"dag_id": d.dag_id})
+        RegistryStore(d.conn).unpublish_dag(dag_id=d.dag_id)
     for i, pub in enumerate(d.spec.publish):
         ds_uuid = d.outputs[(pub.job, pub.output_index)]
-        owner = d.conn.execute(
-            _Q.dataset_by_name, {"org_id": d.org_id, "name": pub.dataset}
-        ).fetchone()
+        owner = RegistryStore(d.conn).dataset_by_name(org_id=d.org_id, name=pub.dataset).fetchone()
         if owner is not None and owner["producer_dag_id"] != d.dag_id:
-            other = d.conn.execute(_Q.dag_by_id, {"dag_id": owner["producer_dag_id"]}).fetchone()
+            other = RegistryStore(d.conn).dag_by_id(dag_id=owner["producer_dag_id"]).fetchone()
             d.problems.append(
                 DagProblem(
                     f"publish[{i}].dataset",
@@ -368,17 +341,14 @@ def _publish_names(d: _Deploy, *, apply: bool = True) -> None:
             )
             continue
         if apply:
-            d.conn.execute(_Q.publish, {"dataset_uuid": ds_uuid, "name": pub.dataset})
+            RegistryStore(d.conn).publish(dataset_uuid=ds_uuid, name=pub.dataset)
         d.published[pub.dataset] = ds_uuid
     for pub in d.spec.publish if apply else []:
         if pub.hot_window is not None and {pub.dataset, pub.hot_window.of} <= d.published.keys():
-            d.conn.execute(
-                _Q.set_hot_window,
-                {
-                    "dataset_uuid": d.published[pub.dataset],
-                    "of": d.published[pub.hot_window.of],
-                    "key": pub.hot_window.key,
-                },
+            RegistryStore(d.conn).set_hot_window(
+                dataset_uuid=d.published[pub.dataset],
+                of=d.published[pub.hot_window.of],
+                key=pub.hot_window.key,
             )
 
 
@@ -393,24 +363,19 @@ def _wire_subscriptions(d: _Deploy) -> None:
                 ds_uuid = _shared_dataset(d, name, i, inp)
                 if ds_uuid is None:
                     continue
-            d.conn.execute(
-                _Q.insert_subscription,
-                {
-                    "dag_id": d.dag_id,
-                    "dag_version": d.version,
-                    "job": name,
-                    "input_index": i,
-                    "dataset_uuid": ds_uuid,
-                    "triggers": inp.triggers,
-                },
+            RegistryStore(d.conn).insert_subscription(
+                dag_id=d.dag_id,
+                dag_version=d.version,
+                job=name,
+                input_index=i,
+                dataset_uuid=ds_uuid,
+                triggers=inp.triggers,
             )
 
 
 def _shared_dataset(d: _Deploy, job: str, i: int, inp: SharedRead) -> UUID | None:
     """Another DAG's published dataset, if it exists (else a problem) and the actor may read it."""
-    ds = d.conn.execute(
-        _Q.dataset_by_name, {"org_id": d.org_id, "name": inp.from_.dataset}
-    ).fetchone()
+    ds = RegistryStore(d.conn).dataset_by_name(org_id=d.org_id, name=inp.from_.dataset).fetchone()
     if ds is None:
         d.problems.append(
             DagProblem(
@@ -419,7 +384,7 @@ def _shared_dataset(d: _Deploy, job: str, i: int, inp: SharedRead) -> UUID | Non
             )
         )
         return None
-    producer = d.conn.execute(_Q.dag_by_id, {"dag_id": ds["producer_dag_id"]}).fetchone()
+    producer = RegistryStore(d.conn).dag_by_id(dag_id=ds["producer_dag_id"]).fetchone()
     if not can_read(d.deployer, ds, producer):
         raise Forbidden(
             f"{d.source}: jobs.{job}.inputs[{i}]: '{d.deployer.name}' may not read dataset "
@@ -436,20 +401,17 @@ def _pool_slots(d: _Deploy, *, retire: bool = True) -> None:
     idxs: list[int] = []
     for pool, slots in d.spec.worker_pools.items():
         for i, slot in enumerate(slots):
-            d.conn.execute(
-                _Q.upsert_slot,
-                {
-                    "dag_id": d.dag_id,
-                    "pool": pool,
-                    "slot_index": i,
-                    "env": Jsonb(slot.env),
-                    "secrets": Jsonb(slot.secrets),
-                },
+            RegistryStore(d.conn).upsert_slot(
+                dag_id=d.dag_id,
+                pool=pool,
+                slot_index=i,
+                env=Jsonb(slot.env),
+                secrets=Jsonb(slot.secrets),
             )
             pools.append(pool)
             idxs.append(i)
     if retire:
-        d.conn.execute(_Q.retire_slots, {"dag_id": d.dag_id, "pools": pools, "idx": idxs})
+        RegistryStore(d.conn).retire_slots(dag_id=d.dag_id, pools=pools, idx=idxs)
 
 
 def _check_secrets(d: _Deploy) -> None:
@@ -458,9 +420,7 @@ def _check_secrets(d: _Deploy) -> None:
     wanted = {
         s for slots in d.spec.worker_pools.values() for slot in slots for s in slot.secrets.values()
     }
-    for row in d.conn.execute(
-        _S.secrets_named, {"org_id": d.org_id, "names": sorted(wanted)}
-    ).fetchall():
+    for row in SecretStore(d.conn).secrets_named(org_id=d.org_id, names=sorted(wanted)).fetchall():
         if row["org_id"] is None:
             d.problems.append(
                 DagProblem(
@@ -477,21 +437,20 @@ def _check_secrets(d: _Deploy) -> None:
 
 def _init_cron(d: _Deploy) -> None:
     for cron in d.spec.triggers.cron:
-        d.conn.execute(_Q.init_cron, {"dag_id": d.dag_id, "trigger": cron.name})
+        RegistryStore(d.conn).init_cron(dag_id=d.dag_id, trigger=cron.name)
 
 
 def _go_live(d: _Deploy) -> dict[str, rollout.Replay]:
     """Nothing this version changes alters what a job produces (or it is the first): it is
     live at once, and the outputs it cut (new jobs, first deploy) are current."""
     key = {"dag_id": d.dag_id, "version": d.version}
-    d.conn.execute(_O.point_current, key)
-    d.conn.execute(_O.make_active, key)
+    RolloutStore(d.conn).point_current(**key)
+    RolloutStore(d.conn).make_active(**key)
     if d.dag["active_version"] is not None:
-        d.conn.execute(
-            _O.set_version_state,
-            {"dag_id": d.dag_id, "version": d.dag["active_version"], "state": "retired"},
+        RolloutStore(d.conn).set_version_state(
+            dag_id=d.dag_id, version=d.dag["active_version"], state="retired"
         )
-    d.conn.execute(_O.set_version_state, {**key, "state": "active"})
+    RolloutStore(d.conn).set_version_state(**key, state="active")
     return {}
 
 
@@ -502,9 +461,9 @@ def _start_rebuild(
     (and their downstream follows as the rebuild runs); it goes live at cutover. A dry run
     only counts the replays."""
     key = {"dag_id": d.dag_id, "version": d.version}
-    d.conn.execute(_O.set_building, key)
-    d.conn.execute(_O.set_version_state, {**key, "state": "building"})
-    d.conn.execute(_O.set_manual_cutover, {**key, "manual": manual})
+    RolloutStore(d.conn).set_building(**key)
+    RolloutStore(d.conn).set_version_state(**key, state="building")
+    RolloutStore(d.conn).set_manual_cutover(**key, manual=manual)
     return rollout.replay(
         d.conn,
         intents,

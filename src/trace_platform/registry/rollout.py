@@ -22,14 +22,12 @@ from psycopg.types.json import Jsonb
 from trace_platform import faults
 from trace_platform.contract import EventIn, RangeSpec
 from trace_platform.dag.schema import DagSpec, JobOutputRef, SharedRead
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.dag_tasks import event_json, fire_event, job_task
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict
-
-_Q = Queries("rollout")
-_R = Queries("registry")
-_T = Queries("dag_tasks")
+from trace_platform.store.dag_tasks import DagTaskStore
+from trace_platform.store.registry import RegistryStore
+from trace_platform.store.rollout import RolloutStore
 
 SCOPES_SHOWN = 20  # scopes listed per job in a plan; the count is always whole
 
@@ -53,25 +51,25 @@ def lock(conn: Connection[Any], dag_id: UUID, *, shared: bool = False) -> dict[s
     """The DAG's change lock, then its row, both held to the end of the transaction (`shared`:
     only the change lock, shared, as event fan-out takes it: for a plan that changes nothing)."""
     if shared:
-        conn.execute(_T.lock_dag_shared, {"dag_id": dag_id})
-        row = conn.execute(_R.dag_by_id, {"dag_id": dag_id}).fetchone()
+        DagTaskStore(conn).lock_dag_shared(dag_id=dag_id)
+        row = RegistryStore(conn).dag_by_id(dag_id=dag_id).fetchone()
         assert row is not None
         return row  # type: ignore[no-any-return]
-    conn.execute(_Q.lock_dag, {"dag_id": dag_id})
-    row = conn.execute(_Q.dag_for_update, {"dag_id": dag_id}).fetchone()
+    RolloutStore(conn).lock_dag(dag_id=dag_id)
+    row = RolloutStore(conn).dag_for_update(dag_id=dag_id).fetchone()
     assert row is not None
     return row  # type: ignore[no-any-return]
 
 
 def version_map(conn: Connection[Any], dag_id: UUID, version: int) -> dict[UUID, UUID]:
     """dataset -> the dataset version this DAG version writes."""
-    rows = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": version}).fetchall()
+    rows = RolloutStore(conn).version_outputs(dag_id=dag_id, version=version).fetchall()
     return {r["dataset_uuid"]: r["dataset_version"] for r in rows}
 
 
 def lineage(conn: Connection[Any], dag_id: UUID, version: int) -> dict[str, int]:
     """job -> the DAG version whose deploy cut its outputs."""
-    rows = conn.execute(_Q.version_jobs, {"dag_id": dag_id, "version": version}).fetchall()
+    rows = RolloutStore(conn).version_jobs(dag_id=dag_id, version=version).fetchall()
     return {r["job"]: r["since_version"] for r in rows}
 
 
@@ -106,20 +104,17 @@ def replay(
     rebuilt = {ds for ds, ver in vmap.items() if current.get(ds) != ver}
     run_id = uuid.uuid4()
     if not dry_run:
-        conn.execute(
-            _Q.insert_change_run,
-            {
-                "run_id": run_id,
-                "dag_id": dag_id,
-                "dag_version": version,
-                "kind": kind,
-                "fire_key": f"{kind}:v{version}:{run_id}",
-                "config": Jsonb({"jobs": sorted(jobs)}),
-                "fired_by": fired_by,
-            },
+        RolloutStore(conn).insert_change_run(
+            run_id=run_id,
+            dag_id=dag_id,
+            dag_version=version,
+            kind=kind,
+            fire_key=f"{kind}:v{version}:{run_id}",
+            config=Jsonb({"jobs": sorted(jobs)}),
+            fired_by=fired_by,
         )
     plans: dict[str, Replay] = {}
-    outputs = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": version}).fetchall()
+    outputs = RolloutStore(conn).version_outputs(dag_id=dag_id, version=version).fetchall()
     for name in sorted(jobs):
         plan = plans[name] = Replay(name)
         target = [
@@ -167,7 +162,7 @@ def _history(
                 None,
                 f"{f['kind']}:{f['trigger']}:{f['fire_key']}",
             )
-            for f in conn.execute(_Q.replay_fires, common).fetchall()
+            for f in RolloutStore(conn).replay_fires(**common).fetchall()
         ]
     out: list[tuple[dict[str, Any], UUID | None, str]] = []
     for inp in job.inputs:
@@ -184,7 +179,7 @@ def _history(
             "dataset_uuid": ds,
             "written": Jsonb([{"dataset_version": str(written)}]),
         }
-        for e in conn.execute(_Q.replay_events, params).fetchall():
+        for e in RolloutStore(conn).replay_events(**params).fetchall():
             ev = EventIn(
                 dataset_uuid=e["dataset_uuid"],
                 cursor=e["cursor"],
@@ -231,32 +226,32 @@ def _sharing(conn: Connection[Any], dag: dict[str, Any], job: str) -> list[int]:
     since = lineage(conn, dag["dag_id"], dag["active_version"]).get(job)
     if since is None:
         return []
-    rows = conn.execute(
-        _Q.lineage_versions, {"dag_id": dag["dag_id"], "job": job, "since": since}
-    ).fetchall()
+    rows = (
+        RolloutStore(conn).lineage_versions(dag_id=dag["dag_id"], job=job, since=since).fetchall()
+    )
     return [r["dag_version"] for r in rows]
 
 
 def _current(conn: Connection[Any], datasets: list[UUID]) -> dict[UUID, UUID]:
-    rows = conn.execute(_Q.current_of, {"datasets": datasets}).fetchall()
+    rows = RolloutStore(conn).current_of(datasets=datasets).fetchall()
     return {r["dataset_uuid"]: r["dataset_version"] for r in rows}
 
 
 def _input_dataset(conn: Connection[Any], dag: dict[str, Any], inp: Any) -> UUID | None:
     if isinstance(inp, JobOutputRef):
         key = {"dag_id": dag["dag_id"], "job": inp.job, "idx": inp.output}
-        row = conn.execute(_R.dataset_by_producer, key).fetchone()
+        row = RegistryStore(conn).dataset_by_producer(**key).fetchone()
     else:
         assert isinstance(inp, SharedRead)
         key = {"org_id": dag["org_id"], "name": inp.from_.dataset}
-        row = conn.execute(_R.dataset_by_name, key).fetchone()
+        row = RegistryStore(conn).dataset_by_name(**key).fetchone()
     return row["dataset_uuid"] if row else None
 
 
 # -- progress, cutover, rollback -----------------------------------------------------------
 def progress(conn: Connection[Any], dag_id: UUID, version: int) -> list[dict[str, Any]]:
     """Per job of `version`: its tasks, how many succeeded, wait, are held, failed."""
-    return conn.execute(_Q.progress, {"dag_id": dag_id, "version": version}).fetchall()
+    return RolloutStore(conn).progress(dag_id=dag_id, version=version).fetchall()
 
 
 def blockers(rows: list[dict[str, Any]]) -> str | None:
@@ -302,24 +297,23 @@ def cutover(
     previous = dag["active_version"]
     rebuilt = [j for j, since in lineage(conn, dag_id, version).items() if since == version]
     key = {"dag_id": dag_id, "version": version}
-    conn.execute(_Q.complete_versions, key)
-    swapped = conn.execute(_Q.point_current, key).fetchall()
+    RolloutStore(conn).complete_versions(**key)
+    swapped = RolloutStore(conn).point_current(**key).fetchall()
     faults.point("rollout.cutover_after_swap")  # chaos: die with pointers half-written
-    conn.execute(_Q.make_active, key)
+    RolloutStore(conn).make_active(**key)
     if previous is not None:
-        conn.execute(
-            _Q.set_version_state, {"dag_id": dag_id, "version": previous, "state": "retired"}
+        RolloutStore(conn).set_version_state(dag_id=dag_id, version=previous, state="retired")
+    RolloutStore(conn).set_version_state(**key, state="active")
+    canceled = (
+        RolloutStore(conn)
+        .cancel_work(
+            dag_id=dag_id,
+            versions=[v for v in _live_versions(conn, dag_id) if v != version],
+            jobs=rebuilt,
+            reason=f"superseded by version {version} at cutover",
         )
-    conn.execute(_Q.set_version_state, {**key, "state": "active"})
-    canceled = conn.execute(
-        _Q.cancel_work,
-        {
-            "dag_id": dag_id,
-            "versions": [v for v in _live_versions(conn, dag_id) if v != version],
-            "jobs": rebuilt,
-            "reason": f"superseded by version {version} at cutover",
-        },
-    ).fetchall()
+        .fetchall()
+    )
     released = _release(conn, intents, dag_id, version)
     readers = refresh_readers(conn, intents, dag_id, [r["dataset_uuid"] for r in swapped], spec_of)
     return {
@@ -346,9 +340,9 @@ def refresh_readers(
     if not datasets:
         return {}
     out: dict[str, int] = {}
-    for r in conn.execute(_Q.shared_readers, {"dag_id": dag_id, "datasets": datasets}).fetchall():
-        conn.execute(_T.lock_dag_shared, {"dag_id": r["dag_id"]})
-        reader = conn.execute(_R.dag_by_id, {"dag_id": r["dag_id"]}).fetchone()
+    for r in RolloutStore(conn).shared_readers(dag_id=dag_id, datasets=datasets).fetchall():
+        DagTaskStore(conn).lock_dag_shared(dag_id=r["dag_id"])
+        reader = RegistryStore(conn).dag_by_id(dag_id=r["dag_id"]).fetchone()
         assert reader is not None
         plans = replay(
             conn,
@@ -367,14 +361,14 @@ def refresh_readers(
 
 
 def _release(conn: Connection[Any], intents: Intents, dag_id: UUID, version: int) -> int:
-    rows = conn.execute(_Q.release_buffered, {"dag_id": dag_id, "version": version}).fetchall()
+    rows = RolloutStore(conn).release_buffered(dag_id=dag_id, version=version).fetchall()
     for r in rows:
         intents.wake(conn, r["task_id"])
     return len(rows)
 
 
 def _live_versions(conn: Connection[Any], dag_id: UUID) -> list[int]:
-    rows = conn.execute(_Q.dag_versions, {"dag_id": dag_id}).fetchall()
+    rows = RolloutStore(conn).dag_versions(dag_id=dag_id).fetchall()
     return [r["version"] for r in rows]
 
 
@@ -385,12 +379,11 @@ def abandon(conn: Connection[Any], dag: dict[str, Any], reason: str) -> int | No
     if version is None:
         return None
     key = {"dag_id": dag["dag_id"], "version": version}
-    conn.execute(_Q.abandon_versions, key)
-    conn.execute(_Q.set_version_state, {**key, "state": "abandoned"})
-    conn.execute(_Q.set_building, {"dag_id": dag["dag_id"], "version": None})
-    conn.execute(
-        _Q.cancel_work,
-        {"dag_id": dag["dag_id"], "versions": [version], "jobs": None, "reason": reason},
+    RolloutStore(conn).abandon_versions(**key)
+    RolloutStore(conn).set_version_state(**key, state="abandoned")
+    RolloutStore(conn).set_building(dag_id=dag["dag_id"], version=None)
+    RolloutStore(conn).cancel_work(
+        dag_id=dag["dag_id"], versions=[version], jobs=None, reason=reason
     )
     dag["building_version"] = None
     return int(version)
@@ -425,12 +418,12 @@ def rollback(
         to = _previous_active(conn, dag_id, active)
     if to == active:
         raise Conflict("already_active", f"version {to} of DAG '{dag['name']}' is already active")
-    states = {r["version"]: r for r in conn.execute(_Q.dag_versions, {"dag_id": dag_id})}
+    states = {r["version"]: r for r in RolloutStore(conn).dag_versions(dag_id=dag_id)}
     if to not in states:
         raise Conflict("unknown_version", f"DAG '{dag['name']}' has no version {to}")
     if states[to]["state"] == "abandoned":
         raise Conflict("abandoned", f"version {to} of DAG '{dag['name']}' was never completed")
-    outs = conn.execute(_Q.version_outputs, {"dag_id": dag_id, "version": to}).fetchall()
+    outs = RolloutStore(conn).version_outputs(dag_id=dag_id, version=to).fetchall()
     spec = spec_of(dag_id, to)
     wanted = sum(len(j.outputs) for j in spec.jobs.values())
     if len(outs) < wanted or any(o["state"] != "complete" for o in outs):
@@ -440,25 +433,24 @@ def rollback(
             "versions were purged or never completed",
         )
     key = {"dag_id": dag_id, "version": to}
-    swapped = conn.execute(_Q.point_current, key).fetchall()
-    conn.execute(_Q.make_active, key)
-    conn.execute(
-        _Q.set_version_state, {"dag_id": dag_id, "version": active, "state": "rolled_back"}
-    )
-    conn.execute(_Q.set_version_state, {**key, "state": "active"})
+    swapped = RolloutStore(conn).point_current(**key).fetchall()
+    RolloutStore(conn).make_active(**key)
+    RolloutStore(conn).set_version_state(dag_id=dag_id, version=active, state="rolled_back")
+    RolloutStore(conn).set_version_state(**key, state="active")
     # Only the jobs the two versions do not share: the others' work is the same in both, it
     # goes on (and lands) whichever version made it.
     before, after = lineage(conn, dag_id, active), lineage(conn, dag_id, to)
     jobs = {j for j, since in after.items() if before.get(j) != since}
-    canceled = conn.execute(
-        _Q.cancel_work,
-        {
-            "dag_id": dag_id,
-            "versions": [active],
-            "jobs": sorted(j for j, since in before.items() if after.get(j) != since),
-            "reason": "rolled back",
-        },
-    ).fetchall()
+    canceled = (
+        RolloutStore(conn)
+        .cancel_work(
+            dag_id=dag_id,
+            versions=[active],
+            jobs=sorted(j for j, since in before.items() if after.get(j) != since),
+            reason="rolled back",
+        )
+        .fetchall()
+    )
     # Jobs whose outputs differ missed what came while `to` was not live: each catches up on
     # it (what it already consumed is skipped).
     plans = replay(
@@ -486,7 +478,7 @@ def rollback(
 
 
 def _previous_active(conn: Connection[Any], dag_id: UUID, active: int) -> int:
-    rows = conn.execute(_Q.dag_versions, {"dag_id": dag_id}).fetchall()
+    rows = RolloutStore(conn).dag_versions(dag_id=dag_id).fetchall()
     for r in rows:  # newest first
         if r["version"] < active and r["activated_at"] is not None and r["state"] == "retired":
             return int(r["version"])
@@ -499,10 +491,10 @@ def set_paused(
     """Pause: the DAG's tasks are still created (nothing is lost) but none is claimed; running
     attempts finish. Resume wakes every waiting task."""
     dag = lock(conn, dag_id)
-    conn.execute(_Q.set_paused, {"dag_id": dag_id, "paused": paused})
+    RolloutStore(conn).set_paused(dag_id=dag_id, paused=paused)
     woken = 0
     if not paused and dag["paused"]:
-        for r in conn.execute(_Q.queued_of_dag, {"dag_id": dag_id}).fetchall():
+        for r in RolloutStore(conn).queued_of_dag(dag_id=dag_id).fetchall():
             intents.wake(conn, r["task_id"])
             woken += 1
     return {"dag": dag["name"], "paused": paused, "woken": woken}

@@ -13,15 +13,13 @@ from uuid import UUID
 
 from psycopg import Connection
 
-from trace_platform.db.queries import Queries
 from trace_platform.registry import rollout
-
-_R = Queries("registry")
+from trace_platform.store.registry import RegistryStore
 
 
 def list_versions(conn: Connection[Any], dataset_uuid: UUID) -> list[dict[str, Any]]:
     """Every version of the dataset, newest first."""
-    return conn.execute(_R.versions_of_dataset, {"dataset_uuid": dataset_uuid}).fetchall()
+    return RegistryStore(conn).versions_of_dataset(dataset_uuid=dataset_uuid).fetchall()
 
 
 def keep_reasons(
@@ -52,9 +50,9 @@ def purge(
     rows = list_versions(conn, dataset["dataset_uuid"])
     pinned = {
         r["dataset_version"]
-        for r in conn.execute(
-            _R.pinned_versions, {"dataset_uuid": dataset["dataset_uuid"]}
-        ).fetchall()
+        for r in RegistryStore(conn)
+        .pinned_versions(dataset_uuid=dataset["dataset_uuid"])
+        .fetchall()
     }
     complete = [r["dataset_version"] for r in rows if r["state"] == "complete"]
     newest = set(complete[:keep])  # rows come newest first
@@ -67,20 +65,17 @@ def purge(
         else:
             purged.append(r)
     doomed = [r["dataset_version"] for r in purged]
-    locations = conn.execute(_R.purge_locations, {"versions": doomed}).fetchall()
+    locations = RegistryStore(conn).purge_locations(versions=doomed).fetchall()
     if not dry_run:
-        conn.execute(
-            _R.purge_retire,
-            {
-                "org_id": dataset["org_id"],
-                "backends": [loc["backend"] for loc in locations],
-                "locations": [loc["location"] for loc in locations],
-            },
+        RegistryStore(conn).purge_retire(
+            org_id=dataset["org_id"],
+            backends=[loc["backend"] for loc in locations],
+            locations=[loc["location"] for loc in locations],
         )
         # Children first: commits and DAG-version maps reference the version row.
-        conn.execute(_R.purge_commits, {"versions": doomed})
-        conn.execute(_R.purge_outputs, {"versions": doomed})
-        conn.execute(_R.purge_versions, {"versions": doomed})
+        RegistryStore(conn).purge_commits(versions=doomed)
+        RegistryStore(conn).purge_outputs(versions=doomed)
+        RegistryStore(conn).purge_versions(versions=doomed)
     return {
         "dataset": dataset["dataset_name"],
         "keep": keep,

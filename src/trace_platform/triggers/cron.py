@@ -19,12 +19,11 @@ from typing import Any
 
 from croniter import croniter
 
-from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
+from trace_platform.store.dag_tasks import DagTaskStore
+from trace_platform.store.registry import RegistryStore
 
-_T = Queries("dag_tasks")
-_R = Queries("registry")
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +47,7 @@ def tick(dispatcher: Dispatcher, now: datetime | None = None) -> int:
     now = now or datetime.now(UTC)
     fired = 0
     with dispatcher.pool.connection() as conn:
-        candidates = conn.execute(_T.cron_candidates).fetchall()
+        candidates = DagTaskStore(conn).cron_candidates().fetchall()
     keys = [(c["dag_id"], c["trigger"]) for c in candidates]
     for key, c in zip(keys, candidates, strict=True):
         try:
@@ -83,14 +82,14 @@ def _report_failure(key: tuple[Any, str], e: Exception) -> None:
 def _tick_one(dispatcher: Dispatcher, c: dict[str, Any], now: datetime) -> bool:
     """Fires one trigger's latest due tick, in one transaction; True if it made a run."""
     with dispatcher.pool.connection() as conn, conn.transaction():
-        row = conn.execute(
-            _T.cron_lock, {"dag_id": c["dag_id"], "trigger": c["trigger"]}
-        ).fetchone()
+        row = DagTaskStore(conn).cron_lock(dag_id=c["dag_id"], trigger=c["trigger"]).fetchone()
         if row is None:
             return False  # another scheduler holds it right now
-        spec = conn.execute(
-            _R.dag_version, {"dag_id": row["dag_id"], "version": row["active_version"]}
-        ).fetchone()
+        spec = (
+            RegistryStore(conn)
+            .dag_version(dag_id=row["dag_id"], version=row["active_version"])
+            .fetchone()
+        )
         cron: dict[str, Any] | None = (
             next((t for t in spec["spec"]["triggers"]["cron"] if t["name"] == c["trigger"]), None)
             if spec
@@ -116,9 +115,7 @@ def _tick_one(dispatcher: Dispatcher, c: dict[str, Any], now: datetime) -> bool:
         )
         for s, status in specs:
             dispatcher.create_task(s, conn, status)
-        conn.execute(
-            _T.cron_advance, {"dag_id": c["dag_id"], "trigger": c["trigger"], "fire_at": latest}
-        )
+        DagTaskStore(conn).cron_advance(dag_id=c["dag_id"], trigger=c["trigger"], fire_at=latest)
         if specs:
             log.info("cron %s/%s fired run %s for %s", row["name"], c["trigger"], run_id, latest)
         return bool(specs)

@@ -15,8 +15,7 @@ def router(services: Services) -> APIRouter:
 
     @r.get("/healthz")
     def healthz() -> dict[str, Any]:
-        with services.pool.connection() as conn:
-            conn.execute("SELECT 1")
+        # Counting the outbox backlog is a round trip to the state store: it answers, or 500.
         return {"ok": True, "outbox_pending": services.publisher.pending()}
 
     return r

@@ -31,3 +31,7 @@ RETURNING user_id;
 
 -- name: list_users
 SELECT name, is_admin, roles, created_at FROM users WHERE org_id = %(org_id)s ORDER BY name;
+
+-- name: lock_bootstrap
+-- One first start at a time: concurrent processes of a new install wait, then find the admin.
+SELECT pg_advisory_xact_lock(hashtext('trace_bootstrap'));

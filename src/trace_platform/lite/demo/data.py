@@ -9,14 +9,13 @@ from typing import Any
 from trace_platform.chain import Rpc
 from trace_platform.chain.identity import Mismatch, mismatches
 from trace_platform.contract import ChainIdentity
-from trace_platform.db.queries import Queries
 from trace_platform.identity import Actor, lite_admin
 from trace_platform.lite.demo.dag import DAG_NAME
 from trace_platform.lite.demo.plan import DemoPlan
 from trace_platform.query import saved
 from trace_platform.services import Services
+from trace_platform.store.demo import ROWS_NOW_SQL, DemoStore
 
-_Q = Queries("demo")
 RAW = ("blocks", "transactions", "logs", "traces")
 ANALYTICS = (
     "token_supply",
@@ -36,7 +35,7 @@ def admin(svc: Services) -> Actor:
 
 def coverage(svc: Services, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     with svc.pool.connection() as conn:
-        rows = conn.execute(_Q.current_coverage, {"names": list(names)}).fetchall()
+        rows = DemoStore(conn).current_coverage(names=list(names)).fetchall()
     return {r["dataset_name"]: r for r in rows}
 
 
@@ -44,7 +43,7 @@ def chain_changes(svc: Services, plan: DemoPlan) -> list[Mismatch]:
     """The synced ranges the node no longer confirms (their block hashes differ: a reorg, or a
     chain reset under the same id), or that were synced without hashes."""
     with svc.pool.connection() as conn:
-        rows = conn.execute(_Q.raw_identities, {"names": list(RAW)}).fetchall()
+        rows = DemoStore(conn).raw_identities(names=list(RAW)).fetchall()
     committed: dict[tuple[int, int], ChainIdentity | None] = {}
     for r in rows:
         key = (r["range_start"], r["range_end"])
@@ -69,7 +68,7 @@ def complete(svc: Services, plan: DemoPlan) -> bool:
     """The current versions already hold the whole range and the analytics over it."""
     found = coverage(svc, RAW + ANALYTICS)
     with svc.pool.connection() as conn:
-        busy = conn.execute(_Q.unfinished_tasks, {"dag": DAG_NAME}).fetchone()
+        busy = DemoStore(conn).unfinished_tasks(dag=DAG_NAME).fetchone()
     if busy and busy["n"]:
         return False
     for name in RAW:
@@ -91,4 +90,4 @@ def saved_rows(svc: Services, me: Actor, name: str, **params: Any) -> list[dict[
 def rows_now(svc: Services, me: Actor, dataset: str) -> int:
     """What a published dataset holds now, through the Query Service (for a window: not what
     passed through it)."""
-    return int(svc.query.query(me, _Q.rows_now.format(dataset=dataset)).table[0][0].as_py())
+    return int(svc.query.query(me, ROWS_NOW_SQL.format(dataset=dataset)).table[0][0].as_py())

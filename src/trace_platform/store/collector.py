@@ -1,0 +1,38 @@
+"""The state store's `collector` calls (`db/sql/collector.sql`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import Connection, Cursor
+
+from trace_platform.db.queries import Queries
+
+_Q = Queries("collector")
+Row = dict[str, Any]
+
+
+class CollectorStore:
+    """The calls of `db/sql/collector.sql`, each with its parameters by name and type, on the
+    caller's connection (inside the caller's transaction); each returns its cursor."""
+
+    def __init__(self, conn: Connection[Any]) -> None:
+        self.conn = conn
+
+    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
+        return self.conn.execute(query, params)
+
+    def expire_pins(self) -> Cursor[Row]:
+        """Pins whose query can no longer be running (its process died before it released them)."""
+        return self._run(_Q.expire_pins)
+
+    def collectable(self, *, grace: float, batch: int) -> Cursor[Row]:
+        """Retired locations nothing can reach any more, locked for this run: retired at least
+        `grace` ago, before the snapshot of every live query pin (a query pinned earlier
+        may be reading them), and never a location any commit still references: neither
+        the location itself, nor one under it, nor one above it (a Parquet location is a
+        '/'-ended prefix; a table is a name)."""
+        return self._run(_Q.collectable, {"grace": grace, "batch": batch})
+
+    def mark_deleted(self, *, ids: list[int]) -> Cursor[Row]:
+        return self._run(_Q.mark_deleted, {"ids": ids})

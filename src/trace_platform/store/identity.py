@@ -1,0 +1,89 @@
+"""The state store's `identity` calls (`db/sql/identity.sql`)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection, Cursor
+
+from trace_platform.db.queries import Queries
+
+_Q = Queries("identity")
+Row = dict[str, Any]
+
+
+class IdentityStore:
+    """The calls of `db/sql/identity.sql`, each with its parameters by name and type, on the
+    caller's connection (inside the caller's transaction); each returns its cursor."""
+
+    def __init__(self, conn: Connection[Any]) -> None:
+        self.conn = conn
+
+    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
+        return self.conn.execute(query, params)
+
+    def ensure_org(self, *, org_id: UUID, name: str) -> Cursor[Row]:
+        return self._run(_Q.ensure_org, {"org_id": org_id, "name": name})
+
+    def ensure_user(
+        self,
+        *,
+        user_id: UUID,
+        org_id: UUID,
+        name: str,
+        is_admin: bool,
+        roles: list[str],
+    ) -> Cursor[Row]:
+        return self._run(
+            _Q.ensure_user,
+            {
+                "user_id": user_id,
+                "org_id": org_id,
+                "name": name,
+                "is_admin": is_admin,
+                "roles": roles,
+            },
+        )
+
+    def user_by_name(self, *, org_id: UUID, name: str) -> Cursor[Row]:
+        return self._run(_Q.user_by_name, {"org_id": org_id, "name": name})
+
+    def insert_key(
+        self,
+        *,
+        key_id: UUID,
+        user_id: UUID,
+        key_hash: str,
+        prefix: str,
+    ) -> Cursor[Row]:
+        return self._run(
+            _Q.insert_key,
+            {"key_id": key_id, "user_id": user_id, "key_hash": key_hash, "prefix": prefix},
+        )
+
+    def user_has_key(self, *, user_id: UUID) -> Cursor[Row]:
+        return self._run(_Q.user_has_key, {"user_id": user_id})
+
+    def authenticate(self, *, key_hash: str) -> Cursor[Row]:
+        return self._run(_Q.authenticate, {"key_hash": key_hash})
+
+    def set_roles(
+        self,
+        *,
+        roles: list[str],
+        is_admin: bool,
+        org_id: UUID,
+        name: str,
+    ) -> Cursor[Row]:
+        return self._run(
+            _Q.set_roles, {"roles": roles, "is_admin": is_admin, "org_id": org_id, "name": name}
+        )
+
+    def list_users(self, *, org_id: UUID) -> Cursor[Row]:
+        return self._run(_Q.list_users, {"org_id": org_id})
+
+    def lock_bootstrap(self) -> Cursor[Row]:
+        """One first start at a time: concurrent processes of a new install wait, then find
+        the admin."""
+        return self._run(_Q.lock_bootstrap)

@@ -1,0 +1,35 @@
+"""The state store's `tasks` calls (`db/sql/tasks.sql`)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection, Cursor
+
+from trace_platform.db.queries import Queries
+
+_Q = Queries("tasks")
+Row = dict[str, Any]
+
+
+class TaskViewStore:
+    """The calls of `db/sql/tasks.sql`, each with its parameters by name and type, on the
+    caller's connection (inside the caller's transaction); each returns its cursor."""
+
+    def __init__(self, conn: Connection[Any]) -> None:
+        self.conn = conn
+
+    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
+        return self.conn.execute(query, params)
+
+    def task_scope(self, *, task_id: UUID) -> Cursor[Row]:
+        """What decides who may see a task: its org and, for a DAG task, its DAG's owner and roles."""
+        return self._run(_Q.task_scope, {"task_id": task_id})
+
+    def org_tasks(self, *, org_id: UUID, limit: int) -> Cursor[Row]:
+        return self._run(_Q.org_tasks, {"org_id": org_id, "limit": limit})
+
+    def foreign_datasets(self, *, uuids: list[UUID], org_id: UUID) -> Cursor[Row]:
+        """Of these dataset uuids, the ones another org owns (an ad-hoc task may not name them)."""
+        return self._run(_Q.foreign_datasets, {"uuids": uuids, "org_id": org_id})
