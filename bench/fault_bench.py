@@ -5,9 +5,9 @@
   and heartbeat (15 s, 5 s), reaper every 1 s. Target: within 3x the heartbeat interval.
 - **Postgres restart -> tasks flowing again**: the state cluster is stopped (fast) and started
   again under a stream of short tasks; the time from the server accepting connections again to
-  the next task completing, and to **throughput back to normal**: the first 1-second window
-  (server clock, task finish times) completing at least 90% of the tasks per second of the 3 s
-  before the fault. Target: within 2 lease periods.
+  the next task completing, and to **throughput back to normal**: the first of three 1-second
+  windows in a row (server clock, task finish times) each completing at least 90% of the tasks
+  per second of the 3 s before the fault. Target: within 2 lease periods.
 - **Postgres frozen (SIGSTOP) for 1.5 leases, then thawed**: leases run out meanwhile; the
   same throughput-back-to-normal figure from the thaw.
 - **queue throughput with an idle-in-transaction session**: the same batch of no-op tasks
@@ -109,8 +109,8 @@ def server_now(dsn: str) -> datetime:
 def back_to_normal(
     dsn: str, ids: list[uuid.UUID], fault_at: datetime, resumed_at: datetime
 ) -> float:
-    """Seconds from `resumed_at` to the first 1-second window of completions at >= 90% of the
-    rate in the 3 s before `fault_at` (finish times on the server's clock)."""
+    """Seconds from `resumed_at` until completions run at >= 90% of the rate in the 3 s before
+    `fault_at` for 3 s in a row (finish times on the server's clock)."""
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
             "SELECT finished_at FROM task_status WHERE task_id = ANY(%s) AND status = 'succeeded'",
@@ -122,8 +122,13 @@ def back_to_normal(
     if normal < 2:
         raise SystemExit(f"refusing to print: too few tasks/s before the fault ({normal:.1f})")
     after = [t for t in done if t >= resumed_at]
+    # Sustained, not a burst: three 1-second windows in a row each at 90% of normal (a burst of
+    # reports held back through the fault would pass a single window).
     for i, t in enumerate(after):
-        if sum(u < t + second for u in after[i:]) >= 0.9 * normal:
+        windows = [
+            sum(t + k * second <= u < t + (k + 1) * second for u in after[i:]) for k in range(3)
+        ]
+        if all(w >= 0.9 * normal for w in windows):
             return (t - resumed_at).total_seconds()
     raise SystemExit("refusing to print: the tasks ran out before throughput was back to normal")
 
@@ -131,7 +136,7 @@ def back_to_normal(
 def restart_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> tuple[float, float]:
     """(to the next completion, to normal throughput) after a restart."""
     with LiteStack(settings, workers=2, dsn=dsn) as stack:
-        ids = create(stack, 600, 0.05)
+        ids = create(stack, 900, 0.05)
         wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
         fault_at = server_now(dsn)
         pg.stop("fast")
@@ -150,7 +155,7 @@ def restart_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> tupl
 def freeze_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> float:
     """To normal throughput after the server was stopped (SIGSTOP) for 1.5 leases."""
     with LiteStack(settings, workers=2, dsn=dsn) as stack:
-        ids = create(stack, 600, 0.05)
+        ids = create(stack, 900, 0.05)
         wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
         fault_at = server_now(dsn)
         postmaster = int((pg.pgdata / "postmaster.pid").read_text().split()[0])

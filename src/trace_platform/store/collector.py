@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from psycopg import Connection, Cursor
+from psycopg import Cursor
 
 from trace_platform.db.queries import Queries
+from trace_platform.store.calls import Calls, Row
 
 _Q = Queries("collector")
-Row = dict[str, Any]
 
 
-class CollectorStore:
+class CollectorStore(Calls):
     """The calls of `db/sql/collector.sql`, each with its parameters by name and type, on the
     caller's connection (inside the caller's transaction); each returns its cursor."""
-
-    def __init__(self, conn: Connection[Any]) -> None:
-        self.conn = conn
-
-    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
-        return self.conn.execute(query, params)
 
     def expire_pins(self) -> Cursor[Row]:
         """Pins whose query can no longer be running (its process died before it released them)."""

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-from psycopg import Connection, Cursor
+from psycopg import Cursor
 from psycopg.types.json import Jsonb
 
 from trace_platform.db.queries import Queries
+from trace_platform.store.calls import Calls, Row
 
 _Q = Queries("dag_tasks")
-Row = dict[str, Any]
 
 
-class DagTaskStore:
+class DagTaskStore(Calls):
     """The calls of `db/sql/dag_tasks.sql`, each with its parameters by name and type, on the
     caller's connection (inside the caller's transaction); each returns its cursor."""
-
-    def __init__(self, conn: Connection[Any]) -> None:
-        self.conn = conn
-
-    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
-        return self.conn.execute(query, params)
 
     def version_spec(self, *, dag_id: UUID, version: int) -> Cursor[Row]:
         return self._run(_Q.version_spec, {"dag_id": dag_id, "version": version})

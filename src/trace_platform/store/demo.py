@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from psycopg import Connection, Cursor
+from psycopg import Cursor
 
 from trace_platform.db.queries import Queries
+from trace_platform.store.calls import Calls, Row
 
 _Q = Queries("demo")
-Row = dict[str, Any]
 
 # Query Service SQL (DuckDB), not a state-store call: what a published dataset holds now.
 ROWS_NOW_SQL: str = _Q.rows_now
 
 
-class DemoStore:
+class DemoStore(Calls):
     """The calls of `db/sql/demo.sql`, each with its parameters by name and type, on the
     caller's connection (inside the caller's transaction); each returns its cursor."""
-
-    def __init__(self, conn: Connection[Any]) -> None:
-        self.conn = conn
-
-    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
-        return self.conn.execute(query, params)
 
     def current_coverage(self, *, names: list[str]) -> Cursor[Row]:
         """Per named dataset, what its current version holds: range commits, their span, rows."""

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
-from psycopg import Connection, Cursor
+from psycopg import Cursor
 
 from trace_platform.db.queries import Queries
+from trace_platform.store.calls import Calls, Row
 
 _Q = Queries("identity")
-Row = dict[str, Any]
 
 
-class IdentityStore:
+class IdentityStore(Calls):
     """The calls of `db/sql/identity.sql`, each with its parameters by name and type, on the
     caller's connection (inside the caller's transaction); each returns its cursor."""
-
-    def __init__(self, conn: Connection[Any]) -> None:
-        self.conn = conn
-
-    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
-        return self.conn.execute(query, params)
 
     def ensure_org(self, *, org_id: UUID, name: str) -> Cursor[Row]:
         return self._run(_Q.ensure_org, {"org_id": org_id, "name": name})

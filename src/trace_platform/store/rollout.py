@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
-from psycopg import Connection, Cursor
+from psycopg import Cursor
 from psycopg.types.json import Jsonb
 
 from trace_platform.db.queries import Queries
+from trace_platform.store.calls import Calls, Row
 
 _Q = Queries("rollout")
-Row = dict[str, Any]
 
 
-class RolloutStore:
+class RolloutStore(Calls):
     """The calls of `db/sql/rollout.sql`, each with its parameters by name and type, on the
     caller's connection (inside the caller's transaction); each returns its cursor."""
-
-    def __init__(self, conn: Connection[Any]) -> None:
-        self.conn = conn
-
-    def _run(self, query: str, params: dict[str, Any] | None = None) -> Cursor[Row]:
-        return self.conn.execute(query, params)
 
     def lock_dag(self, *, dag_id: UUID) -> Cursor[Row]:
         """Taken exclusive by deploys, cutovers, rollbacks and pauses; event fan-out and trigger
