@@ -1,7 +1,8 @@
 """Dispatcher latency and throughput on this machine (issue 3's figures).
 
-1. trigger -> running: HTTP trigger of a one-job DAG until its task's attempt starts, on a warm
-   worker (sequential runs, so the worker is idle and waiting on LISTEN/NOTIFY).
+1. trigger -> running: from the HTTP trigger request (taken just before it is sent) until its
+   task's attempt starts, for a one-job DAG on a warm worker (sequential runs, so the worker is
+   idle and waiting on LISTEN/NOTIFY).
 2. upstream commit -> downstream running: the source task's completion commit (with its final
    event) until the downstream task's attempt starts.
 3. throughput of no-op tasks through the full lifecycle: (a) the Dispatcher core in-process
@@ -9,8 +10,11 @@
    end to end through the Lite stack with real worker processes (HTTP internal API, operator
    host).
 
-Timestamps on both ends come from Postgres (`now()` of the transactions), so the figures are
-not skewed by client clocks. Run: `.venv/bin/python bench/dispatch_bench.py [--runs 500]`.
+Latencies end on Postgres's `now()` of the claiming transaction; they start at the HTTP request
+(this machine's wall clock, the server's too) or at the upstream completion's `now()`. Every
+throughput row counts only its own tasks (by id, on a queue of its own for the core rows) and
+refuses to print unless every one of them succeeded.
+Run: `.venv/bin/python bench/dispatch_bench.py [--runs 500]`.
 """
 
 from __future__ import annotations
@@ -72,13 +76,14 @@ def trigger_to_running(stack: LiteStack, runs: int) -> list[float]:
     out: list[float] = []
     with httpx.Client(base_url=stack.url) as http:
         for i in range(runs + 10):
+            sent = time.time()  # the request's start: the same machine's clock as the server's
             r = http.post("/v1/dags/one/trigger")
             run_id = r.json()["run_id"]
 
             def started(run_id: str = run_id) -> Any:
                 with svc.pool.connection() as conn:
                     return conn.execute(
-                        """SELECT extract(epoch FROM a.started_at - f.created_at) * 1000 AS ms
+                        """SELECT extract(epoch FROM a.started_at) AS started
                            FROM trigger_fires f JOIN task_registry r ON r.run_id = f.run_id
                            JOIN task_attempts a ON a.task_id = r.task_id AND a.attempt = 1
                            JOIN task_status s ON s.task_id = r.task_id AND s.status = 'succeeded'
@@ -88,7 +93,7 @@ def trigger_to_running(stack: LiteStack, runs: int) -> list[float]:
 
             row = wait_for(started)
             if i >= 10:  # the first runs warm the worker, the pool and the caches
-                out.append(float(row["ms"]))
+                out.append((float(row["started"]) - sent) * 1000)
     return out
 
 
@@ -119,14 +124,25 @@ def commit_to_downstream(stack: LiteStack, runs: int) -> list[float]:
     return out
 
 
-def core_throughput(svc: Services, n: int, threads: int, batch: int) -> float:
-    """Create -> outbox -> queue -> claim -> complete -> ack for n no-op tasks, in-process."""
+def core_throughput(settings: Settings, dsn: str, n: int, threads: int, batch: int) -> float:
+    """Create -> outbox -> queue -> claim -> complete -> ack for n no-op tasks, in-process, on a
+    queue of this row's own (so no earlier row's message is counted)."""
+    queue = f"bench_{uuid.uuid4().hex[:8]}"
+    svc = Services.build(settings.model_copy(update={"task_queue": queue}), dsn)
+    try:
+        return _core_throughput(svc, queue, n, threads, batch)
+    finally:
+        svc.close()
+
+
+def _core_throughput(svc: Services, queue: str, n: int, threads: int, batch: int) -> float:
     d = svc.dispatcher
+    ids: list[uuid.UUID] = []
     t0 = time.perf_counter()
     for start in range(0, n, 500):
         with svc.pool.connection() as conn, conn.transaction():
             for _ in range(min(500, n - start)):
-                d.create_task(TaskSpec(job="bench", operator="noop"), conn)
+                ids.append(d.create_task(TaskSpec(job="bench", operator="noop"), conn).task_id)
     done = 0
     lock = threading.Lock()
     publisher_done = threading.Event()
@@ -138,11 +154,11 @@ def core_throughput(svc: Services, n: int, threads: int, batch: int) -> float:
     def work() -> None:
         nonlocal done
         while True:
-            msgs = svc.driver.receive("tasks", batch, 30, wait_seconds=0.2)
+            msgs = svc.driver.receive(queue, batch, 30, wait_seconds=0.2)
             if not msgs:
                 if publisher_done.is_set() and done >= n:
                     return
-                if publisher_done.is_set() and not svc.driver.receive("tasks", 1, 0.001):
+                if publisher_done.is_set() and not svc.driver.receive(queue, 1, 0.001):
                     with lock:
                         if done >= n:
                             return
@@ -163,7 +179,7 @@ def core_throughput(svc: Services, n: int, threads: int, batch: int) -> float:
                 )
                 with lock:
                     done += 1
-            svc.driver.ack_many("tasks", [x.receipt for x in msgs])
+            svc.driver.ack_many(queue, [x.receipt for x in msgs])
 
     pub = threading.Thread(target=publish)
     pub.start()
@@ -173,25 +189,35 @@ def core_throughput(svc: Services, n: int, threads: int, batch: int) -> float:
     pub.join()
     for w in workers:
         w.join()
-    return n / (time.perf_counter() - t0)
+    took = time.perf_counter() - t0
+    if not all_succeeded(svc, ids):
+        raise SystemExit("refusing to print: the core row's tasks did not all succeed")
+    return n / took
+
+
+def all_succeeded(svc: Services, ids: list[uuid.UUID]) -> bool:
+    """Whether every one of these tasks (and only these) succeeded; a failed one refuses."""
+    with svc.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT status, count(*) AS n FROM task_status WHERE task_id = ANY(%s) GROUP BY 1",
+            [ids],
+        ).fetchall()
+    by = {r["status"]: r["n"] for r in rows}
+    if by.get("failed") or by.get("canceled"):
+        raise SystemExit(f"refusing to print: not every task succeeded: {by}")
+    return by.get("succeeded", 0) == len(ids)
 
 
 def stack_throughput(stack: LiteStack, n: int) -> float:
+    """n no-op tasks end to end; counts only this row's tasks, by id."""
     svc = stack.services
     t0 = time.perf_counter()
     with svc.pool.connection() as conn, conn.transaction():
-        for _ in range(n):
-            svc.dispatcher.create_task(TaskSpec(job="bench_e2e", operator="noop"), conn)
-
-    def finished() -> bool:
-        with svc.pool.connection() as conn:
-            row = conn.execute(
-                """SELECT count(*) AS n FROM task_status s JOIN task_registry r USING (task_id)
-                   WHERE r.job = 'bench_e2e' AND s.status = 'succeeded'"""
-            ).fetchone()
-        return bool(row and row["n"] >= n)
-
-    wait_for(finished, timeout=600)
+        ids = [
+            svc.dispatcher.create_task(TaskSpec(job="bench_e2e", operator="noop"), conn).task_id
+            for _ in range(n)
+        ]
+    wait_for(lambda: all_succeeded(svc, ids), timeout=600)
     return n / (time.perf_counter() - t0)
 
 
@@ -217,7 +243,7 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cores; Postgres {pg.bindir}; fsync on")
         with LiteStack(settings, workers=1, dsn=dsn) as stack:
             lat = trigger_to_running(stack, args.runs)
-            print(f"trigger -> running (HTTP trigger, warm worker):      {fmt(lat)}")
+            print(f"trigger request -> running (HTTP, warm worker):      {fmt(lat)}")
             lat2 = commit_to_downstream(stack, args.runs)
             print(f"upstream commit -> downstream running:               {fmt(lat2)}")
         for conc in (1, 4, 8):
@@ -229,15 +255,9 @@ def main() -> None:
                     f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
                     f"   {e2e:8.0f} tasks/s"
                 )
-        svc = Services.build(settings, dsn)
-        try:
-            for threads in (1, 4):
-                tput = core_throughput(svc, args.tasks, threads, 100)
-                print(
-                    f"Dispatcher core lifecycle, {threads} thread(s), batch 100: {tput:8.0f} tasks/s"
-                )
-        finally:
-            svc.close()
+        for threads in (1, 4):
+            tput = core_throughput(settings, dsn, args.tasks, threads, 100)
+            print(f"Dispatcher core lifecycle, {threads} thread(s), batch 100: {tput:8.0f} tasks/s")
     finally:
         pg.destroy()
 

@@ -120,7 +120,10 @@ class LiteStack:
         }
         with (self.log_dir / f"worker-{index}.out").open("ab") as logf:
             return subprocess.Popen(
-                worker_command(self.url), env=full_env, stdout=logf, stderr=logf
+                worker_command(self.url, concurrency=self.worker_concurrency),
+                env=full_env,
+                stdout=logf,
+                stderr=logf,
             )
 
     def healthy(self) -> bool:
