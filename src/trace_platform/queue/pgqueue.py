@@ -60,16 +60,27 @@ class PgQueue:
 
     @classmethod
     def from_dsn(
-        cls, dsn: str, *, max_attempts: int = 20, poll_seconds: float = 1.0, max_size: int = 8
+        cls,
+        dsn: str,
+        *,
+        max_attempts: int = 20,
+        poll_seconds: float = 1.0,
+        max_size: int = 8,
+        relaxed_acks: bool = True,
     ) -> PgQueue:
-        """The production set-up: its own autocommit pools, durable and relaxed."""
+        """The production set-up: its own autocommit pools, durable and relaxed (or, with
+        `relaxed_acks` off, every call durable: the benchmark's like-for-like column)."""
         durable = make_pool(dsn, max_size=max_size, name="pgqueue", autocommit=True)
-        relaxed = make_pool(
-            dsn,
-            max_size=max_size,
-            name="pgqueue-relaxed",
-            autocommit=True,
-            options="-c synchronous_commit=off",
+        relaxed = (
+            make_pool(
+                dsn,
+                max_size=max_size,
+                name="pgqueue-relaxed",
+                autocommit=True,
+                options="-c synchronous_commit=off",
+            )
+            if relaxed_acks
+            else None
         )
         return cls(
             durable,
