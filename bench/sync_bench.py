@@ -1,14 +1,20 @@
-"""Full raw sync of a devnet through Trace against bare Cryo on the same range, same run.
+"""Full raw sync of a devnet through Trace against bare Cryo on the same ranges, same run, each
+side given the same RPC budget:
 
-1. Bare Cryo: `cryo.freeze` of blocks, transactions, logs and geth_calls for the whole range
-   (chunk 1000, same requests/s and concurrency as the DAG uses).
-2. Trace: the `monad_sync` example DAG (range_splitter -> cryo_ingest, 2 worker processes,
-   pool of 2 slots) from the trigger to the last range committed in the object store.
+1. One range at a time: bare Cryo freezes the ranges one after another (blocks, transactions,
+   logs, geth_calls; 200 requests/s and 4 concurrent requests per call); Trace runs the
+   `monad_sync` DAG with one worker and a pool of one slot, so one `cryo_ingest` (same budget)
+   at a time.
+2. Two at a time: bare Cryo freezes two ranges at once (two calls, each that budget); Trace
+   runs two workers and a pool of two slots.
+
+Each side is checked complete before its figure prints: every range of every datatype present,
+and Trace's committed rows equal to bare Cryo's rows, datatype by datatype.
 3. Spark decode throughput: decode_erc20_transfers' transformation over all synced logs
-   (rows/s), in one warm SparkSession.
+   (rows/s), in one warm SparkSession; its output row count checked against the logs.
 
 Run: `.venv/bin/python bench/sync_bench.py [--blocks 10000]`. Prints blocks/s and the
-orchestration overhead of Trace over bare Cryo (target <= 15%).
+orchestration overhead of Trace over bare Cryo at each concurrency (target <= 15%).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ import argparse
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import psycopg
 
 from trace_platform.config import Settings
 from trace_platform.db.embedded import EmbeddedPostgres
@@ -32,41 +41,55 @@ RPS, CONCURRENCY, CHUNK = 200, 4, 1000
 DATATYPES = ("blocks", "transactions", "logs", "geth_calls")
 
 
-def bare_cryo(url: str, blocks: int, out: Path) -> float:
+def freeze_range(url: str, start: int, end: int, out: Path) -> None:
+    """One range, every datatype one after another, as one cryo_ingest task does."""
     import cryo
 
-    t0 = time.perf_counter()
-    for datatype in DATATYPES:  # one after another, as cryo_ingest does
+    for datatype in DATATYPES:
         cryo.freeze(
             [datatype],
-            blocks=[f"0:{blocks}"],
+            blocks=[f"{start}:{end}"],
             rpc=url,
             output_dir=str(out),
             network_name="devnet",
-            # The same per-call budget as each cryo_ingest task. (Doubling it to match the DAG's
-            # two parallel ranges made anvil fail debug_traceBlockByNumber calls here.)
-            requests_per_second=RPS,
+            requests_per_second=RPS,  # the per-call budget of each cryo_ingest task
             max_concurrent_requests=CONCURRENCY,
             chunk_size=CHUNK,
             no_verbose=True,
         )
+
+
+def bare_cryo(url: str, blocks: int, out: Path, parallel: int) -> tuple[float, dict[str, int]]:
+    """The ranges frozen `parallel` at a time; (seconds, rows per datatype)."""
+    import polars as pl
+
+    ranges = [(a, min(a + CHUNK, blocks)) for a in range(0, blocks, CHUNK)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda r: freeze_range(url, r[0], r[1], out), ranges))
     elapsed = time.perf_counter() - t0
     made = {d: len(list(out.glob(f"*__{d}__*.parquet"))) for d in DATATYPES}
-    expected = -(-blocks // CHUNK)
-    if any(n != expected for n in made.values()):  # Cryo does not raise on failed chunks
-        raise SystemExit(f"bare Cryo lost chunks: {made} (expected {expected} each); rerun")
-    return elapsed
+    if any(n != len(ranges) for n in made.values()):  # Cryo does not raise on failed chunks
+        raise SystemExit(f"bare Cryo lost chunks: {made} (expected {len(ranges)} each); rerun")
+    rows = {
+        d: sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in out.glob(f"*__{d}__*"))
+        for d in DATATYPES
+    }
+    return elapsed, rows
 
 
-def trace_sync(stack: LiteStack, url: str, blocks: int) -> float:
+def trace_sync(stack: LiteStack, url: str, blocks: int, slots: int) -> float:
     svc = stack.services
     with svc.pool.connection() as conn:
         admin = lite_admin(conn)
+    slot = f'    - env: {{RPC_URL: "{url}"}}\n'
     text = (
         (ROOT / "examples" / "dags" / "monad_sync.yaml")
         .read_text()
-        .replace("http://127.0.0.1:8545", url)
+        .replace(2 * '    - env: {RPC_URL: "http://127.0.0.1:8545"}\n', slots * slot)
+        .replace("max_concurrency: 2", f"max_concurrency: {slots}")
     )
+    assert text.count(url) == slots, "the DAG's pool did not take the slots"
     svc.control.deploy(admin, text)
     t0 = time.perf_counter()
     run_id = svc.control.trigger(
@@ -82,6 +105,16 @@ def trace_sync(stack: LiteStack, url: str, blocks: int) -> float:
     if failed:
         raise SystemExit(f"sync failed: {failed[:2]}")
     return elapsed
+
+
+def committed_rows(stack: LiteStack) -> dict[str, int]:
+    """Rows per datatype the Trace sync committed (its current versions)."""
+    svc = stack.services
+    with svc.pool.connection() as conn:
+        admin = lite_admin(conn)
+    names = {"blocks": "blocks", "transactions": "transactions", "logs": "logs"}
+    names["geth_calls"] = "traces"
+    return {d: int(svc.control.show_dataset(admin, n)["row_count"]) for d, n in names.items()}
 
 
 def decode_throughput(stack: LiteStack, settings: Settings, work: Path) -> tuple[int, float]:
@@ -105,7 +138,12 @@ def decode_throughput(stack: LiteStack, settings: Settings, work: Path) -> tuple
     t0 = time.perf_counter()
     out = transfers_frame(logs)
     out.write.mode("overwrite").parquet(str(work / "transfers"))
-    return n, time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    written = spark.read.parquet(str(work / "transfers")).count()
+    expected = transfers_frame(logs).count()
+    if written != expected or written == 0:
+        raise SystemExit(f"refusing to print: decode wrote {written} rows, expected {expected}")
+    return n, took
 
 
 def main() -> None:
@@ -122,22 +160,38 @@ def main() -> None:
         print(
             f"devnet: {args.blocks} blocks generated in {time.perf_counter() - t0:.0f} s (not measured below)"
         )
-        bare = bare_cryo(info.url, args.blocks, work / "bare")
-        print(f"bare Cryo:            {args.blocks / bare:8.0f} blocks/s  ({bare:.1f} s)")
         pg.start()
-        dsn = pg.dsn()
-        migrate(dsn)
-        settings = Settings(
-            state_dsn=dsn, home=work / "home", auth="permissive", queue_poll_seconds=0.5
+        print(
+            f"each side: {RPS} requests/s and {CONCURRENCY} concurrent requests per Cryo call, "
+            f"ranges of {CHUNK} blocks"
         )
-        with LiteStack(settings, workers=2, dsn=dsn) as stack:
-            traced = trace_sync(stack, info.url, args.blocks)
-            print(f"Trace (DAG, 2 workers): {args.blocks / traced:6.0f} blocks/s  ({traced:.1f} s)")
-            print(f"orchestration overhead: {100 * (traced / bare - 1):+.1f}% (target <= 15%)")
-            rows, secs = decode_throughput(stack, settings, work)
-            print(
-                f"Spark decode (transfers from {rows} log rows): {rows / secs:8.0f} rows/s ({secs:.2f} s)"
+        for n in (1, 2):
+            bare, bare_rows = bare_cryo(info.url, args.blocks, work / f"bare{n}", n)
+            db = f"sync{n}"
+            with psycopg.connect(pg.dsn("postgres"), autocommit=True) as conn:
+                conn.execute(f"CREATE DATABASE {db}")
+            dsn = pg.dsn(db)
+            migrate(dsn)
+            settings = Settings(
+                state_dsn=dsn, home=work / f"home{n}", auth="permissive", queue_poll_seconds=0.5
             )
+            with LiteStack(settings, workers=n, dsn=dsn) as stack:
+                traced = trace_sync(stack, info.url, args.blocks, slots=n)
+                got = committed_rows(stack)
+                if got != bare_rows:
+                    raise SystemExit(f"refusing to print: Trace committed {got}, Cryo {bare_rows}")
+                print(
+                    f"{n} range(s) at a time: bare Cryo {args.blocks / bare:6.0f} blocks/s "
+                    f"({bare:.1f} s); Trace ({n} worker(s), {n} slot(s)) "
+                    f"{args.blocks / traced:6.0f} blocks/s ({traced:.1f} s); overhead "
+                    f"{100 * (traced / bare - 1):+.1f}% (target <= 15%); rows {got}"
+                )
+                if n == 2:
+                    rows, secs = decode_throughput(stack, settings, work)
+                    print(
+                        f"Spark decode (transfers from {rows} log rows, checked): "
+                        f"{rows / secs:8.0f} rows/s ({secs:.2f} s)"
+                    )
     finally:
         devnet.down()
         pg.destroy()
