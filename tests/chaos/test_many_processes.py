@@ -15,19 +15,19 @@ import psycopg
 import pytest
 
 from tests.support.dags import admin, finished_run, three_jobs
+from tests.support.devnet import devnet_fixture, small_demo_dag
 from tests.support.fleet import Fleet, fleet_env
 from tests.support.invariants import assert_datasets_complete, assert_invariants
 from tests.support.wait import wait_for
 from trace_platform.chain import Rpc, calldata
 from trace_platform.config import Settings
 from trace_platform.contract import TERMINAL
-from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
+from trace_platform.devnet import ChainInfo, ChainSpec
 from trace_platform.lite.demo import saved_rows
 from trace_platform.services import Services
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=11, blocks=300, accounts=30, validators=4, epoch_blocks=50)
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
 
 
 @pytest.fixture
@@ -98,12 +98,7 @@ def test_many_processes_one_database_one_of_each_kind_killed(
     assert_invariants(svc)
 
 
-@pytest.fixture(scope="module")
-def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ChainInfo]]:
-    d = Devnet(tmp_path_factory.mktemp("devnet"))
-    info, c = d.up(SPEC)
-    yield info.url, c
-    d.down()
+devnet = devnet_fixture(SPEC)
 
 
 def test_a_whole_demo_run_on_many_processes_one_of_each_kind_killed(
@@ -115,13 +110,7 @@ def test_a_whole_demo_run_on_many_processes_one_of_each_kind_killed(
     url, info = devnet
     f, svc = fleet
     start(f)
-    dag = (
-        DEMO.read_text()
-        .replace("http://127.0.0.1:8545", url)
-        .replace("window_blocks: 500", "window_blocks: 120")
-        .replace("window_blocks: 100", "window_blocks: 50")
-        .replace("size: 2000", "size: 300")
-    )
+    dag = small_demo_dag(url)
     r = httpx.post(f"{f.apis[0].url}/v1/dags", json={"yaml": dag}, timeout=120)
     assert r.status_code == 201, r.text
     config = {"from_block": 0, "to_block": SPEC.blocks - 1, "chunk_size": 100}

@@ -4,8 +4,6 @@ the chain's own state (totalSupply, balanceOf, staking views) at sampled blocks.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -14,10 +12,11 @@ import pytest
 from tests.support.amounts import value
 from tests.support.dags import admin, finished_run
 from tests.support.datasets import committed_keys
+from tests.support.devnet import DEMO, devnet_fixture, small_demo_dag
 from tests.support.invariants import assert_datasets_complete, assert_invariants
 from trace_platform.chain import Rpc, calldata, topic0
 from trace_platform.config import Settings
-from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
+from trace_platform.devnet import ChainInfo, ChainSpec
 from trace_platform.devnet.big_token import LINE, MAX
 from trace_platform.devnet.chain import STAKING_ADDRESS
 from trace_platform.lite.demo import saved_rows
@@ -26,15 +25,9 @@ from trace_platform.objectstore import make_store
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=3, blocks=300, accounts=40, validators=4, epoch_blocks=50)
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
 
 
-@pytest.fixture(scope="module")
-def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ChainInfo]]:
-    d = Devnet(tmp_path_factory.mktemp("devnet"))
-    info, c = d.up(SPEC)
-    yield info.url, c
-    d.down()
+devnet = devnet_fixture(SPEC)
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +57,7 @@ def test_golden_path_analytics_match_the_node(
     url, info = devnet
     token = info.token
     rpc = Rpc(url)
-    dag = (
-        DEMO.read_text()
-        .replace("http://127.0.0.1:8545", url)
-        .replace("window_blocks: 500", "window_blocks: 120")
-        .replace("window_blocks: 100", "window_blocks: 50")
-        .replace("size: 2000", "size: 300")
-    )
+    dag = small_demo_dag(url)
     with LiteStack(
         settings, workers=2, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
     ) as stack:

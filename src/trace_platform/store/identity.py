@@ -73,9 +73,6 @@ class IdentityStore(Calls):
             _Q.set_roles, {"roles": roles, "is_admin": is_admin, "org_id": org_id, "name": name}
         )
 
-    def list_users(self, *, org_id: UUID) -> Cursor[Row]:
-        return self._run(_Q.list_users, {"org_id": org_id})
-
     def lock_bootstrap(self) -> Cursor[Row]:
         """One first start at a time: concurrent processes of a new install wait, then find
         the admin."""

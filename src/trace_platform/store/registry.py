@@ -59,9 +59,6 @@ class RegistryStore(Calls):
             },
         )
 
-    def activate(self, *, version: int, dag_id: UUID) -> Cursor[Row]:
-        return self._run(_Q.activate, {"version": version, "dag_id": dag_id})
-
     def list_dags(self, *, org_id: UUID) -> Cursor[Row]:
         return self._run(_Q.list_dags, {"org_id": org_id})
 
@@ -159,14 +156,6 @@ class RegistryStore(Calls):
                 "location": location,
             },
         )
-
-    def swap_current(self, *, dataset_uuid: UUID, dataset_version: UUID) -> Cursor[Row]:
-        return self._run(
-            _Q.swap_current, {"dataset_uuid": dataset_uuid, "dataset_version": dataset_version}
-        )
-
-    def current_version(self, *, dataset_uuid: UUID) -> Cursor[Row]:
-        return self._run(_Q.current_version, {"dataset_uuid": dataset_uuid})
 
     def insert_subscription(
         self,

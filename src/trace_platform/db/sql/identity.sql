@@ -29,9 +29,6 @@ UPDATE users SET roles = %(roles)s, is_admin = %(is_admin)s
 WHERE org_id = %(org_id)s AND name = %(name)s
 RETURNING user_id;
 
--- name: list_users
-SELECT name, is_admin, roles, created_at FROM users WHERE org_id = %(org_id)s ORDER BY name;
-
 -- name: lock_bootstrap
 -- One first start at a time: concurrent processes of a new install wait, then find the admin.
 SELECT pg_advisory_xact_lock(hashtext('trace_bootstrap'));

@@ -24,9 +24,6 @@ SELECT coalesce(max(version), 0) + 1 AS v FROM dag_versions WHERE dag_id = %(dag
 INSERT INTO dag_versions (dag_id, version, spec, source_yaml, checksum, deployed_by)
 VALUES (%(dag_id)s, %(version)s, %(spec)s, %(source_yaml)s, %(checksum)s, %(deployed_by)s);
 
--- name: activate
-UPDATE dags SET active_version = %(version)s WHERE dag_id = %(dag_id)s;
-
 -- name: list_dags
 SELECT d.dag_id, d.name, d.active_version, d.paused, d.deploy_roles, d.owner_user_id, d.org_id,
        v.deployed_at, u.name AS owner
@@ -78,16 +75,6 @@ UPDATE datasets SET dataset_name = %(name)s WHERE dataset_uuid = %(dataset_uuid)
 -- name: insert_dataset_version
 INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, location)
 VALUES (%(dataset_version)s, %(dataset_uuid)s, %(dag_id)s, %(dag_version)s, %(location)s);
-
--- name: swap_current
-INSERT INTO dataset_current (dataset_uuid, dataset_version)
-VALUES (%(dataset_uuid)s, %(dataset_version)s)
-ON CONFLICT (dataset_uuid) DO UPDATE SET dataset_version = EXCLUDED.dataset_version, updated_at = now();
-
--- name: current_version
-SELECT c.dataset_version, v.location
-FROM dataset_current c JOIN dataset_versions v USING (dataset_version)
-WHERE c.dataset_uuid = %(dataset_uuid)s;
 
 -- name: insert_subscription
 INSERT INTO dag_subscriptions (dag_id, dag_version, job, input_index, dataset_uuid, triggers)

@@ -291,17 +291,10 @@ class MemoryTx:
             or self._slot_of(p.task_id) is not None
         ):
             return False
-        s.update(
-            status="succeeded",
-            lease_until=None,
-            finished_at=self.now,
-            updated_at=self.now,
-            last_error=None,
+        self.set_succeeded(p.task_id)
+        self.finish_attempt(
+            AttemptEnd(p.task_id, s["start_day"], p.attempt, outcome="succeeded", error=None)
         )
-        a = self._t.task_attempts.get((s["task_id"], s["start_day"], p.attempt))
-        if a is not None:
-            finished = a["finished_at"] if a["finished_at"] is not None else self.now
-            a.update(finished_at=finished, outcome="succeeded")
         return True
 
     def finish_attempt(self, p: AttemptEnd) -> None:

@@ -1,0 +1,37 @@
+"""The demo DAG on a small devnet, shared by the tests that run it whole."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
+
+
+def small_demo_dag(url: str) -> str:
+    """The demo DAG pointed at `url`, its windows and hot window sized for a 300-block chain."""
+    return (
+        DEMO.read_text()
+        .replace("http://127.0.0.1:8545", url)
+        .replace("window_blocks: 500", "window_blocks: 120")
+        .replace("window_blocks: 100", "window_blocks: 50")
+        .replace("size: 2000", "size: 300")
+    )
+
+
+def devnet_fixture(spec: ChainSpec) -> Callable[..., Any]:
+    """A module-scoped fixture: a devnet of `spec`, as (RPC URL, chain info)."""
+
+    @pytest.fixture(scope="module")
+    def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ChainInfo]]:
+        d = Devnet(tmp_path_factory.mktemp("devnet"))
+        info, c = d.up(spec)
+        yield info.url, c
+        d.down()
+
+    return devnet
