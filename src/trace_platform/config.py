@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -47,7 +47,13 @@ class Settings(BaseSettings):
     queue_max_attempts: int = 20
     queue_poll_seconds: float = 1.0
 
+    # local[*] (default), or a Spark Connect endpoint sc://host:port of a cluster (see README:
+    # "Spark on a cluster"); a classic cluster master only with the sandbox off.
     spark_master: str = "local[*]"
+    # Spark settings for operators' sessions (TRACE_SPARK_CONF='{"spark.sql.shuffle.partitions":
+    # "8"}'): all of them for a local JVM; on a Spark Connect cluster, the session-level ones
+    # (spark.sql.*), the rest being the cluster's own configuration.
+    spark_conf: dict[str, str] = Field(default_factory=dict)
 
     # Operator isolation. auto: sandboxed when run as root on Linux (own uid, network, PID and
     # mount namespaces), else a warning and reduced isolation; required: refuse to start without
@@ -126,6 +132,22 @@ class Settings(BaseSettings):
     query_cpu_seconds: float | None = Field(default=None, gt=0)
     # A worker that has not answered by the time limit plus this is SIGKILLed (and replaced).
     query_kill_grace_seconds: float = Field(default=1.0, gt=0)
+
+    @field_validator("spark_master")
+    @classmethod
+    def _spark_master(cls, v: str) -> str:
+        if v.startswith("sc://"):
+            from trace_platform.sandbox.tcp_forward import connect_address
+
+            connect_address(v)  # a ValueError naming the URL
+        return v
+
+    @field_validator("spark_conf")
+    @classmethod
+    def _spark_conf(cls, v: dict[str, str]) -> dict[str, str]:
+        from trace_platform.spark import check_user_conf
+
+        return check_user_conf(v)
 
     @model_validator(mode="after")
     def _profile_defaults(self) -> Settings:

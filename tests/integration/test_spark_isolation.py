@@ -403,3 +403,23 @@ def test_a_task_that_adds_files_gets_the_jvm_restarted(base: Any, tmp_path: Path
         assert fresh.range(3).count() == 3
     finally:
         tspark.end_task(fresh)
+
+
+def test_user_spark_conf_is_honoured_but_never_undoes_the_hardening(tmp_path: Path) -> None:
+    env = {"TRACE_SPARK_CONF": '{"spark.sql.shuffle.partitions": "7", "spark.executor.cores": "2"}'}
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        opts = tspark._conf_options(tmp_path)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert opts["spark.sql.shuffle.partitions"] == "7" and opts["spark.executor.cores"] == "2"
+    assert all(opts[k] == v for k, v in tspark.SESSION_HARDENING.items())
+    for bad, why in (
+        ({"spark.sql.runSQLOnFiles": "true"}, "hardened"),
+        ({"spark.master": "local[1]"}, "TRACE_SPARK_MASTER"),
+        ({"java.opts": "x"}, "not a Spark setting"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            tspark.check_user_conf(bad)

@@ -225,6 +225,7 @@ def worker(
             visibility_seconds=settings.worker_visibility_seconds,
             host_env={
                 "TRACE_SPARK_MASTER": settings.spark_master,
+                "TRACE_SPARK_CONF": json.dumps(settings.spark_conf),
                 "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
             },
             trusted_env={"TRACE_SINK_DSN": data_dsn},

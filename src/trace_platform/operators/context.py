@@ -46,6 +46,9 @@ class OperatorContext:
     _store: ObjectStore | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("trace.operator"))
     _spark: Any = None
+    # A Spark Connect URL (sc://): the task's data work runs on that cluster, whose executors
+    # read and write the object store themselves (trace_platform.spark.objects).
+    spark_remote: str | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -70,7 +73,7 @@ class OperatorContext:
         if self._spark is None:
             from trace_platform.spark import task_session
 
-            self._spark = task_session()
+            self._spark = task_session(self.spark_remote)
         return self._spark
 
     def close(self) -> None:

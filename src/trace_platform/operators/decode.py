@@ -8,8 +8,6 @@ big: an amount word that is not a whole uint256 fails the task, naming the log.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -18,7 +16,7 @@ from trace_platform.chain import topic0
 from trace_platform.contract import RangeSpec
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
-from trace_platform.operators.inputs import fetch_parquet, scope_location
+from trace_platform.operators.inputs import read_frame, scope_location
 from trace_platform.operators.output import publish_frame
 from trace_platform.spark import u256
 from trace_platform.spark.sql_guard import DIALECT
@@ -54,19 +52,18 @@ def _range(ctx: OperatorContext) -> tuple[int, int]:
     return int(rng["start"]), int(rng["end"])
 
 
-def _fetch_inputs(ctx: OperatorContext, start: int, end: int) -> Path:
+def _read_logs(ctx: OperatorContext, start: int, end: int) -> Any:
     """The input range's committed Parquet files (that commit's own, not every attempt's under
-    the range), local for Spark (S3A is not bundled here)."""
-    local = ctx.workdir / "input"
-    shutil.rmtree(local, ignore_errors=True)
-    local.mkdir(parents=True)
+    the range) as a DataFrame."""
     location = scope_location(ctx, ctx.task.inputs[0])
     if location is None:
         raise PermanentError(
             f"input 0 has no commit for blocks [{start}, {end}) in its pinned version"
         )
-    fetch_parquet(ctx, [location], local)
-    return local
+    frame = read_frame(ctx, [location])
+    if frame is None:
+        raise PermanentError(f"input 0's commit for blocks [{start}, {end}) holds no Parquet")
+    return frame
 
 
 def _hex_address(col: str) -> str:
@@ -102,7 +99,7 @@ def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
     to_address, value); config `token_address` narrows to one."""
     cfg = Erc20TransfersConfig.from_ctx(ctx)
     start, end = _range(ctx)
-    logs = ctx.spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
+    logs = _read_logs(ctx, start, end)
     frame = transfers_frame(logs, cfg.token_address)
     with u256.invalid_amounts_fail():
         return publish_frame(
@@ -117,9 +114,8 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
     from pyspark.sql import functions as F
 
     cfg = StakingEventsConfig.from_ctx(ctx)
-    spark = ctx.spark
     start, end = _range(ctx)
-    logs = spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
+    logs = _read_logs(ctx, start, end)
     address = cfg.staking_address.lower()
     by_topic = {v[2:]: k for k, v in STAKING.items()}
     t0 = F.lower(F.hex("topic0"))

@@ -4,7 +4,10 @@ a listing of a range's prefix, which may also hold other attempts' files."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 from trace_platform.contract import DatasetRef, RangeSpec, scope_key
 from trace_platform.objectstore import list_all
@@ -57,3 +60,35 @@ def fetch_parquet(ctx: OperatorContext, locations: list[str], dest: Path) -> int
                 store.get_file(obj.key, dest / f"{n:06d}-{Path(obj.key).name}")
                 n += 1
     return n
+
+
+def parquet_keys(ctx: OperatorContext, locations: list[str]) -> list[str]:
+    """The Parquet objects under `locations`, in order (read through the task's scoped store)."""
+    return [
+        obj.key
+        for location in locations
+        for obj in list_all(ctx.store, location.rstrip("/") + "/")
+        if obj.key.endswith(".parquet")
+    ]
+
+
+def read_frame(ctx: OperatorContext, locations: list[str], name: str = "input") -> Any | None:
+    """The Parquet under `locations` as one Spark DataFrame, or None when there is none.
+
+    On a cluster (Spark Connect) the executors read the objects by key themselves
+    (`trace_platform.spark.objects`); in a local Spark, whose executors share the sandbox and
+    hold no store access, the files are first fetched through the scoped store into
+    `workdir/name`."""
+    if ctx.spark_remote is not None:
+        from trace_platform.spark.objects import NAME
+
+        keys = parquet_keys(ctx, locations)
+        if not keys:
+            return None
+        return ctx.spark.read.format(NAME).option("keys", json.dumps(keys)).load()
+    local = ctx.workdir / name
+    shutil.rmtree(local, ignore_errors=True)
+    local.mkdir(parents=True)
+    if not fetch_parquet(ctx, locations, local):
+        return None
+    return ctx.spark.read.parquet(str(local))

@@ -1,5 +1,6 @@
-"""Writing an operator's output: stage locally, upload under this attempt's own keys, then the
-commit and event that make it visible (attempt-fenced by the Dispatcher).
+"""Writing an operator's output under this attempt's own keys (on a Spark cluster the executors
+write them; a local Spark stages them in the task's workdir and uploads every part file), then
+the commit and event that make it visible (attempt-fenced by the Dispatcher).
 
 Files a commit points at are never rewritten or deleted: a retry or replay writes new keys
 (`attempt_prefix`) and its commit swaps the scope's location in one statement, retiring the
@@ -22,8 +23,8 @@ from trace_platform.contract import (
     TaskPayload,
     scope_key,
 )
-from trace_platform.operators.context import OperatorContext, OperatorResult
-from trace_platform.operators.inputs import fetch_parquet
+from trace_platform.operators.context import OperatorContext, OperatorError, OperatorResult
+from trace_platform.operators.inputs import parquet_keys, read_frame
 
 
 def range_prefix(location: str, start: int, end: int) -> str:
@@ -46,13 +47,41 @@ def _append_only(ctx: OperatorContext, frame: Any, out: DatasetRef, rng: RangeSp
         for c in ctx.task.committed
         if c.dataset_version == out.dataset_version and c.scope != own
     ]
-    local = ctx.workdir / "committed"
-    shutil.rmtree(local, ignore_errors=True)
-    local.mkdir(parents=True)
-    if not others or not fetch_parquet(ctx, others, local):
+    seen = read_frame(ctx, others, "committed")
+    if seen is None:
         return frame
-    seen = ctx.spark.read.parquet(str(local)).select(*key).distinct()
-    return frame.join(seen, on=key, how="left_anti")
+    return frame.join(seen.select(*key).distinct(), on=key, how="left_anti")
+
+
+def _write_local(ctx: OperatorContext, frame: Any, prefix: str) -> tuple[int, int]:
+    """A local Spark (its executors share the sandbox, without store access): written to the
+    task's workdir, every part file then uploaded through the scoped store."""
+    stage = ctx.workdir / "output"
+    shutil.rmtree(stage, ignore_errors=True)
+    frame.write.mode("overwrite").parquet(str(stage))
+    parts = sorted(stage.glob("*.parquet"))
+    rows = int(ctx.spark.read.parquet(str(stage)).count())
+    size = 0
+    for i, f in enumerate(parts):
+        size += f.stat().st_size
+        ctx.store.put_file(f"{prefix}part-{i:05d}.parquet", f)
+    return rows, size
+
+
+def _write_remote(ctx: OperatorContext, frame: Any, prefix: str) -> tuple[int, int]:
+    """A Spark cluster: the executors write under `prefix` themselves (`trace_objects`); the
+    job's manifest lists its files, which must be exactly the Parquet under the prefix."""
+    from trace_platform.spark.objects import NAME, read_manifest
+
+    frame.write.format(NAME).mode("append").option("prefix", prefix).save()
+    files = read_manifest(ctx.store, prefix)
+    listed = set(parquet_keys(ctx, [prefix]))
+    if listed != {f["key"] for f in files}:
+        raise OperatorError(
+            f"the files under {prefix} ({len(listed)}) are not the {len(files)} the Spark job "
+            "committed"
+        )
+    return sum(int(f["rows"]) for f in files), sum(int(f["bytes"]) for f in files)
 
 
 def publish_frame(
@@ -62,24 +91,17 @@ def publish_frame(
     order: Sequence[str] = (),
 ) -> OperatorResult:
     """A Spark DataFrame into output 0: one range of it, or (no range) the whole version;
-    `order` sorts the rows written."""
+    `order` sorts the rows written, in part-file order."""
     out = ctx.task.outputs[0]
     assert out.location is not None
     if out.update_strategy == "append" and out.unique_key:
         frame = _append_only(ctx, frame, out, rng)
     if order:
         frame = frame.orderBy(*order)
-    stage = ctx.workdir / "output"
-    shutil.rmtree(stage, ignore_errors=True)
-    frame.coalesce(1).write.mode("overwrite").parquet(str(stage))
-    store = ctx.store
     scope = range_prefix(out.location, rng.start, rng.end) if rng else out.location
     prefix = attempt_prefix(scope, ctx.task)
-    size = 0
-    for i, f in enumerate(sorted(stage.glob("*.parquet"))):
-        size += f.stat().st_size
-        store.put_file(f"{prefix}part-{i:05d}.parquet", f)
-    rows = int(ctx.spark.read.parquet(str(stage)).count())
+    write = _write_remote if ctx.spark_remote is not None else _write_local
+    rows, size = write(ctx, frame, prefix)
     identity: dict[str, Any] = {"range": rng} if rng else {"partition_key": "all"}
     return OperatorResult(
         events=[

@@ -19,17 +19,16 @@ rewritten as a whole: scope `all`."""
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 from pydantic import Field, field_validator
 
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
-from trace_platform.operators.inputs import fetch_parquet, version_locations
+from trace_platform.operators.inputs import read_frame, version_locations
 from trace_platform.operators.output import publish_frame
 from trace_platform.spark import u256
-from trace_platform.spark.sql_guard import check_query, check_spark_plan
+from trace_platform.spark.sql_guard import check_query, check_spark_plan, plan_parser
 
 
 class SqlTransformConfig(OperatorConfig):
@@ -89,18 +88,15 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
     given = {**synced, **(cfg.args or {})}
     args = {k: v for k, v in given.items() if k in checked.parameters} or None
     spark = ctx.spark  # a task session: hardened (trace_platform.spark)
-    check_spark_plan(spark, checked)
+    check_spark_plan(plan_parser(spark), checked)
     empty: list[tuple[int, str]] = []
     for i, ref in enumerate(ctx.task.inputs):
         assert ref.location is not None
-        local = ctx.workdir / f"input_{i}"
-        shutil.rmtree(local, ignore_errors=True)
-        local.mkdir(parents=True)
-        # Exactly the committed scopes' files (never every attempt's under the version).
-        fetch_parquet(ctx, version_locations(ctx, ref), local)
         view = views[i]
-        if any(local.iterdir()):
-            spark.read.parquet(str(local)).createOrReplaceTempView(view)
+        # Exactly the committed scopes' files (never every attempt's under the version).
+        frame = read_frame(ctx, version_locations(ctx, ref), f"input_{i}")
+        if frame is not None:
+            frame.createOrReplaceTempView(view)
         else:  # e.g. a range aggregator's manifests: they wake the job, they hold no rows
             empty.append((i, view))
     try:

@@ -1,9 +1,13 @@
 """One long-lived Spark JVM per operator host process (start-up costs seconds here), and one fresh
 SparkSession per task on top of it, so that nothing of a task survives into the next one.
 
-`spark.master` comes from TRACE_SPARK_MASTER (default `local[*]`): a standalone, YARN or
-Kubernetes master works by configuration alone. The JVM inherits the host's stdout/stderr,
-which point at the worker's log file, so Spark's logs never reach the terminal.
+`spark.master` comes from TRACE_SPARK_MASTER (default `local[*]`). A cluster is reached through
+Spark Connect: TRACE_SPARK_MASTER=sc://host:port makes each task a Spark Connect session of
+its own on that server (no JVM in the operator host at all; `remote_session`), whose executors
+read and write the object store by key (`trace_platform.spark.objects`). A classic cluster
+master (spark://, yarn, k8s://) needs the driver on the cluster's network, which the sandbox
+does not give (`trace_platform.sandbox.resolve` says so). The JVM inherits the host's
+stdout/stderr, which point at the worker's log file, so Spark's logs never reach the terminal.
 
 The host's contract (one task at a time per host process):
 
@@ -65,6 +69,33 @@ SESSION_HARDENING: dict[str, str] = {
 }
 
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
+
+
+def check_user_conf(conf: Mapping[str, str]) -> dict[str, str]:
+    """A user's Spark settings (TRACE_SPARK_CONF): `spark.*` keys only, and none that would
+    undo `SESSION_HARDENING` or choose the master (TRACE_SPARK_MASTER does)."""
+    out: dict[str, str] = {}
+    for key, value in conf.items():
+        if not key.startswith("spark."):
+            raise ValueError(f"TRACE_SPARK_CONF: {key!r} is not a Spark setting (spark.*)")
+        if key == "spark.master" or key.startswith("spark.remote"):
+            raise ValueError(f"TRACE_SPARK_CONF: set {key} through TRACE_SPARK_MASTER")
+        if key in SESSION_HARDENING and str(value) != SESSION_HARDENING[key]:
+            raise ValueError(
+                f"TRACE_SPARK_CONF: {key} is fixed at {SESSION_HARDENING[key]} (operators' "
+                "sessions are hardened)"
+            )
+        out[key] = str(value)
+    return out
+
+
+def user_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The user's Spark settings as the worker handed them to this host (TRACE_SPARK_CONF)."""
+    import json
+
+    raw = (os.environ if environ is None else environ).get("TRACE_SPARK_CONF") or "{}"
+    return check_user_conf(json.loads(raw))
+
 
 # What the JVM's environment may hold: exact names, and name prefixes.
 JVM_ENV_NAMES: frozenset[str] = frozenset(
@@ -130,8 +161,10 @@ class _NarrowedEnviron:
 
 
 def _conf_options(workdir: Path) -> dict[str, str]:
+    master = os.environ.get("TRACE_SPARK_MASTER", "local[*]")
     return {
-        "spark.master": os.environ.get("TRACE_SPARK_MASTER", "local[*]"),
+        # With a Spark Connect master the local JVM only parses (sql_guard.plan_parser).
+        "spark.master": "local[1]" if is_remote(master) else master,
         "spark.app.name": "trace-operator-host",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -145,6 +178,7 @@ def _conf_options(workdir: Path) -> dict[str, str]:
         # default: such a stage then runs interpreted, 2-3x slower.
         "spark.driver.extraJavaOptions": JIT_OPTIONS,
         "spark.executor.extraJavaOptions": JIT_OPTIONS,
+        **user_conf(),
         **SESSION_HARDENING,
     }
 
@@ -192,10 +226,35 @@ def _make_default(session: Any) -> None:
     jclass.setActiveSession(session._jsparkSession)
 
 
-def task_session() -> Any:
-    """A fresh SparkSession for one task: `newSession()` of the long-lived base session (own SQL
-    conf, temp views, temporary functions and UDFs; shared JVM, SparkContext and cache), with
-    `SESSION_HARDENING` applied, made the process' default session until `end_task`."""
+def is_remote(master: str) -> bool:
+    """Whether `master` is a Spark Connect endpoint (sc://host:port)."""
+    return master.startswith("sc://")
+
+
+def remote_session(url: str) -> Any:
+    """A new Spark Connect session of its own on the server at `url` (its own SQL conf, temp
+    views and functions server-side), hardened, with `trace_objects` registered."""
+    # The Connect class itself: pyspark.sql.SparkSession.builder.remote() would also mark the
+    # whole process "Connect only", and the local JVM (the plan parser) could not start.
+    from pyspark.sql.connect.session import SparkSession
+
+    from trace_platform.spark.objects import TraceObjects
+
+    session = SparkSession.builder.remote(url).create()
+    session_level = {k: v for k, v in user_conf().items() if k.startswith("spark.sql.")}
+    for key, value in {**session_level, **SESSION_HARDENING}.items():
+        session.conf.set(key, value)
+    session.dataSource.register(TraceObjects)
+    return session
+
+
+def task_session(remote: str | None = None) -> Any:
+    """A fresh SparkSession for one task: with `remote` (sc://), a Spark Connect session of its
+    own on that server; else `newSession()` of the long-lived base session (own SQL conf, temp
+    views, temporary functions and UDFs; shared JVM, SparkContext and cache). Either way with
+    `SESSION_HARDENING` applied; a local one is the process' default session until `end_task`."""
+    if remote is not None:
+        return remote_session(remote)
     base = get_spark()
     session = base.newSession()
     for key, value in SESSION_HARDENING.items():

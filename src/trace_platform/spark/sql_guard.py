@@ -661,6 +661,16 @@ def _one_name(parts: Any) -> str | None:
     return None
 
 
+def plan_parser(session: Any) -> Any:
+    """The session whose JVM parses a query for `check_spark_plan`: the task's own, or, for a
+    Spark Connect session (which exposes no parser), the host's local JVM (the same Spark)."""
+    if type(session).__module__.startswith("pyspark.sql.connect"):
+        from trace_platform.spark import get_spark
+
+        return get_spark()
+    return session
+
+
 def check_spark_plan(spark: Any, checked: CheckedQuery) -> None:
     """Parses `checked.sql` with the session's own Spark parser (no analysis, nothing runs) and
     refuses what the sqlglot check should already have refused: script transforms, relations

@@ -73,7 +73,13 @@ class Channel:
             return reply
 
 
-def run_one(task: TaskPayload, chan: Channel, workdir: Path, env: dict[str, str]) -> None:
+def run_one(
+    task: TaskPayload,
+    chan: Channel,
+    workdir: Path,
+    env: dict[str, str],
+    spark_remote: str | None = None,
+) -> None:
     home, environ = Path.cwd(), dict(os.environ)
     os.chdir(workdir)
     ctx = OperatorContext(
@@ -82,6 +88,7 @@ def run_one(task: TaskPayload, chan: Channel, workdir: Path, env: dict[str, str]
         _send=chan.send,
         env=env,
         _store=RemoteStore(chan.call, workdir),
+        spark_remote=spark_remote,
     )
     try:
         _run(ctx, task, chan)
@@ -138,6 +145,7 @@ def main() -> None:
                 chan,
                 Path(msg["workdir"]),
                 dict(msg.get("env") or {}),
+                msg.get("spark_remote"),
             )
 
 

@@ -41,6 +41,7 @@ from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, host_port, is_url
 from trace_platform.sandbox.hostdir import TaskDirs
+from trace_platform.sandbox.tcp_forward import TcpForward, connect_address
 from trace_platform.worker.client import ApiError, DispatcherClient, transient
 from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
 from trace_platform.worker.store_proxy import ScopedStore
@@ -109,6 +110,7 @@ class Wrapper:
         self.trusted_env = trusted_env or {}
         self.platform_ports = platform_ports or set()
         self.wait_seconds = wait_seconds
+        self.spark_master = (host_env or {}).get("TRACE_SPARK_MASTER", "local[*]")
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
         self.host = OperatorHost(
             home, safe_id, self.policy, extra_env=host_env, extra_binds=extra_binds
@@ -247,11 +249,12 @@ class Wrapper:
                 raise
         if trusted:
             env.update(self.trusted_env)
-        gateways: list[Gateway] = []
+        gateways: list[Gateway | TcpForward] = []
         dirs: TaskDirs | None = None
         try:
             host.ensure((task.org_id, task.dag_id))
             task, env = self._egress(host, task, env, gateways)
+            spark_remote = self._spark_remote(host, gateways)
             dirs = host.new_task(task)
             scoped = ScopedStore(self.store, task, dirs.work, dirs.inbox, host.policy.uid)
             host.send(
@@ -260,6 +263,7 @@ class Wrapper:
                     "task": task.model_dump(mode="json"),
                     "env": env,
                     "workdir": str(dirs.work),
+                    "spark_remote": spark_remote,
                 }
             )
         except EgressRefused as e:
@@ -281,7 +285,7 @@ class Wrapper:
         host: OperatorHost,
         task: TaskPayload,
         env: dict[str, str],
-        gateways: list[Gateway],
+        gateways: list[Gateway | TcpForward],
     ) -> tuple[TaskPayload, dict[str, str]]:
         """Every RPC URL the task may use (slot env and secrets, config.rpc_url) is checked;
         in the sandbox each becomes a gateway on the host's own loopback."""
@@ -303,6 +307,19 @@ class Wrapper:
             task = task.model_copy(update={"config": {**task.config, "rpc_url": local[rpc]}})
         return task, env
 
+    def _spark_remote(self, host: OperatorHost, forwards: list[Gateway | TcpForward]) -> str | None:
+        """The Spark Connect URL the task's operators use, when the configured master is one
+        (`sc://`): in the sandbox, a forward from the host's own loopback to that endpoint."""
+        if not self.spark_master.startswith("sc://"):
+            return None
+        name, port, rest = connect_address(self.spark_master)
+        check_upstream(f"http://{name}:{port}/", self.platform_ports)
+        if not host.policy.isolated:
+            return self.spark_master
+        fwd = TcpForward(host.listen(), name, port)
+        forwards.append(fwd)
+        return f"sc://127.0.0.1:{fwd.port}{rest}"
+
     @staticmethod
     def _serve_store(
         proc: subprocess.Popen[bytes],
@@ -323,7 +340,7 @@ class Wrapper:
             return
 
     @staticmethod
-    def _close(gateways: list[Gateway], dirs: TaskDirs | None) -> None:
+    def _close(gateways: list[Gateway | TcpForward], dirs: TaskDirs | None) -> None:
         for gw in gateways:
             gw.close()
         if dirs is not None:

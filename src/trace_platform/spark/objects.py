@@ -1,0 +1,221 @@
+"""Parquet in the object store, read and written by the Spark executors themselves: how operators
+reach their data on a Spark cluster (no S3A jars here, and none needed), with Spark 4's Python
+Data Source API (`format("trace_objects")`).
+
+- **Where the store comes from.** The executors (and the cluster's driver, which plans reads and
+  commits writes) open the object store from their own environment: `TRACE_OBJECT_STORE` and
+  the `TRACE_S3_*` / `TRACE_OBJECT_STORE_ROOT` settings the platform uses (S3 credentials may
+  also come from the executors' instance role). The operator host never holds them: it names
+  keys and prefixes, which it has already resolved through its scoped store.
+- **Reads** take an explicit list of keys (`keys`, JSON): one Spark partition per file, read as
+  Arrow record batches. Unsigned Parquet integers map as Spark's own Parquet reader maps them.
+- **Writes** go under one prefix (`prefix`): each task writes one file named by its partition
+  and task attempt; the job's commit lists the files of the successful attempts in
+  `_manifest.json`, deletes any other Parquet under the prefix (a failed or lost attempt's), and
+  writes one empty file with the schema when no task wrote a row, so a reader always finds one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from trace_platform.objectstore import ObjectStore
+
+NAME = "trace_objects"
+MANIFEST = "_manifest.json"
+
+
+class ClusterStoreMissing(RuntimeError):
+    pass
+
+
+def cluster_store() -> ObjectStore:
+    """The object store as this Spark process's environment configures it."""
+    from trace_platform.config import Settings
+    from trace_platform.objectstore import make_store
+
+    if not os.environ.get("TRACE_OBJECT_STORE"):
+        raise ClusterStoreMissing(
+            "the Spark cluster has no object store configured: set TRACE_OBJECT_STORE (and "
+            "TRACE_S3_BUCKET, TRACE_S3_ENDPOINT_URL, ... or TRACE_OBJECT_STORE_ROOT) in the "
+            "environment of its driver and executors (spark.executorEnv.*)"
+        )
+    return make_store(Settings())
+
+
+def _spark_type(t: pa.DataType) -> Any:
+    """The Spark type of an Arrow/Parquet column, unsigned integers as Spark's Parquet reader
+    maps them (UINT_8 -> short, UINT_16 -> int, UINT_32 -> long, UINT_64 -> decimal(20,0))."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import (
+        ArrayType,
+        DecimalType,
+        IntegerType,
+        LongType,
+        ShortType,
+        StructField,
+        StructType,
+    )
+
+    unsigned = {8: ShortType(), 16: IntegerType(), 32: LongType(), 64: DecimalType(20, 0)}
+    if pa.types.is_unsigned_integer(t):
+        return unsigned[t.bit_width]
+    if pa.types.is_struct(t):
+        return StructType(
+            [StructField(f.name, _spark_type(f.type), f.nullable) for f in t]  # type: ignore[attr-defined]
+        )
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return ArrayType(_spark_type(t.value_type), True)
+    if pa.types.is_large_binary(t):
+        t = pa.binary()
+    elif pa.types.is_large_string(t):
+        t = pa.string()
+    return from_arrow_type(t)
+
+
+def spark_schema(arrow: pa.Schema) -> StructType:
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f.name, _spark_type(f.type), f.nullable) for f in arrow])
+
+
+def _read_table(store: ObjectStore, key: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(store.get(key)))
+
+
+class _Reader(DataSourceReader):
+    def __init__(self, keys: list[str], schema: StructType) -> None:
+        self.keys = keys
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(k) for k in self.keys]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        target = to_arrow_schema(self.schema)
+        key = str(partition.value)
+        table = _read_table(cluster_store(), key)
+        try:
+            table = table.select(target.names).cast(target)
+        except (KeyError, ValueError, TypeError) as e:  # pyarrow's errors subclass these
+            raise ValueError(f"{key}: its columns do not match the first file's: {e}") from None
+        yield from table.to_batches()
+
+
+@dataclass
+class _Written(WriterCommitMessage):
+    key: str | None
+    rows: int
+    size: int
+
+
+class _Writer(DataSourceArrowWriter):
+    def __init__(self, prefix: str, schema: StructType) -> None:
+        self.prefix = prefix
+        self.schema = schema
+
+    def write(self, iterator: Iterator[Any]) -> _Written:
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        buf, writer, rows = io.BytesIO(), None, 0
+        for batch in iterator:
+            if writer is None:
+                writer = pq.ParquetWriter(buf, batch.schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+        if writer is None or rows == 0:
+            return _Written(None, 0, 0)
+        writer.close()
+        tc = TaskContext.get()
+        part, attempt = (
+            (tc.partitionId(), tc.taskAttemptId()) if tc is not None else (0, uuid.uuid4().hex)
+        )
+        key = f"{self.prefix}part-{part:05d}-{attempt}.parquet"
+        data = buf.getvalue()
+        cluster_store().put(key, data)
+        return _Written(key, rows, len(data))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from trace_platform.objectstore import list_all
+
+        store = cluster_store()
+        files = sorted(
+            (m for m in messages if isinstance(m, _Written) and m.key), key=lambda m: str(m.key)
+        )
+        if not files:  # no rows at all: one empty file, so the schema is still there to read
+            buf = io.BytesIO()
+            pq.write_table(to_arrow_schema(self.schema).empty_table(), buf)
+            key = f"{self.prefix}part-00000-empty.parquet"
+            store.put(key, buf.getvalue())
+            files = [_Written(key, 0, len(buf.getvalue()))]
+        keep = {m.key for m in files}
+        for obj in list_all(store, self.prefix):
+            if obj.key.endswith(".parquet") and obj.key not in keep:
+                store.delete(obj.key)
+        manifest = {"files": [{"key": m.key, "rows": m.rows, "bytes": m.size} for m in files]}
+        store.put(self.prefix + MANIFEST, json.dumps(manifest).encode())
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        store = cluster_store()
+        for m in messages:
+            if isinstance(m, _Written) and m.key:
+                store.delete(m.key)
+
+
+class TraceObjects(DataSource):
+    """`spark.read.format("trace_objects").option("keys", json.dumps([...])).load()` and
+    `frame.write.format("trace_objects").mode("append").option("prefix", p).save()`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def _keys(self) -> list[str]:
+        keys = json.loads(self.options.get("keys", "[]"))
+        if not keys:
+            raise ValueError("trace_objects: no keys to read")
+        return [str(k) for k in keys]
+
+    def schema(self) -> StructType:
+        return spark_schema(_read_table(cluster_store(), self._keys()[0]).schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _Reader(self._keys(), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        prefix = self.options.get("prefix", "")
+        if not prefix.endswith("/"):
+            raise ValueError(f"trace_objects: the write prefix {prefix!r} must end with '/'")
+        return _Writer(prefix, schema)
+
+
+def read_manifest(store: ObjectStore, prefix: str) -> list[dict[str, Any]]:
+    """The files a `trace_objects` write committed under `prefix`: [{key, rows, bytes}]."""
+    return list(json.loads(store.get(prefix + MANIFEST))["files"])

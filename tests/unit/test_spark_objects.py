@@ -1,0 +1,133 @@
+"""`trace_objects`, the Python data source Spark executors read and write the object store
+with: driven directly (schema, partitions, read, write, commit, abort) on a local store."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql.types import LongType, StructField, StructType
+
+from trace_platform.objectstore.local import LocalStore
+from trace_platform.spark.objects import (
+    MANIFEST,
+    ClusterStoreMissing,
+    TraceObjects,
+    cluster_store,
+    read_manifest,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalStore:
+    monkeypatch.setenv("TRACE_OBJECT_STORE", "local")
+    monkeypatch.setenv("TRACE_OBJECT_STORE_ROOT", str(tmp_path / "objects"))
+    s = LocalStore(tmp_path / "objects")
+    s.ensure_bucket()
+    return s
+
+
+def put_table(store: LocalStore, key: str, table: pa.Table) -> None:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    store.put(key, buf.getvalue())
+
+
+def logs(first: int, n: int) -> pa.Table:
+    return pa.table(
+        {
+            "block_number": pa.array(range(first, first + n), pa.uint32()),
+            "log_index": pa.array([1] * n, pa.uint8()),
+            "big": pa.array([2**64 - 1 - i for i in range(n)], pa.uint64()),
+            "data": pa.array([bytes([i % 256]) * 32 for i in range(n)], pa.large_binary()),
+            "topic3": pa.array([None] * n, pa.binary()),
+        }
+    )
+
+
+def test_reads_every_key_as_spark_would_type_it(store: LocalStore) -> None:
+    put_table(store, "in/a.parquet", logs(0, 5))
+    put_table(store, "in/b.parquet", logs(5, 3))
+    source = TraceObjects({"keys": json.dumps(["in/a.parquet", "in/b.parquet"])})
+    schema = source.schema()
+    types = {f.name: f.dataType.simpleString() for f in schema.fields}
+    # As Spark's own Parquet reader maps unsigned integers.
+    assert types == {
+        "block_number": "bigint",
+        "log_index": "smallint",
+        "big": "decimal(20,0)",
+        "data": "binary",
+        "topic3": "binary",
+    }
+    reader = source.reader(schema)
+    parts = reader.partitions()
+    assert [p.value for p in parts] == ["in/a.parquet", "in/b.parquet"]
+    tables = [pa.Table.from_batches(list(reader.read(p))) for p in parts]
+    assert [t.num_rows for t in tables] == [5, 3]
+    assert tables[1].column("block_number").to_pylist() == [5, 6, 7]
+    assert tables[0].column("big").to_pylist()[0] == 2**64 - 1  # exact past a long
+
+
+def test_a_file_whose_columns_differ_fails_naming_it(store: LocalStore) -> None:
+    put_table(store, "in/a.parquet", logs(0, 2))
+    put_table(store, "in/odd.parquet", pa.table({"block_number": pa.array(["x"])}))
+    source = TraceObjects({"keys": json.dumps(["in/a.parquet", "in/odd.parquet"])})
+    reader = source.reader(source.schema())
+    with pytest.raises(ValueError, match=r"in/odd\.parquet"):
+        list(reader.read(reader.partitions()[1]))
+
+
+def test_no_keys_and_a_bad_prefix_are_refused(store: LocalStore) -> None:
+    with pytest.raises(ValueError, match="no keys"):
+        TraceObjects({}).schema()
+    source = TraceObjects({"prefix": "out/no-slash"})
+    with pytest.raises(ValueError, match="must end with '/'"):
+        source.writer(_schema(), False)
+
+
+def _schema() -> StructType:
+    return StructType([StructField("n", LongType(), True)])
+
+
+def test_write_commits_exactly_the_successful_files(store: LocalStore) -> None:
+    writer = TraceObjects({"prefix": "out/t=1.1/"}).writer(_schema(), False)
+    batch = pa.record_batch({"n": pa.array([1, 2, 3], pa.int64())})
+    ok = [writer.write(iter([batch])), writer.write(iter([batch, batch]))]
+    empty = writer.write(iter([]))  # a task with no rows writes no file
+    assert empty.key is None
+    # A failed attempt's file under the prefix: not committed, so deleted by the commit.
+    store.put("out/t=1.1/part-00000-99.parquet", b"half a file")
+    writer.commit([*ok, empty, None])
+    files = read_manifest(store, "out/t=1.1/")
+    assert sorted(f["key"] for f in files) == sorted(m.key for m in ok)
+    assert sum(f["rows"] for f in files) == 9
+    listed = sorted(o.key for o in store.list_page("out/t=1.1/").items)
+    assert listed == sorted([*(m.key for m in ok), "out/t=1.1/" + MANIFEST])
+    total = sum(pq.read_table(io.BytesIO(store.get(f["key"]))).num_rows for f in files)
+    assert total == 9
+
+
+def test_a_write_without_rows_leaves_one_empty_file_with_the_schema(store: LocalStore) -> None:
+    writer = TraceObjects({"prefix": "out/e/"}).writer(_schema(), False)
+    writer.commit([writer.write(iter([]))])
+    [f] = read_manifest(store, "out/e/")
+    table = pq.read_table(io.BytesIO(store.get(f["key"])))
+    assert f["rows"] == 0 and table.num_rows == 0 and table.column_names == ["n"]
+
+
+def test_abort_removes_what_the_tasks_wrote(store: LocalStore) -> None:
+    writer = TraceObjects({"prefix": "out/a/"}).writer(_schema(), False)
+    m = writer.write(iter([pa.record_batch({"n": pa.array([1], pa.int64())})]))
+    assert store.exists(m.key)
+    writer.abort([m, None])
+    assert not store.exists(m.key)
+
+
+def test_an_unconfigured_cluster_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRACE_OBJECT_STORE", raising=False)
+    with pytest.raises(ClusterStoreMissing, match="TRACE_OBJECT_STORE"):
+        cluster_store()
