@@ -151,6 +151,7 @@ class _NarrowedEnviron:
     def __enter__(self) -> None:
         self._saved = dict(os.environ)
         keep = jvm_environment(self._saved)
+        keep.pop("SPARK_CONNECT_MODE_ENABLED", None)  # a local JVM, even in a Connect task
         for name in list(os.environ):
             if name not in keep:
                 del os.environ[name]
@@ -198,7 +199,7 @@ def _start() -> Any:
     with _NarrowedEnviron():
         gateway = launch_gateway(conf, popen_kwargs={"cwd": str(_workdir)})
         context = SparkContext(conf=conf, gateway=gateway)
-    session = SparkSession(context)
+        session = SparkSession(context)
     context.setLogLevel("WARN")
     _context_baseline = _context_state(session)
     return session
@@ -234,9 +235,10 @@ def is_remote(master: str) -> bool:
 def remote_session(url: str) -> Any:
     """A new Spark Connect session of its own on the server at `url` (its own SQL conf, temp
     views and functions server-side), hardened, with `trace_objects` registered."""
-    # The Connect class itself: pyspark.sql.SparkSession.builder.remote() would also mark the
-    # whole process "Connect only", and the local JVM (the plan parser) could not start.
-    from pyspark.sql.connect.session import SparkSession
+    # This marks the process "Connect mode" (SPARK_CONNECT_MODE_ENABLED, which makes
+    # pyspark.sql.functions build Connect columns) until the host restores its environment at
+    # the end of the task; `_start` hides it while a local JVM (the plan parser) launches.
+    from pyspark.sql import SparkSession
 
     from trace_platform.spark.objects import TraceObjects
 
