@@ -14,7 +14,16 @@ SELECT count(*) AS n,
 FROM ins;
 
 -- name: receive
-WITH picked AS (
+-- One statement: pick the oldest ready rows (SKIP LOCKED) and lease them. The picked ids go in
+-- as an array, so the update finds each row by primary key (a join on a CTE lets the planner
+-- hash-join against a sequential scan of the whole queue: O(backlog) per receive). The lease
+-- token comes from the caller, one per batch: (id, token) still names exactly one lease, and
+-- the driver builds the receipts without a per-row random UUID or string concatenation here.
+UPDATE queue_messages m
+SET lease_until = now() + make_interval(secs => %(visibility)s),
+    lease_token = %(token)s,
+    attempts = m.attempts + 1
+WHERE m.id = ANY(ARRAY(
   SELECT id
   FROM queue_messages
   WHERE queue_name = %(queue)s
@@ -25,22 +34,21 @@ WITH picked AS (
   ORDER BY visible_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
-)
-UPDATE queue_messages m
-SET lease_until = now() + make_interval(secs => %(visibility)s),
-    lease_token = gen_random_uuid(),
-    attempts = m.attempts + 1
-FROM picked
-WHERE m.id = picked.id
-RETURNING m.id || ':' || m.lease_token AS receipt, m.payload, m.attempts;
+))
+RETURNING m.id, m.payload, m.attempts;
 
 -- name: ack
 DELETE FROM queue_messages
 WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: ack_many
+-- The receipts travel as one comma-separated string (validated by the driver): one parameter
+-- to send instead of two arrays, split here.
 DELETE FROM queue_messages m
-USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS r(id, token)
+USING (
+  SELECT split_part(r, ':', 1)::bigint AS id, split_part(r, ':', 2)::uuid AS token
+  FROM unnest(string_to_array(%(receipts)s, ',')) AS r
+) AS r
 WHERE m.id = r.id AND m.lease_token = r.token;
 
 -- name: extend_visibility
