@@ -22,7 +22,11 @@ FROM ins;
 UPDATE queue_messages m
 SET lease_until = now() + make_interval(secs => %(visibility)s),
     lease_token = %(token)s,
-    attempts = m.attempts + 1
+    attempts = m.attempts + 1,
+    -- Only the last allowed delivery sets it (see migration 0018): the other leases change
+    -- no indexed column, so they are HOT updates.
+    final_lease_until = CASE WHEN m.attempts + 1 >= m.max_attempts
+                             THEN now() + make_interval(secs => %(visibility)s) END
 WHERE m.id = ANY(ARRAY(
   SELECT id
   FROM queue_messages
@@ -53,13 +57,16 @@ WHERE m.id = r.id AND m.lease_token = r.token;
 
 -- name: extend_visibility
 UPDATE queue_messages
-SET lease_until = now() + make_interval(secs => %(visibility)s)
+SET lease_until = now() + make_interval(secs => %(visibility)s),
+    final_lease_until = CASE WHEN final_lease_until IS NOT NULL
+                             THEN now() + make_interval(secs => %(visibility)s) END
 WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: nack
 UPDATE queue_messages
 SET lease_until = NULL,
     lease_token = NULL,
+    final_lease_until = NULL,
     last_error = %(error)s,
     visible_at = now() + make_interval(secs => %(delay)s)
 WHERE id = %(id)s AND lease_token = %(token)s
@@ -67,10 +74,11 @@ RETURNING id, attempts >= max_attempts AS exhausted;
 
 -- name: dead_letter
 -- Messages whose final lease expired (their consumer died) move to queue_dead. Uses
--- queue_lease_idx, so it touches expired leases only, whatever the backlog.
+-- queue_final_lease_idx, so it touches final leases only, whatever the backlog.
 WITH moved AS (
   DELETE FROM queue_messages
   WHERE queue_name = %(queue)s
+    AND final_lease_until < now()
     AND lease_until < now()
     AND attempts >= max_attempts
   RETURNING id, queue_name, payload, created_at, attempts, last_error
