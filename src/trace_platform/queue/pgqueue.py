@@ -10,6 +10,7 @@ which at-least-once allows), so they may use a `relaxed` pool with synchronous_c
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -138,7 +139,7 @@ class PgQueue:
                 self._last_sweep[queue_name] = now
                 conn.execute(_Q.dead_letter, {"queue": queue_name})
             with conn.cursor(row_factory=tuple_row) as cur:
-                rows = cur.execute(
+                ids, attempts, payloads = cur.execute(
                     _Q.receive,
                     {
                         "queue": queue_name,
@@ -146,11 +147,13 @@ class PgQueue:
                         "visibility": visibility,
                         "token": token,
                     },
-                ).fetchall()
+                ).fetchone() or (None, None, None)
+        if not ids:
+            return []
         suffix = ":" + token
         return [
-            Message(payload=payload, receipt=f"{msg_id}{suffix}", delivery_count=attempts)
-            for msg_id, payload, attempts in rows
+            Message(payload=payload, receipt=f"{msg_id}{suffix}", delivery_count=n)
+            for msg_id, n, payload in zip(ids, attempts, json.loads(payloads), strict=True)
         ]
 
     def receive(

@@ -19,27 +19,35 @@ FROM ins;
 -- hash-join against a sequential scan of the whole queue: O(backlog) per receive). The lease
 -- token comes from the caller, one per batch: (id, token) still names exactly one lease, and
 -- the driver builds the receipts without a per-row random UUID or string concatenation here.
-UPDATE queue_messages m
-SET lease_until = now() + make_interval(secs => %(visibility)s),
-    lease_token = %(token)s,
-    attempts = m.attempts + 1,
-    -- Only the last allowed delivery sets it (see migration 0018): the other leases change
-    -- no indexed column, so they are HOT updates.
-    final_lease_until = CASE WHEN m.attempts + 1 >= m.max_attempts
-                             THEN now() + make_interval(secs => %(visibility)s) END
-WHERE m.id = ANY(ARRAY(
-  SELECT id
-  FROM queue_messages
-  WHERE queue_name = %(queue)s
-    AND visible_at <= now()
-    AND (lease_until IS NULL OR lease_until < now())
-    AND attempts < max_attempts
-  -- Matches queue_ready_idx, so the ready rows of this queue come straight off the index.
-  ORDER BY visible_at, id
-  LIMIT %(limit)s
-  FOR UPDATE SKIP LOCKED
-))
-RETURNING m.id, m.payload, m.attempts;
+-- The batch comes back as one row (ids, attempts, payloads as one JSON array): one decode for
+-- the batch instead of one per message. NULLs when nothing was ready.
+WITH leased AS (
+  UPDATE queue_messages m
+  SET lease_until = now() + make_interval(secs => %(visibility)s),
+      lease_token = %(token)s,
+      attempts = m.attempts + 1,
+      -- Only the last allowed delivery sets it (see migration 0018): the other leases change
+      -- no indexed column, so they are HOT updates.
+      final_lease_until = CASE WHEN m.attempts + 1 >= m.max_attempts
+                               THEN now() + make_interval(secs => %(visibility)s) END
+  WHERE m.id = ANY(ARRAY(
+    SELECT id
+    FROM queue_messages
+    WHERE queue_name = %(queue)s
+      AND visible_at <= now()
+      AND (lease_until IS NULL OR lease_until < now())
+      AND attempts < max_attempts
+    -- Matches queue_ready_idx, so the ready rows of this queue come straight off the index.
+    ORDER BY visible_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+  ))
+  RETURNING m.id, m.payload, m.attempts
+)
+SELECT array_agg(id ORDER BY id) AS ids,
+       array_agg(attempts ORDER BY id) AS attempts,
+       json_agg(payload ORDER BY id)::text AS payloads
+FROM leased;
 
 -- name: ack
 DELETE FROM queue_messages
