@@ -3,6 +3,11 @@
 Receive leases rows with SKIP LOCKED; the receipt is `"{id}:{lease_token}"` and only the
 matching token can ack. Idle consumers sleep on LISTEN/NOTIFY and poll as a fallback.
 
+The batch path is kept lean, since it is most of a busy queue's cost: a lease is one UPDATE
+that finds the picked rows by primary key and changes no indexed column (a HOT update, see
+migration 0018), with one lease token per batch made here; the batch comes back as one row
+(one JSON decode); ack_many is one DELETE with all the receipts in one parameter.
+
 Every operation is one statement, run in autocommit. Publishing waits for the disk flush;
 receive/ack/extend/nack need not (a lease or ack lost in a crash only means a redelivery,
 which at-least-once allows), so they may use a `relaxed` pool with synchronous_commit=off.
