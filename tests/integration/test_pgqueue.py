@@ -66,3 +66,52 @@ def test_receipt_holds_id_and_lease_token(pgq: PgQueue, dsn: str) -> None:
     assert row is not None and str(row[0]) == token
     with pytest.raises(ValueError, match="not a pgqueue receipt"):
         pgq.ack("q", "garbage")
+
+
+def test_only_the_final_lease_sets_final_lease_until(pgq: PgQueue, dsn: str) -> None:
+    """Ordinary leases leave final_lease_until (indexed) alone, so they stay HOT updates."""
+    pgq.publish("q", wake())
+
+    def final_lease_until() -> Any:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT final_lease_until FROM queue_messages").fetchone()
+        assert row is not None
+        return row[0]
+
+    first = pgq.receive("q", 1, 30)[0]
+    assert final_lease_until() is None
+    assert pgq.nack("q", first.receipt, "retry")
+    last = pgq.receive("q", 1, 30)[0]  # max_attempts=2: the last allowed delivery
+    assert last.delivery_count == 2 and final_lease_until() is not None
+
+
+def test_extended_final_lease_is_not_dead_lettered(pgq: PgQueue) -> None:
+    """The sweep (on final_lease_until) leaves a final lease alone once it is extended."""
+    pgq.publish("q", wake())
+    first = pgq.receive("q", 1, 0.2)[0]
+    time.sleep(0.3)
+    last = pgq.receive("q", 1, 0.5)[0]
+    assert first.receipt != last.receipt and last.delivery_count == 2
+    assert pgq.extend_visibility("q", last.receipt, 30)
+    time.sleep(1.2)  # past the original lease and the sweep interval
+    assert pgq.receive("q", 1, 30) == []  # runs the sweep
+    assert pgq.dead_letters("q") == []
+    assert pgq.ack("q", last.receipt)
+
+
+def test_ack_many_fences_each_receipt(pgq: PgQueue) -> None:
+    """One batch shares a lease token; a stale receipt of a redelivered message still fails,
+    in a batch with live ones, and malformed receipts are refused before any delete."""
+    pgq.publish_many("q", [wake(), wake()])
+    stale = pgq.receive("q", 1, 0.2)[0]
+    time.sleep(0.3)
+    batch = pgq.receive("q", 2, 30)
+    assert len(batch) == 2 and len({m.receipt.split(":")[1] for m in batch}) == 1
+    fresh = next(m for m in batch if m.payload == stale.payload)
+    assert fresh.receipt != stale.receipt
+    with pytest.raises(ValueError, match="not a pgqueue receipt"):
+        pgq.ack_many("q", [batch[0].receipt, "1:not-a-token"])
+    with pytest.raises(ValueError, match="not a pgqueue receipt"):
+        pgq.ack_many("q", [f"{batch[0].receipt},{batch[1].receipt}"])
+    assert pgq.ack_many("q", [stale.receipt, *(m.receipt for m in batch)]) == 2
+    assert pgq.receive("q", 10, 30) == []

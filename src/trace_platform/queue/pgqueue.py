@@ -3,6 +3,11 @@
 Receive leases rows with SKIP LOCKED; the receipt is `"{id}:{lease_token}"` and only the
 matching token can ack. Idle consumers sleep on LISTEN/NOTIFY and poll as a fallback.
 
+The batch path is kept lean, since it is most of a busy queue's cost: a lease is one UPDATE
+that finds the picked rows by primary key and changes no indexed column (a HOT update, see
+migration 0018), with one lease token per batch made here; the batch comes back as one row
+(one JSON decode); ack_many is one DELETE with all the receipts in one parameter.
+
 Every operation is one statement, run in autocommit. Publishing waits for the disk flush;
 receive/ack/extend/nack need not (a lease or ack lost in a crash only means a redelivery,
 which at-least-once allows), so they may use a `relaxed` pool with synchronous_commit=off.
@@ -10,12 +15,15 @@ which at-least-once allows), so they may use a `relaxed` pool with synchronous_c
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from typing import Any
-from uuid import UUID
+from uuid import uuid4
 
 import psycopg
+from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from trace_platform.db.pool import make_pool
@@ -27,12 +35,27 @@ _Q = Queries("queue")
 _SWEEP_EVERY = 1.0  # seconds between dead-letter sweeps per queue and driver
 
 
-def _split(receipt: str) -> tuple[int, UUID]:
-    try:
-        msg_id, token = receipt.split(":", 1)
-        return int(msg_id), UUID(token)
-    except ValueError:
-        raise ValueError(f"not a pgqueue receipt: {receipt!r}") from None
+_HEX = "[0-9a-fA-F]"
+_RECEIPT = re.compile(
+    rf"([0-9]{{1,19}}):({_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}})"
+)
+
+
+def _split(receipt: str) -> tuple[int, str]:
+    """(message id, lease token) of a receipt; the token stays text (Postgres parses it)."""
+    m = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
+    if m is None:
+        raise ValueError(f"not a pgqueue receipt: {receipt!r}")
+    return int(m[1]), m[2]
+
+
+def _joined(receipts: list[str]) -> str:
+    """The receipts as one comma-separated string for `ack_many`, each one validated."""
+    match = _RECEIPT.fullmatch
+    for r in receipts:
+        if not isinstance(r, str) or match(r) is None:
+            raise ValueError(f"not a pgqueue receipt: {r!r}")
+    return ",".join(receipts)
 
 
 class PgQueue:
@@ -112,18 +135,30 @@ class PgQueue:
 
     # -- receive -------------------------------------------------------------------------
     def _lease(self, queue_name: str, max_messages: int, visibility: float) -> list[Message]:
+        # One fresh token per batch: a receipt is (id, token), so a redelivery (a later batch)
+        # never matches an older receipt of the same message.
+        token = str(uuid4())
         with self.relaxed.connection() as conn:
             now = time.monotonic()
             if now - self._last_sweep.get(queue_name, 0.0) > _SWEEP_EVERY:
                 self._last_sweep[queue_name] = now
                 conn.execute(_Q.dead_letter, {"queue": queue_name})
-            rows = conn.execute(
-                _Q.receive,
-                {"queue": queue_name, "limit": max_messages, "visibility": visibility},
-            ).fetchall()
+            with conn.cursor(row_factory=tuple_row) as cur:
+                ids, attempts, payloads = cur.execute(
+                    _Q.receive,
+                    {
+                        "queue": queue_name,
+                        "limit": max_messages,
+                        "visibility": visibility,
+                        "token": token,
+                    },
+                ).fetchone() or (None, None, None)
+        if not ids:
+            return []
+        suffix = ":" + token
         return [
-            Message(payload=r["payload"], receipt=r["receipt"], delivery_count=r["attempts"])
-            for r in rows
+            Message(payload=payload, receipt=f"{msg_id}{suffix}", delivery_count=n)
+            for msg_id, n, payload in zip(ids, attempts, json.loads(payloads), strict=True)
         ]
 
     def receive(
@@ -174,13 +209,9 @@ class PgQueue:
     def ack_many(self, queue_name: str, receipts: list[str]) -> int:
         if not receipts:
             return 0
-        pairs = [_split(r) for r in receipts]
+        joined = _joined(receipts)
         with self.relaxed.connection() as conn:
-            cur = conn.execute(
-                _Q.ack_many,
-                {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs]},
-            )
-            return cur.rowcount
+            return conn.execute(_Q.ack_many, {"receipts": joined}).rowcount
 
     def extend_visibility(
         self, queue_name: str, receipt: str, visibility_timeout_seconds: float

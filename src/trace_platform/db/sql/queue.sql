@@ -14,44 +14,67 @@ SELECT count(*) AS n,
 FROM ins;
 
 -- name: receive
-WITH picked AS (
-  SELECT id
-  FROM queue_messages
-  WHERE queue_name = %(queue)s
-    AND visible_at <= now()
-    AND (lease_until IS NULL OR lease_until < now())
-    AND attempts < max_attempts
-  -- Matches queue_ready_idx, so the ready rows of this queue come straight off the index.
-  ORDER BY visible_at, id
-  LIMIT %(limit)s
-  FOR UPDATE SKIP LOCKED
+-- One statement: pick the oldest ready rows (SKIP LOCKED) and lease them. The picked ids go in
+-- as an array, so the update finds each row by primary key (a join on a CTE lets the planner
+-- hash-join against a sequential scan of the whole queue: O(backlog) per receive). The lease
+-- token comes from the caller, one per batch: (id, token) still names exactly one lease, and
+-- the driver builds the receipts without a per-row random UUID or string concatenation here.
+-- The batch comes back as one row (ids, attempts, payloads as one JSON array): one decode for
+-- the batch instead of one per message. NULLs when nothing was ready.
+WITH leased AS (
+  UPDATE queue_messages m
+  SET lease_until = now() + make_interval(secs => %(visibility)s),
+      lease_token = %(token)s,
+      attempts = m.attempts + 1,
+      -- Only the last allowed delivery sets it (see migration 0018): the other leases change
+      -- no indexed column, so they are HOT updates.
+      final_lease_until = CASE WHEN m.attempts + 1 >= m.max_attempts
+                               THEN now() + make_interval(secs => %(visibility)s) END
+  WHERE m.id = ANY(ARRAY(
+    SELECT id
+    FROM queue_messages
+    WHERE queue_name = %(queue)s
+      AND visible_at <= now()
+      AND (lease_until IS NULL OR lease_until < now())
+      AND attempts < max_attempts
+    -- Matches queue_ready_idx, so the ready rows of this queue come straight off the index.
+    ORDER BY visible_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+  ))
+  RETURNING m.id, m.payload, m.attempts
 )
-UPDATE queue_messages m
-SET lease_until = now() + make_interval(secs => %(visibility)s),
-    lease_token = gen_random_uuid(),
-    attempts = m.attempts + 1
-FROM picked
-WHERE m.id = picked.id
-RETURNING m.id || ':' || m.lease_token AS receipt, m.payload, m.attempts;
+SELECT array_agg(id ORDER BY id) AS ids,
+       array_agg(attempts ORDER BY id) AS attempts,
+       json_agg(payload ORDER BY id)::text AS payloads
+FROM leased;
 
 -- name: ack
 DELETE FROM queue_messages
 WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: ack_many
+-- The receipts travel as one comma-separated string (validated by the driver): one parameter
+-- to send instead of two arrays, split here.
 DELETE FROM queue_messages m
-USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS r(id, token)
+USING (
+  SELECT split_part(r, ':', 1)::bigint AS id, split_part(r, ':', 2)::uuid AS token
+  FROM unnest(string_to_array(%(receipts)s, ',')) AS r
+) AS r
 WHERE m.id = r.id AND m.lease_token = r.token;
 
 -- name: extend_visibility
 UPDATE queue_messages
-SET lease_until = now() + make_interval(secs => %(visibility)s)
+SET lease_until = now() + make_interval(secs => %(visibility)s),
+    final_lease_until = CASE WHEN final_lease_until IS NOT NULL
+                             THEN now() + make_interval(secs => %(visibility)s) END
 WHERE id = %(id)s AND lease_token = %(token)s;
 
 -- name: nack
 UPDATE queue_messages
 SET lease_until = NULL,
     lease_token = NULL,
+    final_lease_until = NULL,
     last_error = %(error)s,
     visible_at = now() + make_interval(secs => %(delay)s)
 WHERE id = %(id)s AND lease_token = %(token)s
@@ -59,10 +82,11 @@ RETURNING id, attempts >= max_attempts AS exhausted;
 
 -- name: dead_letter
 -- Messages whose final lease expired (their consumer died) move to queue_dead. Uses
--- queue_lease_idx, so it touches expired leases only, whatever the backlog.
+-- queue_final_lease_idx, so it touches final leases only, whatever the backlog.
 WITH moved AS (
   DELETE FROM queue_messages
   WHERE queue_name = %(queue)s
+    AND final_lease_until < now()
     AND lease_until < now()
     AND attempts >= max_attempts
   RETURNING id, queue_name, payload, created_at, attempts, last_error
