@@ -11,12 +11,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.support.dags import admin, user
+from tests.support.dags import admin, dag_probe, user
 from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.contract import TaskSpec
@@ -161,23 +160,6 @@ jobs:
     )
     assert outcome.get("status") == "failed", outcome  # no probe report: the operator never ran
     assert "network egress refused" in outcome["error"]
-
-
-def dag_probe(stack: LiteStack, actor: Any, name: str, body: str) -> dict[str, Any]:
-    """Deploys and triggers DAG `name` (one job): its probe report, else its status and error."""
-    svc = stack.services
-    svc.control.deploy(actor, f"name: {name}\n{body}")
-    (task_id,) = svc.control.trigger(actor, name)["tasks"]
-    view = wait_for(
-        lambda: (
-            (v := svc.dispatcher.get_task(UUID(str(task_id)))).status in ("failed", "succeeded")
-            and v
-        ),
-        180,
-        f"{name}'s task",
-    )
-    error = view.last_error or ""
-    return probe_report(error) or {"status": view.status, "error": error}
 
 
 def test_store_is_scoped_to_the_tasks_inputs_and_outputs(stack: LiteStack) -> None:

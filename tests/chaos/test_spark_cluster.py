@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.support.dags import admin, finished_run
+from tests.support.dags import admin, dag_probe, finished_run, user
 from tests.support.datasets import committed_keys
 from tests.support.devnet import DEMO, devnet_fixture, small_demo_dag
 from tests.support.invariants import assert_invariants
@@ -130,5 +130,29 @@ def test_decode_and_analytics_on_a_standalone_cluster_equal_local(
             keys = committed_keys(stack.services, "erc20_transfers")
             assert keys and all(k.endswith(".parquet") for k in keys)
             assert_invariants(stack.services)
+            one_tenant_leaves_nothing_on_the_cluster_for_the_next(stack)
     for name in SPARK_DATASETS:
         assert on_cluster[name] == local[name], name
+
+
+def one_tenant_leaves_nothing_on_the_cluster_for_the_next(stack: LiteStack) -> None:
+    """Each task is a Connect session of its own, and what sessions share on the server is
+    dropped when a task ends: another tenant's next task sees none of it."""
+    svc = stack.services
+    alice, _ = user(svc, "alice")
+    bob, _ = user(svc, "bob")
+    body = "jobs:\n  leave:\n    operator: leave_traces\n    max_attempts: 1\n"
+    left = dag_probe(
+        stack, alice, "alice_dag", body + "    config: {value: alice-7, spark: true}\n"
+    )
+    assert left["status"] == "succeeded", left
+    queries = [
+        "SELECT * FROM global_temp.left_behind",
+        "SELECT * FROM left_behind",
+        "SELECT left_behind_fn()",
+    ]
+    probe = "jobs:\n  look:\n    operator: probe\n    max_attempts: 1\n"
+    report = dag_probe(stack, bob, "bob_dag", probe + f"    config: {{spark_sql: {queries}}}\n")
+    assert set(report["spark"]) == set(queries), report
+    for q in queries:
+        assert report["spark"][q].startswith("refused"), report["spark"]

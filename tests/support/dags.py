@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from tests.support.wait import wait_for
 from trace_platform.identity import Actor, create_key, ensure_user, lite_admin
+from trace_platform.lite.stack import LiteStack
+from trace_platform.operators.testing import probe_report
 from trace_platform.services import Services
 
 THREE_JOBS = """
@@ -63,3 +66,20 @@ def finished_run(services: Services, run_id: object, timeout: float = 300) -> li
 
     result: list[dict[str, Any]] = wait_for(done, timeout, f"run {run_id}")
     return result
+
+
+def dag_probe(stack: LiteStack, actor: Any, name: str, body: str) -> dict[str, Any]:
+    """Deploys and triggers DAG `name` (one job): its probe report, else its status and error."""
+    svc = stack.services
+    svc.control.deploy(actor, f"name: {name}\n{body}")
+    (task_id,) = svc.control.trigger(actor, name)["tasks"]
+    view = wait_for(
+        lambda: (
+            (v := svc.dispatcher.get_task(UUID(str(task_id)))).status in ("failed", "succeeded")
+            and v
+        ),
+        180,
+        f"{name}'s task",
+    )
+    error = view.last_error or ""
+    return probe_report(error) or {"status": view.status, "error": error}

@@ -333,8 +333,16 @@ def end_task(session: Any | None = None) -> None:
     views and functions, global temp views, catalog tables, the cache, persisted RDDs, and the
     base session's temp views, functions and SET state; makes the base session the default
     again; stops the JVM when the task changed state only a restart can undo. A no-op in a host
-    that never started Spark."""
+    that never started Spark. A Spark Connect session first drops what it shares with other
+    sessions on its server (global temp views, catalog databases, tables, functions) and is
+    released; the host's local JVM (its plan parser) is then cleaned as after any task."""
     global _session
+    if session is not None and type(session).__module__.startswith("pyspark.sql.connect"):
+        try:
+            _drop_catalog_objects(session)
+        finally:
+            session.stop()
+        session = None
     with _lock:
         base = _session
     if base is None or base.sparkContext._jsc is None:

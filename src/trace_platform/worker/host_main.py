@@ -93,7 +93,14 @@ def run_one(
     try:
         _run(ctx, task, chan)
     finally:
-        ctx.close()
+        try:
+            ctx.close()
+        except BaseException:
+            # A host whose clean-up failed may hold what the task left (a Spark session, its
+            # threads): it must not take the next task, nor linger half-alive. Exiting now
+            # makes the wrapper start a fresh host for the next one.
+            logging.getLogger("trace.operator").exception("the task's clean-up failed")
+            os._exit(70)
         os.chdir(home)
         # Whatever the task set in the process environment ends with it, as its cwd does.
         os.environ.clear()
