@@ -110,17 +110,11 @@ def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
         )
 
 
-def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
-    """logs of the staking contract -> staking_events(block_number, tx_hash, log_index, event,
-    validator_id, delegator, amount_delta, epoch): Delegate adds stake, Undelegate removes it,
-    other events carry amount_delta 0."""
+def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
+    """Raw logs -> staking_events rows: the logs of the staking contract at `address`."""
     from pyspark.sql import functions as F
 
-    cfg = StakingEventsConfig.from_ctx(ctx)
-    spark = ctx.spark
-    start, end = _range(ctx)
-    logs = spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
-    address = cfg.staking_address.lower()
+    address = address.lower()
     by_topic = {v[2:]: k for k, v in STAKING.items()}
     t0 = F.lower(F.hex("topic0"))
     event = F.coalesce(*[F.when(t0 == h, F.lit(name)) for h, name in by_topic.items()])
@@ -185,7 +179,18 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
         .when(F.col("event") == "Delegate", F.col("amount"))
         .otherwise(F.expr(u256.constant(0).sql(dialect=DIALECT)))
     )
-    frame = frame.withColumn("amount_delta", delta).drop("amount_word", "amount")
+    return frame.withColumn("amount_delta", delta).drop("amount_word", "amount")
+
+
+def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
+    """logs of the staking contract -> staking_events(block_number, tx_hash, log_index, event,
+    validator_id, delegator, amount_delta, epoch): Delegate adds stake, Undelegate removes it,
+    other events carry amount_delta 0."""
+    cfg = StakingEventsConfig.from_ctx(ctx)
+    spark = ctx.spark
+    start, end = _range(ctx)
+    logs = spark.read.parquet(str(_fetch_inputs(ctx, start, end)))
+    frame = staking_frame(logs, cfg.staking_address)
     with u256.invalid_amounts_fail():
         return publish_frame(
             ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
