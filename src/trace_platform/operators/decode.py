@@ -79,12 +79,12 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
     from pyspark.sql import functions as F
 
     frame = logs.where(
-        (F.lower(F.hex("topic0")) == TRANSFER[2:])
+        (F.col("topic0") == F.lit(bytes.fromhex(TRANSFER[2:])))
         & F.col("topic3").isNull()
         & (F.length("data") == 32)
     )
     if token:
-        frame = frame.where(F.concat(F.lit("0x"), F.lower(F.hex("address"))) == token.lower())
+        frame = frame.where(F.col("address") == F.lit(bytes.fromhex(token[2:])))
     frame = frame.select(
         F.col("block_number").cast("long").alias("block_number"),
         F.concat(F.lit("0x"), F.lower(F.hex("transaction_hash"))).alias("tx_hash"),
@@ -114,10 +114,9 @@ def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
     """Raw logs -> staking_events rows: the logs of the staking contract at `address`."""
     from pyspark.sql import functions as F
 
-    address = address.lower()
-    by_topic = {v[2:]: k for k, v in STAKING.items()}
-    t0 = F.lower(F.hex("topic0"))
-    event = F.coalesce(*[F.when(t0 == h, F.lit(name)) for h, name in by_topic.items()])
+    by_topic = {bytes.fromhex(v[2:]): k for k, v in STAKING.items()}
+    t0 = F.col("topic0")  # binary against binary literals: no hex text per row
+    event = F.coalesce(*[F.when(t0 == F.lit(h), F.lit(name)) for h, name in by_topic.items()])
     hex_data = F.lower(F.hex("data"))
 
     def word(i: int) -> Any:  # the i-th 32-byte word of data, as hex
@@ -147,7 +146,7 @@ def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
         amount_word
     )
     frame = (
-        logs.where(F.concat(F.lit("0x"), F.lower(F.hex("address"))) == address)
+        logs.where(F.col("address") == F.lit(bytes.fromhex(address[2:])))
         .withColumn("event", event)
         .where(F.col("event").isNotNull())
         .select(
