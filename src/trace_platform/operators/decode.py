@@ -76,12 +76,12 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
     from pyspark.sql import functions as F
 
     frame = logs.where(
-        (F.lower(F.hex("topic0")) == TRANSFER[2:])
+        (F.col("topic0") == F.lit(bytes.fromhex(TRANSFER[2:])))
         & F.col("topic3").isNull()
         & (F.length("data") == 32)
     )
     if token:
-        frame = frame.where(F.concat(F.lit("0x"), F.lower(F.hex("address"))) == token.lower())
+        frame = frame.where(F.col("address") == F.lit(bytes.fromhex(token[2:])))
     frame = frame.select(
         F.col("block_number").cast("long").alias("block_number"),
         F.concat(F.lit("0x"), F.lower(F.hex("transaction_hash"))).alias("tx_hash"),
@@ -107,19 +107,13 @@ def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
         )
 
 
-def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
-    """logs of the staking contract -> staking_events(block_number, tx_hash, log_index, event,
-    validator_id, delegator, amount_delta, epoch): Delegate adds stake, Undelegate removes it,
-    other events carry amount_delta 0."""
+def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
+    """Raw logs -> staking_events rows: the logs of the staking contract at `address`."""
     from pyspark.sql import functions as F
 
-    cfg = StakingEventsConfig.from_ctx(ctx)
-    start, end = _range(ctx)
-    logs = _read_logs(ctx, start, end)
-    address = cfg.staking_address.lower()
-    by_topic = {v[2:]: k for k, v in STAKING.items()}
-    t0 = F.lower(F.hex("topic0"))
-    event = F.coalesce(*[F.when(t0 == h, F.lit(name)) for h, name in by_topic.items()])
+    by_topic = {bytes.fromhex(v[2:]): k for k, v in STAKING.items()}
+    t0 = F.col("topic0")  # binary against binary literals: no hex text per row
+    event = F.coalesce(*[F.when(t0 == F.lit(h), F.lit(name)) for h, name in by_topic.items()])
     hex_data = F.lower(F.hex("data"))
 
     def word(i: int) -> Any:  # the i-th 32-byte word of data, as hex
@@ -149,7 +143,7 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
         amount_word
     )
     frame = (
-        logs.where(F.concat(F.lit("0x"), F.lower(F.hex("address"))) == address)
+        logs.where(F.col("address") == F.lit(bytes.fromhex(address[2:])))
         .withColumn("event", event)
         .where(F.col("event").isNotNull())
         .select(
@@ -181,7 +175,17 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
         .when(F.col("event") == "Delegate", F.col("amount"))
         .otherwise(F.expr(u256.constant(0).sql(dialect=DIALECT)))
     )
-    frame = frame.withColumn("amount_delta", delta).drop("amount_word", "amount")
+    return frame.withColumn("amount_delta", delta).drop("amount_word", "amount")
+
+
+def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
+    """logs of the staking contract -> staking_events(block_number, tx_hash, log_index, event,
+    validator_id, delegator, amount_delta, epoch): Delegate adds stake, Undelegate removes it,
+    other events carry amount_delta 0."""
+    cfg = StakingEventsConfig.from_ctx(ctx)
+    start, end = _range(ctx)
+    logs = _read_logs(ctx, start, end)
+    frame = staking_frame(logs, cfg.staking_address)
     with u256.invalid_amounts_fail():
         return publish_frame(
             ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")

@@ -255,14 +255,23 @@ def normalized(sums: str) -> str:
     return f"element_at(transform(array({sums}), _u256_s -> {NORM.replace('__s', '_u256_s')}), 1)"
 
 
+def _word_part(hex_word: str, at: int, n: int) -> str:
+    """Part (at, n) of `_WORD_PARTS`: the top one converted alone, the 24-bit ones two at a
+    time (one conv of 12 hex digits, split with a shift and a mask: conv costs more than the
+    rest of the arithmetic)."""
+    if n == 4:
+        return f"CAST(conv(substr({hex_word}, {at + 1}, 4), 16, 10) AS BIGINT)"
+    first = (at - 4) // 6 % 2 == 0  # the high half of its 12 digits
+    pair = f"CAST(conv(substr({hex_word}, {at + 1 if first else at - 5}, 12), 16, 10) AS BIGINT)"
+    return f"shiftright({pair}, 24)" if first else f"({pair} & 16777215)"
+
+
 def word_limbs(hex_word: str) -> str:
     """Spark SQL turning `hex_word` (the 64 hex digits of a 32-byte word, e.g. `hex(data)`) into
     its limbs, via its limb sums: each limb of each part's power of two is a constant, a part
-    is below 2^24 and a constant below 10^9, so eleven products add up far below 2^63."""
-    parts = [
-        (f"CAST(conv(substr({hex_word}, {at + 1}, {n}), 16, 10) AS BIGINT)", _limbs_of(2**shift))
-        for at, n, shift in _WORD_PARTS
-    ]
+    is below 2^24 and a constant below 10^9, so eleven products add up far below 2^63. Each
+    12-digit conv appears twice: Spark evaluates such a repeated subexpression once."""
+    parts = [(_word_part(hex_word, at, n), _limbs_of(2**shift)) for at, n, shift in _WORD_PARTS]
     sums = []
     for k in range(TOP, -1, -1):
         terms = [f"{part} * {limbs[k]}" for part, limbs in parts if limbs[k]]
