@@ -90,46 +90,49 @@ def run_one(
         _store=RemoteStore(chan.call, workdir),
         spark_remote=spark_remote,
     )
+    clean = True
     try:
-        _run(ctx, task, chan)
+        outcome = _run(ctx, task)
     finally:
         try:
+            # Before the outcome is sent: the wrapper closes the task's gateways and forwards
+            # (a Spark Connect session's way out) once it has it.
             ctx.close()
         except BaseException:
-            # A host whose clean-up failed may hold what the task left (a Spark session, its
-            # threads): it must not take the next task, nor linger half-alive. Exiting now
-            # makes the wrapper start a fresh host for the next one.
             logging.getLogger("trace.operator").exception("the task's clean-up failed")
-            os._exit(70)
+            clean = False
         os.chdir(home)
         # Whatever the task set in the process environment ends with it, as its cwd does.
         os.environ.clear()
         os.environ.update(environ)
+    chan.send(outcome)
+    if not clean:
+        # A host whose clean-up failed may hold what the task left (a Spark session, its
+        # threads): it must not take the next task, nor linger half-alive. Exiting now makes
+        # the wrapper start a fresh host for the next one.
+        os._exit(70)
 
 
-def _run(ctx: OperatorContext, task: TaskPayload, chan: Channel) -> None:
+def _run(ctx: OperatorContext, task: TaskPayload) -> dict[str, Any]:
+    """The attempt's outcome message: done (with its result) or failed."""
     try:
         fn = resolve(task.operator)
         result = fn(ctx)
         if not isinstance(result, OperatorResult):
             result = OperatorResult(events=list(result or []))
-        chan.send(
-            {
-                "type": "done",
-                "final_events": [e.model_dump(mode="json") for e in result.events],
-                "outputs": [o.model_dump(mode="json") for o in result.outputs],
-                "state": result.state,
-            }
-        )
+        return {
+            "type": "done",
+            "final_events": [e.model_dump(mode="json") for e in result.events],
+            "outputs": [o.model_dump(mode="json") for o in result.outputs],
+            "state": result.state,
+        }
     except Exception as exc:
         logging.getLogger("trace.operator").exception("operator %s failed", task.operator)
-        chan.send(
-            {
-                "type": "failed",
-                "error": _error_text(exc),
-                "retryable": getattr(exc, "retryable", True),
-            }
-        )
+        return {
+            "type": "failed",
+            "error": _error_text(exc),
+            "retryable": getattr(exc, "retryable", True),
+        }
 
 
 def main() -> None:
