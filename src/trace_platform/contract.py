@@ -92,6 +92,10 @@ class Claim(BaseModel):
     lease_until: datetime
     heartbeat_seconds: float
     slot: SlotLease | None = None
+    # The task-fetch payload, read in the claim's own transaction, when the caller asked for
+    # it (the internal API always does): one round trip and one transaction fewer per task. A
+    # wrapper that gets none (an older API) fetches it with `/internal/task-fetch`.
+    task: TaskPayload | None = None
 
 
 class LeaseRef(_Body):
@@ -345,3 +349,6 @@ class TaskPayload(BaseModel):
     deadline_at: datetime | None
     lease_until: datetime | None
     heartbeat_seconds: float
+
+
+Claim.model_rebuild()  # `task` names TaskPayload, defined below it

@@ -69,6 +69,7 @@ def test_happy_path_over_http(api: httpx.Client) -> None:
         headers={"X-Lease-Token": c["lease_token"]},
     )
     assert fetched.status_code == 200 and fetched.json()["operator"] == "noop"
+    assert c["task"] == fetched.json()  # the claim carried the payload already
     hb = api.post("/internal/heartbeat", **fenced({**lease(c), "progress": {"done": 0.5}}))
     assert hb.status_code == 200 and hb.json()["cancel_requested"] is False
     ds = OUT

@@ -116,6 +116,19 @@ def test_fetch_payload(services: Services) -> None:
     assert e.value.code == "wrong_lease"
 
 
+def test_claim_carries_the_fetch_payload(services: Services) -> None:
+    """Asked for it, the claim answers what a fetch would, read under the lease it took; not
+    asked, it carries none (the core callers' claim stays one statement)."""
+    r = services.dispatcher.create_task(spec(config={"a": 1}))
+    c = services.dispatcher.claim(ClaimRequest(task_id=r.task_id, worker_id="w"), payload=True)
+    assert c.task is not None
+    assert c.task == services.dispatcher.fetch(LeaseRef(**ref(c)))
+    assert (c.task.status, c.task.attempt, c.task.config) == ("running", c.attempt, {"a": 1})
+    assert c.task.lease_until == c.lease_until
+    plain = claim(services, services.dispatcher.create_task(spec()).task_id)
+    assert plain.task is None
+
+
 def test_success_and_idempotent_report(services: Services) -> None:
     r = services.dispatcher.create_task(spec())
     c = claim(services, r.task_id)

@@ -230,7 +230,9 @@ class Wrapper:
                 self._report(claim, "failed", error=f"completion invalid: {e}", retryable=False)
 
     def _run_claimed(self, claim: Claim, msg: Message, stop: threading.Event) -> None:
-        task = self.client.fetch(claim)
+        # The claim carries the payload (read under the lease it took); an older API's does
+        # not, and then it is fetched.
+        task = claim.task if claim.task is not None else self.client.fetch(claim)
         if task.status == "canceled":
             self._report(claim, "canceled")
             return

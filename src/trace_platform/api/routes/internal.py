@@ -46,7 +46,7 @@ def router(services: Services) -> APIRouter:
 
     @r.post("/internal/claim")
     def claim(body: ClaimRequest) -> Claim:
-        return d.claim(body)
+        return d.claim(body, payload=True)  # the task-fetch payload rides along
 
     @r.get("/internal/task-fetch")
     def task_fetch(ref: Lease) -> TaskPayload:
