@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     queue_poll_seconds: float = 1.0
 
     # local[*] (default), or a Spark Connect endpoint sc://host:port of a cluster (see README:
-    # "Spark on a cluster"); a classic cluster master only with the sandbox off.
+    # "Spark on a cluster").
     spark_master: str = "local[*]"
     # Spark settings for operators' sessions (TRACE_SPARK_CONF='{"spark.sql.shuffle.partitions":
     # "8"}'): all of them for a local JVM; on a Spark Connect cluster, the session-level ones
@@ -140,6 +140,13 @@ class Settings(BaseSettings):
             from trace_platform.sandbox.tcp_forward import connect_address
 
             connect_address(v)  # a ValueError naming the URL
+        elif not v.startswith("local"):
+            # A classic master's executors could not read what a local Spark stages in the
+            # host's workdir, and its driver would need the cluster's network.
+            raise ValueError(
+                f"TRACE_SPARK_MASTER={v}: use local[*] or a Spark Connect endpoint of the "
+                "cluster (sc://host:port); see the README, 'Spark on a cluster'"
+            )
         return v
 
     @field_validator("spark_conf")

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.support.dags import admin, dag_probe, finished_run, user
+from tests.support.dags import admin, dag_probe, finished_run
 from tests.support.datasets import committed_keys
 from tests.support.devnet import DEMO, devnet_fixture, small_demo_dag
 from tests.support.invariants import assert_invariants
@@ -21,6 +21,8 @@ from tests.support.spark_cluster import SparkCluster
 from trace_platform.config import ObjectStoreBackend, Settings
 from trace_platform.devnet import ChainInfo, ChainSpec
 from trace_platform.lite.stack import LiteStack
+from trace_platform.objectstore import make_store
+from trace_platform.spark.objects import read_manifest
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=3, blocks=300, accounts=40, validators=4, epoch_blocks=50)
@@ -127,32 +129,26 @@ def test_decode_and_analytics_on_a_standalone_cluster_equal_local(
             assert cluster.executors() == 2  # both workers' executors served the application
             # The decoded ranges were written by the executors: their committed files are in
             # S3 (no local staging), as the Spark job's manifest lists them.
-            keys = committed_keys(stack.services, "erc20_transfers")
-            assert keys and all(k.endswith(".parquet") for k in keys)
+            store = make_store(remote)
+            for name in ("erc20_transfers", "staking_events", "token_supply"):
+                keys = committed_keys(stack.services, name)
+                prefixes = {k.rsplit("/", 1)[0] + "/" for k in keys}
+                manifests = [read_manifest(store, p) for p in prefixes]
+                assert sorted(f["key"] for m in manifests for f in m) == sorted(keys), name
             assert_invariants(stack.services)
-            one_tenant_leaves_nothing_on_the_cluster_for_the_next(stack)
+            other_operators_keep_their_spark_in_the_sandbox(stack)
     for name in SPARK_DATASETS:
         assert on_cluster[name] == local[name], name
 
 
-def one_tenant_leaves_nothing_on_the_cluster_for_the_next(stack: LiteStack) -> None:
-    """Each task is a Connect session of its own, and what sessions share on the server is
-    dropped when a task ends: another tenant's next task sees none of it."""
-    svc = stack.services
-    alice, _ = user(svc, "alice")
-    bob, _ = user(svc, "bob")
-    body = "jobs:\n  leave:\n    operator: leave_traces\n    max_attempts: 1\n"
-    left = dag_probe(
-        stack, alice, "alice_dag", body + "    config: {value: alice-7, spark: true}\n"
-    )
-    assert left["status"] == "succeeded", left
-    queries = [
-        "SELECT * FROM global_temp.left_behind",
-        "SELECT * FROM left_behind",
-        "SELECT left_behind_fn()",
-    ]
+def other_operators_keep_their_spark_in_the_sandbox(stack: LiteStack) -> None:
+    """Only CLUSTER_OPERATORS reach the cluster (its executors hold the store credentials): any
+    other operator's Spark is the host's own local JVM, even with an sc:// master."""
     probe = "jobs:\n  look:\n    operator: probe\n    max_attempts: 1\n"
-    report = dag_probe(stack, bob, "bob_dag", probe + f"    config: {{spark_sql: {queries}}}\n")
-    assert set(report["spark"]) == set(queries), report
-    for q in queries:
-        assert report["spark"][q].startswith("refused"), report["spark"]
+    report = dag_probe(
+        stack,
+        admin(stack.services),
+        "probe_dag",
+        probe + "    config: {spark_sql: [SET spark.master]}\n",
+    )
+    assert report["spark"]["SET spark.master"] == "ALLOWED: [('spark.master', 'local[1]')]", report

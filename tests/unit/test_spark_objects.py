@@ -21,6 +21,10 @@ from trace_platform.spark.objects import (
     read_manifest,
 )
 
+OUT = "org/o/dataset/d/version/v/range=0000000000-0000000100/t=4b0a3c3e-1f0e-4a51-9d43-0f6f1c1b2a10.1/"
+EMPTY_OUT = "org/o/dataset/d/version/v/t=4b0a3c3e-1f0e-4a51-9d43-0f6f1c1b2a10.2/"
+ABORT_OUT = "org/o/dataset/d/version/v/t=4b0a3c3e-1f0e-4a51-9d43-0f6f1c1b2a10.3/"
+
 
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalStore:
@@ -84,9 +88,10 @@ def test_a_file_whose_columns_differ_fails_naming_it(store: LocalStore) -> None:
 def test_no_keys_and_a_bad_prefix_are_refused(store: LocalStore) -> None:
     with pytest.raises(ValueError, match="no keys"):
         TraceObjects({}).schema()
-    source = TraceObjects({"prefix": "out/no-slash"})
-    with pytest.raises(ValueError, match="must end with '/'"):
-        source.writer(_schema(), False)
+    # The commit deletes strays under its prefix: only an attempt's own prefix is accepted.
+    for prefix in ("org/o/dataset/d/", "org/o/dataset/d/version/v/", OUT.rstrip("/"), ""):
+        with pytest.raises(ValueError, match="not an attempt's output prefix"):
+            TraceObjects({"prefix": prefix}).writer(_schema(), False)
 
 
 def _schema() -> StructType:
@@ -94,33 +99,33 @@ def _schema() -> StructType:
 
 
 def test_write_commits_exactly_the_successful_files(store: LocalStore) -> None:
-    writer = TraceObjects({"prefix": "out/t=1.1/"}).writer(_schema(), False)
+    writer = TraceObjects({"prefix": OUT}).writer(_schema(), False)
     batch = pa.record_batch({"n": pa.array([1, 2, 3], pa.int64())})
     ok = [writer.write(iter([batch])), writer.write(iter([batch, batch]))]
     empty = writer.write(iter([]))  # a task with no rows writes no file
     assert empty.key is None
     # A failed attempt's file under the prefix: not committed, so deleted by the commit.
-    store.put("out/t=1.1/part-00000-99.parquet", b"half a file")
+    store.put(OUT + "part-00000-99.parquet", b"half a file")
     writer.commit([*ok, empty, None])
-    files = read_manifest(store, "out/t=1.1/")
+    files = read_manifest(store, OUT)
     assert sorted(f["key"] for f in files) == sorted(m.key for m in ok)
     assert sum(f["rows"] for f in files) == 9
-    listed = sorted(o.key for o in store.list_page("out/t=1.1/").items)
-    assert listed == sorted([*(m.key for m in ok), "out/t=1.1/" + MANIFEST])
+    listed = sorted(o.key for o in store.list_page(OUT).items)
+    assert listed == sorted([*(m.key for m in ok), OUT + MANIFEST])
     total = sum(pq.read_table(io.BytesIO(store.get(f["key"]))).num_rows for f in files)
     assert total == 9
 
 
 def test_a_write_without_rows_leaves_one_empty_file_with_the_schema(store: LocalStore) -> None:
-    writer = TraceObjects({"prefix": "out/e/"}).writer(_schema(), False)
+    writer = TraceObjects({"prefix": EMPTY_OUT}).writer(_schema(), False)
     writer.commit([writer.write(iter([]))])
-    [f] = read_manifest(store, "out/e/")
+    [f] = read_manifest(store, EMPTY_OUT)
     table = pq.read_table(io.BytesIO(store.get(f["key"])))
     assert f["rows"] == 0 and table.num_rows == 0 and table.column_names == ["n"]
 
 
 def test_abort_removes_what_the_tasks_wrote(store: LocalStore) -> None:
-    writer = TraceObjects({"prefix": "out/a/"}).writer(_schema(), False)
+    writer = TraceObjects({"prefix": ABORT_OUT}).writer(_schema(), False)
     m = writer.write(iter([pa.record_batch({"n": pa.array([1], pa.int64())})]))
     assert store.exists(m.key)
     writer.abort([m, None])
@@ -131,3 +136,20 @@ def test_an_unconfigured_cluster_is_named(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("TRACE_OBJECT_STORE", raising=False)
     with pytest.raises(ClusterStoreMissing, match="TRACE_OBJECT_STORE"):
         cluster_store()
+
+
+def test_timestamps_read_and_write_in_utc(store: LocalStore) -> None:
+    from pyspark.sql.types import TimestampType
+
+    ts = pa.array([0, 86_400_000], pa.timestamp("ms", tz="America/New_York"))
+    put_table(store, "in/ts.parquet", pa.table({"at": ts}))
+    source = TraceObjects({"keys": json.dumps(["in/ts.parquet"])})
+    schema = source.schema()
+    assert schema.fields[0].dataType == TimestampType()
+    reader = source.reader(schema)
+    [table] = [pa.Table.from_batches(list(reader.read(p))) for p in reader.partitions()]
+    assert table.column("at").cast(pa.int64()).to_pylist() == [0, 86_400_000_000]  # us, UTC
+    writer = TraceObjects({"prefix": EMPTY_OUT}).writer(schema, False)
+    writer.commit([writer.write(iter([]))])  # the empty file keeps the timestamp column
+    [f] = read_manifest(store, EMPTY_OUT)
+    assert pq.read_table(io.BytesIO(store.get(f["key"]))).schema.field("at").type.tz == "UTC"

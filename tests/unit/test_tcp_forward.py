@@ -3,7 +3,6 @@ and nothing left open once the task is over."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -11,7 +10,6 @@ from collections.abc import Iterator
 import pytest
 
 from trace_platform.config import Settings
-from trace_platform.sandbox import SandboxUnavailable, resolve
 from trace_platform.sandbox.tcp_forward import TcpForward, connect_address
 
 
@@ -108,10 +106,9 @@ def test_connect_urls() -> None:
         Settings(spark_master="sc://")
 
 
-def test_the_sandbox_refuses_a_classic_cluster_master() -> None:
-    settings = Settings(sandbox="auto", spark_master="spark://10.0.0.5:7077")
-    if os.geteuid() != 0:
-        pytest.skip("the sandbox needs root")
-    with pytest.raises(SandboxUnavailable, match="Spark Connect"):
-        resolve(settings)
-    assert resolve(Settings(sandbox="auto", spark_master="sc://10.0.0.5:15002")).isolated
+def test_only_local_or_spark_connect_masters_are_accepted() -> None:
+    for master in ("spark://10.0.0.5:7077", "yarn", "k8s://https://k8s:443"):
+        with pytest.raises(ValueError, match="Spark Connect"):
+            Settings(spark_master=master)
+    for master in ("local[*]", "local[2]", "sc://10.0.0.5:15002"):
+        assert Settings(spark_master=master).spark_master == master

@@ -25,6 +25,7 @@ from trace_platform.operators.context import (
 )
 
 __all__ = [
+    "CLUSTER_OPERATORS",
     "REGISTRY",
     "TRUSTED_OPERATORS",
     "WHOLE_INPUT_OPERATORS",
@@ -87,6 +88,11 @@ WHOLE_INPUT_OPERATORS = frozenset({"sql_transform"})
 
 # Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.
 TRUSTED_OPERATORS = frozenset({"hot_window"})
+
+# Operators whose Spark work may run on a Spark Connect cluster (TRACE_SPARK_MASTER=sc://):
+# platform code whose only user input is validated config and guarded SQL, since the cluster's
+# executors hold the store credentials. Any other operator's Spark stays in the sandbox.
+CLUSTER_OPERATORS = frozenset({"decode_erc20_transfers", "decode_staking_events", "sql_transform"})
 
 
 class UnknownOperator(LookupError):

@@ -95,13 +95,5 @@ def resolve(settings: Settings) -> Policy:
             why,
         )
         return Policy(mode)
-    master = settings.spark_master
-    if not master.startswith(("local", "sc://")):
-        raise SandboxUnavailable(
-            f"TRACE_SPARK_MASTER={master}: a classic cluster master needs the Spark driver on "
-            "the cluster's network, which the sandbox does not give. Run a Spark Connect "
-            "server on the cluster and set TRACE_SPARK_MASTER=sc://host:port (or set "
-            "TRACE_SANDBOX=off on workers that only run trusted DAGs)"
-        )
     uid, gid = ensure_user(settings.sandbox_user)
     return Policy(mode, uid, gid, settings.sandbox_user)

@@ -244,9 +244,20 @@ def remote_session(url: str) -> Any:
 
     session = SparkSession.builder.remote(url).create()
     session_level = {k: v for k, v in user_conf().items() if k.startswith("spark.sql.")}
-    for key, value in {**session_level, **SESSION_HARDENING}.items():
-        session.conf.set(key, value)
-    session.dataSource.register(TraceObjects)
+    settings = {"spark.sql.session.timeZone": "UTC", **session_level, **SESSION_HARDENING}
+    try:
+        for key, value in settings.items():
+            try:
+                session.conf.set(key, value)
+            except Exception as e:  # e.g. a static setting: the server's, not a session's
+                raise ValueError(
+                    f"the Spark Connect session refused {key}={value} (set it on the Connect "
+                    f"server instead): {spark_error_text(e, 1)}"
+                ) from None
+        session.dataSource.register(TraceObjects)
+    except BaseException:
+        session.stop()
+        raise
     return session
 
 
@@ -333,15 +344,13 @@ def end_task(session: Any | None = None) -> None:
     views and functions, global temp views, catalog tables, the cache, persisted RDDs, and the
     base session's temp views, functions and SET state; makes the base session the default
     again; stops the JVM when the task changed state only a restart can undo. A no-op in a host
-    that never started Spark. A Spark Connect session first drops what it shares with other
-    sessions on its server (global temp views, catalog databases, tables, functions) and is
-    released; the host's local JVM (its plan parser) is then cleaned as after any task."""
+    that never started Spark. A Spark Connect session is released (only CLUSTER_OPERATORS get
+    one, and they make nothing server-wide, so nothing shared is touched: the server may be
+    serving other tasks, or use a metastore); the host's local JVM (its plan parser) is then
+    cleaned as after any task."""
     global _session
     if session is not None and type(session).__module__.startswith("pyspark.sql.connect"):
-        try:
-            _drop_catalog_objects(session)
-        finally:
-            session.stop()
+        session.stop()  # its temp views, functions and conf go with it, server-side
         session = None
     with _lock:
         base = _session

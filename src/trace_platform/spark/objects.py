@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 
 NAME = "trace_objects"
 MANIFEST = "_manifest.json"
+ATTEMPT_PREFIX = re.compile(
+    r"(^|/)t=[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]+/$"
+)
 
 
 class ClusterStoreMissing(RuntimeError):
@@ -115,7 +119,7 @@ class _Reader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        target = to_arrow_schema(self.schema)
+        target = to_arrow_schema(self.schema, timezone="UTC")
         key = str(partition.value)
         table = _read_table(cluster_store(), key)
         try:
@@ -171,7 +175,7 @@ class _Writer(DataSourceArrowWriter):
         )
         if not files:  # no rows at all: one empty file, so the schema is still there to read
             buf = io.BytesIO()
-            pq.write_table(to_arrow_schema(self.schema).empty_table(), buf)
+            pq.write_table(to_arrow_schema(self.schema, timezone="UTC").empty_table(), buf)
             key = f"{self.prefix}part-00000-empty.parquet"
             store.put(key, buf.getvalue())
             files = [_Written(key, 0, len(buf.getvalue()))]
@@ -211,8 +215,12 @@ class TraceObjects(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         prefix = self.options.get("prefix", "")
-        if not prefix.endswith("/"):
-            raise ValueError(f"trace_objects: the write prefix {prefix!r} must end with '/'")
+        # Only an attempt's own prefix (output.attempt_prefix): the commit deletes any other
+        # Parquet under it, which elsewhere could be committed data.
+        if not ATTEMPT_PREFIX.search(prefix):
+            raise ValueError(
+                f"trace_objects: {prefix!r} is not an attempt's output prefix (…/t=<task>.<n>/)"
+            )
         return _Writer(prefix, schema)
 
 

@@ -256,7 +256,7 @@ class Wrapper:
         try:
             host.ensure((task.org_id, task.dag_id))
             task, env = self._egress(host, task, env, gateways)
-            spark_remote = self._spark_remote(host, gateways)
+            spark_remote = self._spark_remote(host, task, gateways)
             dirs = host.new_task(task)
             scoped = ScopedStore(self.store, task, dirs.work, dirs.inbox, host.policy.uid)
             host.send(
