@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support import amounts
+from tests.support.proc import tree_cpu
 
 from trace_platform.operators import decode
 from trace_platform.spark import JIT_OPTIONS
@@ -69,29 +70,8 @@ COMPRESSION = "snappy"
 DATASETS = ("erc20_transfers", "staking_events")
 KEY = ["block_number", "log_index"]
 # The columns each decode reads.
-READS = {
-    "erc20_transfers": [
-        "block_number",
-        "transaction_hash",
-        "log_index",
-        "address",
-        "topic0",
-        "topic1",
-        "topic2",
-        "topic3",
-        "data",
-    ],
-    "staking_events": [
-        "block_number",
-        "transaction_hash",
-        "log_index",
-        "address",
-        "topic0",
-        "topic1",
-        "topic2",
-        "data",
-    ],
-}
+_SHARED = ["block_number", "transaction_hash", "log_index", "address", "topic0", "topic1", "topic2"]
+READS = {"erc20_transfers": [*_SHARED, "topic3", "data"], "staking_events": [*_SHARED, "data"]}
 AMOUNT = {"erc20_transfers": "value", "staking_events": "amount_delta"}
 
 # --- the data ----------------------------------------------------------------------------------
@@ -244,29 +224,6 @@ def make_logs(n: int, seed: int) -> tuple[pa.Table, Expected, dict[str, int]]:
 
 
 # --- measuring ---------------------------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu() -> float:
-    """CPU seconds (user + system) of this process and every live descendant (the Spark JVM)."""
-    children: dict[int, list[int]] = {}
-    used: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        used[int(entry)] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += used.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total / _TICK
 
 
 Cost = tuple[float, float]  # wall seconds, CPU seconds

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support import amounts
 from tests.support.operators import put_table, read_output, run_operator
+from tests.support.proc import tree_cpu
 
 import trace_platform.spark as tspark
 from trace_platform.chain import topic0
@@ -128,30 +129,6 @@ DECIMAL_SQL = {
 }
 
 # --- measuring ------------------------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu() -> float:
-    """CPU seconds (user + system) of this process and every live descendant: the Spark JVM
-    and the Python workers it started."""
-    children: dict[int, list[int]] = {}
-    used: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        used[int(entry)] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += used.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total / _TICK
 
 
 # --- data --------------------------------------------------------------------------------------

@@ -20,22 +20,14 @@ from tests.support.invariants import assert_invariants
 from tests.support.spark_cluster import SparkCluster
 from trace_platform.config import ObjectStoreBackend, Settings
 from trace_platform.devnet import ChainInfo, ChainSpec
+from trace_platform.lite.demo.data import ANALYTICS
 from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import make_store
 from trace_platform.spark.objects import read_manifest
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=3, blocks=300, accounts=40, validators=4, epoch_blocks=50)
-SPARK_DATASETS = (
-    "erc20_transfers",
-    "staking_events",
-    "token_supply",
-    "token_balances",
-    "staking_periods",
-    "validator_stake",
-    "staking_concentration",
-    "delegator_stake",
-)
+SPARK_DATASETS = ("erc20_transfers", "staking_events", *ANALYTICS)
 BUCKET = "trace-cluster"
 
 devnet = devnet_fixture(SPEC)

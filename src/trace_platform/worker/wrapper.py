@@ -35,7 +35,7 @@ from trace_platform.contract import (
     progress_size,
 )
 from trace_platform.objectstore import ObjectStore
-from trace_platform.operators import TRUSTED_OPERATORS
+from trace_platform.operators import CLUSTER_OPERATORS, TRUSTED_OPERATORS
 from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.sandbox import Policy
@@ -309,10 +309,13 @@ class Wrapper:
             task = task.model_copy(update={"config": {**task.config, "rpc_url": local[rpc]}})
         return task, env
 
-    def _spark_remote(self, host: OperatorHost, forwards: list[Gateway | TcpForward]) -> str | None:
-        """The Spark Connect URL the task's operators use, when the configured master is one
-        (`sc://`): in the sandbox, a forward from the host's own loopback to that endpoint."""
-        if not self.spark_master.startswith("sc://"):
+    def _spark_remote(
+        self, host: OperatorHost, task: TaskPayload, forwards: list[Gateway | TcpForward]
+    ) -> str | None:
+        """The Spark Connect URL the task's operator uses, when the configured master is one
+        (`sc://`) and the operator may run on the cluster (CLUSTER_OPERATORS): in the sandbox,
+        a forward from the host's own loopback to that endpoint."""
+        if not self.spark_master.startswith("sc://") or task.operator not in CLUSTER_OPERATORS:
             return None
         name, port, rest = connect_address(self.spark_master)
         check_upstream(f"http://{name}:{port}/", self.platform_ports)
