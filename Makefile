@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/change_bench.py --demo
 	$(BIN)/python bench/fault_bench.py
 	$(BIN)/python bench/u256_bench.py
+	$(BIN)/python bench/decode_bench.py
 
 up: $(STAMP)
 	$(BIN)/trace up
