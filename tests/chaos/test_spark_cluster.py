@@ -118,7 +118,7 @@ def test_decode_and_analytics_on_a_standalone_cluster_equal_local(
         worker_env = {**env, **s3, "TRACE_SPARK_MASTER": cluster.remote}
         with LiteStack(remote, workers=2, dsn=second_dsn, worker_env=worker_env) as stack:
             on_cluster = run_demo(stack, url)
-            assert cluster.executors() == 2  # both workers' executors served the application
+            assert cluster.executors() == 2  # both workers' executors joined the application
             # The decoded ranges were written by the executors: their committed files are in
             # S3 (no local staging), as the Spark job's manifest lists them.
             store = make_store(remote)

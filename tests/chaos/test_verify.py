@@ -9,7 +9,6 @@ import decimal
 import io
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,10 @@ import pytest
 from tests.support.amounts import limbs, value
 from tests.support.cli import trace
 from tests.support.dags import admin, finished_run
+from tests.support.devnet import DEMO, devnet_fixture, small_demo_dag
 from trace_platform.chain import Rpc
 from trace_platform.config import Settings
-from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
+from trace_platform.devnet import ChainInfo, ChainSpec
 from trace_platform.lite.demo import saved_rows
 from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import list_all, make_store
@@ -31,27 +31,10 @@ from trace_platform.verify import Node, sample_blocks, verify_all
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=21, blocks=300, accounts=30, validators=4, epoch_blocks=50)
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
 HEAD = SPEC.blocks - 1
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ChainInfo]]:
-    d = Devnet(tmp_path_factory.mktemp("devnet"))
-    info, c = d.up(SPEC)
-    yield info.url, c
-    d.down()
-
-
-def demo_dag(url: str) -> str:
-    """The demo DAG on this devnet, windows sized for 300 blocks (as the golden path does)."""
-    return (
-        DEMO.read_text()
-        .replace("http://127.0.0.1:8545", url)
-        .replace("window_blocks: 500", "window_blocks: 120")
-        .replace("window_blocks: 100", "window_blocks: 50")
-        .replace("size: 2000", "size: 300")
-    )
+chain = devnet_fixture(SPEC)
 
 
 def bumped(v: Any) -> Any:
@@ -124,7 +107,7 @@ def test_verify_passes_on_the_golden_path_and_names_tampered_values(
         settings, workers=2, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"}
     ) as stack:
         svc, me = stack.services, admin(stack.services)
-        svc.control.deploy(me, demo_dag(url), str(DEMO))
+        svc.control.deploy(me, small_demo_dag(url), str(DEMO))
         run_id = svc.control.trigger(
             me, "monad_demo", config={"from_block": 0, "to_block": HEAD, "chunk_size": 100}
         )["run_id"]

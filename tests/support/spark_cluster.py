@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pyspark
@@ -126,8 +127,7 @@ class SparkCluster:
             return True
         return False
 
-    def _wait(self, ready: object, deadline: float, what: str) -> None:
-        assert callable(ready)
+    def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
         while not ready():
             for p in self.procs:
                 if p.poll() is not None:
@@ -137,7 +137,8 @@ class SparkCluster:
             time.sleep(0.5)
 
     def executors(self) -> int:
-        """Executors the cluster's application holds (one per worker once it runs)."""
+        """Cores the master granted the cluster's application (one per worker's executor):
+        that the executors run, not that they did the work (the test checks the files)."""
         url = f"http://127.0.0.1:{self.ui_port}/json/"
         with urllib.request.urlopen(url, timeout=2) as r:
             apps = json.loads(r.read()).get("activeapps", [])

@@ -52,14 +52,10 @@ def version_locations(ctx: OperatorContext, ref: DatasetRef) -> list[str]:
 def fetch_parquet(ctx: OperatorContext, locations: list[str], dest: Path) -> int:
     """Downloads the Parquet files under `locations` into `dest` (flat, names kept unique);
     returns how many."""
-    store = ctx.store
-    n = 0
-    for location in locations:
-        for obj in list_all(store, location.rstrip("/") + "/"):
-            if obj.key.endswith(".parquet"):
-                store.get_file(obj.key, dest / f"{n:06d}-{Path(obj.key).name}")
-                n += 1
-    return n
+    keys = parquet_keys(ctx, locations)
+    for n, key in enumerate(keys):
+        ctx.store.get_file(key, dest / f"{n:06d}-{Path(key).name}")
+    return len(keys)
 
 
 def parquet_keys(ctx: OperatorContext, locations: list[str]) -> list[str]:
