@@ -23,7 +23,7 @@ from trace_platform.devnet import ChainInfo, ChainSpec
 from trace_platform.lite.demo.data import ANALYTICS
 from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import make_store
-from trace_platform.spark.objects import read_manifest
+from trace_platform.objectstore.committed import read_manifest
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=3, blocks=300, accounts=40, validators=4, epoch_blocks=50)

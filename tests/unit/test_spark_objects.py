@@ -12,14 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from trace_platform.objectstore.local import LocalStore
-from trace_platform.spark.objects import (
+from trace_platform.objectstore.committed import (
     MANIFEST,
-    ClusterStoreMissing,
-    TraceObjects,
-    cluster_store,
+    CorruptCommit,
+    committed_parquet,
     read_manifest,
 )
+from trace_platform.objectstore.local import LocalStore
+from trace_platform.spark.objects import ClusterStoreMissing, TraceObjects, cluster_store
 
 OUT = "org/o/dataset/d/version/v/range=0000000000-0000000100/t=4b0a3c3e-1f0e-4a51-9d43-0f6f1c1b2a10.1/"
 EMPTY_OUT = "org/o/dataset/d/version/v/t=4b0a3c3e-1f0e-4a51-9d43-0f6f1c1b2a10.2/"
@@ -114,6 +114,38 @@ def test_write_commits_exactly_the_successful_files(store: LocalStore) -> None:
     assert listed == sorted([*(m.key for m in ok), OUT + MANIFEST])
     total = sum(pq.read_table(io.BytesIO(store.get(f["key"]))).num_rows for f in files)
     assert total == 9
+
+
+def test_readers_follow_the_manifest_once_committed(store: LocalStore) -> None:
+    writer = TraceObjects({"prefix": OUT}).writer(_schema(), False)
+    batch = pa.record_batch({"n": pa.array([1, 2], pa.int64())})
+    ok = writer.write(iter([batch]))
+    writer.commit([ok])
+    # A zombie executor (a task the job gave up on) puts its file after the commit.
+    put_table(store, OUT + "part-00001-7.parquet", pa.table({"n": pa.array([666])}))
+    assert committed_parquet(store, OUT) == [ok.key]
+    assert committed_parquet(store, OUT.rstrip("/")) == [ok.key]
+    # Without a manifest (written by the operator host), the listing is the commit.
+    put_table(store, EMPTY_OUT + "part-00000.parquet", pa.table({"n": pa.array([1])}))
+    assert committed_parquet(store, EMPTY_OUT) == [EMPTY_OUT + "part-00000.parquet"]
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        # another dataset's file: a manifest may only narrow its own prefix's listing
+        json.dumps({"files": [{"key": "org/o/dataset/other/version/v/part-00000.parquet"}]}),
+        json.dumps({"files": [{"key": OUT + "gone.parquet"}]}),
+        json.dumps({"files": "everything"}),
+        "{not json",
+    ],
+)
+def test_a_forged_or_broken_manifest_is_refused(store: LocalStore, manifest: str) -> None:
+    put_table(store, "org/o/dataset/other/version/v/part-00000.parquet", logs(0, 1))
+    put_table(store, OUT + "part-00000.parquet", pa.table({"n": pa.array([1])}))
+    store.put(OUT + MANIFEST, manifest.encode())
+    with pytest.raises(CorruptCommit, match=MANIFEST):
+        committed_parquet(store, OUT)
 
 
 def test_a_write_without_rows_leaves_one_empty_file_with_the_schema(store: LocalStore) -> None:

@@ -22,10 +22,9 @@ from pydantic import Field
 
 from trace_platform.contract import DatasetRef, EventIn, OutputCommit, RangeSpec
 from trace_platform.dag.schema import NAME_RE
-from trace_platform.objectstore import list_all
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
-from trace_platform.operators.inputs import scope_location
+from trace_platform.operators.inputs import parquet_keys, scope_location
 
 
 class HotWindowConfig(OperatorConfig):
@@ -76,12 +75,7 @@ def _read_range(ctx: OperatorContext, ref: DatasetRef) -> pa.Table | None:
     location = scope_location(ctx, ref)
     if location is None:
         return None
-    store = ctx.store
-    tables = [
-        pq.read_table(io.BytesIO(store.get(o.key)))
-        for o in list_all(store, location.rstrip("/") + "/")
-        if o.key.endswith(".parquet")
-    ]
+    tables = [pq.read_table(io.BytesIO(ctx.store.get(k))) for k in parquet_keys(ctx, [location])]
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 

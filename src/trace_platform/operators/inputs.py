@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_platform.contract import DatasetRef, RangeSpec, scope_key
-from trace_platform.objectstore import list_all
+from trace_platform.objectstore.committed import committed_parquet
 from trace_platform.operators.context import OperatorContext
 
 
@@ -59,13 +59,9 @@ def fetch_parquet(ctx: OperatorContext, locations: list[str], dest: Path) -> int
 
 
 def parquet_keys(ctx: OperatorContext, locations: list[str]) -> list[str]:
-    """The Parquet objects under `locations`, in order (read through the task's scoped store)."""
-    return [
-        obj.key
-        for location in locations
-        for obj in list_all(ctx.store, location.rstrip("/") + "/")
-        if obj.key.endswith(".parquet")
-    ]
+    """The Parquet committed at `locations`, in order (read through the task's scoped store; a
+    location's manifest, where it has one, says which)."""
+    return [key for location in locations for key in committed_parquet(ctx.store, location)]
 
 
 def read_frame(ctx: OperatorContext, locations: list[str], name: str = "input") -> Any | None:

@@ -71,7 +71,8 @@ def _write_local(ctx: OperatorContext, frame: Any, prefix: str) -> tuple[int, in
 def _write_remote(ctx: OperatorContext, frame: Any, prefix: str) -> tuple[int, int]:
     """A Spark cluster: the executors write under `prefix` themselves (`trace_objects`); the
     job's manifest lists its files, which must be exactly the Parquet under the prefix."""
-    from trace_platform.spark.objects import NAME, read_manifest
+    from trace_platform.objectstore.committed import read_manifest
+    from trace_platform.spark.objects import NAME
 
     frame.write.format(NAME).mode("append").option("prefix", prefix).save()
     files = read_manifest(ctx.store, prefix)

@@ -11,7 +11,8 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.errors import NotFound
 from trace_platform.identity import Actor, can_read_row
-from trace_platform.objectstore import ObjectStore, list_all
+from trace_platform.objectstore import ObjectStore
+from trace_platform.objectstore.committed import committed_parquet
 from trace_platform.query.pins import Pin
 from trace_platform.store.pins import PinStore
 
@@ -60,10 +61,9 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
             table = row["version_location"] if row["table_exists"] else None
             return Pin(row["dataset_name"], row["dataset_uuid"], version, "postgres", table=table)
         files = sorted(
-            store.uri(o.key)
-            for prefix in row["commit_locations"]
-            for o in list_all(store, prefix)
-            if o.key.endswith(".parquet")
+            store.uri(key)
+            for location in row["commit_locations"]
+            for key in committed_parquet(store, location)
         )
         return Pin(row["dataset_name"], row["dataset_uuid"], version, "parquet", tuple(files))
 

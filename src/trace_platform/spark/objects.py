@@ -34,6 +34,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from trace_platform.objectstore.committed import MANIFEST
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
     from trace_platform.objectstore import ObjectStore
 
 NAME = "trace_objects"
-MANIFEST = "_manifest.json"
 ATTEMPT_PREFIX = re.compile(
     r"(^|/)t=[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]+/$"
 )
@@ -222,8 +223,3 @@ class TraceObjects(DataSource):
                 f"trace_objects: {prefix!r} is not an attempt's output prefix (…/t=<task>.<n>/)"
             )
         return _Writer(prefix, schema)
-
-
-def read_manifest(store: ObjectStore, prefix: str) -> list[dict[str, Any]]:
-    """The files a `trace_objects` write committed under `prefix`: [{key, rows, bytes}]."""
-    return list(json.loads(store.get(prefix + MANIFEST))["files"])
