@@ -92,6 +92,56 @@ class QueueDriverConformance:
             assert driver.ack_many(queue, [m.receipt for m in msgs]) == len(msgs)
         assert sorted(got) == sorted(b["task_id"] for b in bodies)
 
+    def test_acks_fold_into_the_next_receive(self, driver: QueueDriver, queue: str) -> None:
+        bodies = [wake() for _ in range(25)]
+        driver.publish_many(queue, bodies)
+        got: list[str] = []
+        previous: list[str] = []
+        while msgs := driver.receive(queue, 10, 30, ack=previous):
+            got.extend(m.payload["task_id"] for m in msgs)
+            previous = [m.receipt for m in msgs]
+        # The last, empty receive acked the last batch: nothing is left to redeliver, even
+        # once every lease has run out.
+        assert sorted(got) == sorted(b["task_id"] for b in bodies)
+        assert driver.ack_many(queue, previous) == 0
+
+    def test_a_folded_ack_of_a_stale_receipt_is_ignored(
+        self, driver: QueueDriver, queue: str
+    ) -> None:
+        driver.publish(queue, wake())
+        first = driver.receive(queue, 1, 0.3)[0]
+        time.sleep(0.5)
+        [again] = driver.receive(queue, 1, 0.3)  # the lease moved on to another consumer
+        assert again.delivery_count == 2 and again.payload == first.payload
+        # The old receipt acks nothing; the message is still held under the new lease, and
+        # once that runs out the same call that names the old receipt leases it again.
+        assert driver.receive(queue, 1, 30, ack=[first.receipt]) == []
+        time.sleep(0.5)
+        [third] = driver.receive(queue, 1, 30, ack=[first.receipt])
+        assert third.delivery_count == 3
+        assert driver.ack(queue, again.receipt) is False
+        assert driver.ack(queue, third.receipt) is True
+
+    def test_a_folded_ack_of_an_expired_lease_still_settles(
+        self, driver: QueueDriver, queue: str
+    ) -> None:
+        body = wake()
+        driver.publish(queue, body)
+        msg = driver.receive(queue, 1, 0.3)[0]
+        time.sleep(0.5)  # run out, but nobody leased it again: the receipt still names it
+        assert driver.receive(queue, 1, 30, ack=[msg.receipt]) == []
+        assert driver.receive(queue, 1, 30) == []
+
+    def test_a_malformed_folded_ack_changes_nothing(self, driver: QueueDriver, queue: str) -> None:
+        driver.publish(queue, wake())
+        held = driver.receive(queue, 1, 30)[0]
+        driver.publish(queue, wake())
+        with pytest.raises(ValueError, match="receipt"):
+            driver.receive(queue, 1, 30, ack=[held.receipt, "not-a-receipt"])
+        # Nothing was acked and nothing leased.
+        assert len(driver.receive(queue, 10, 30)) == 1
+        assert driver.ack(queue, held.receipt) is True
+
     def test_invalid_payloads_rejected_and_nothing_stored(
         self, driver: QueueDriver, queue: str
     ) -> None:

@@ -76,6 +76,39 @@ def test_reads_every_key_as_spark_would_type_it(store: LocalStore) -> None:
     assert tables[0].column("big").to_pylist()[0] == 2**64 - 1  # exact past a long
 
 
+class CountingStore(LocalStore):
+    """Counts the bytes read, to show the schema comes from the footer alone."""
+
+    fetched = 0
+
+    def get(self, key: str) -> bytes:
+        data = super().get(key)
+        self.fetched += len(data)
+        return data
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        data = super().get_range(key, start, end)
+        self.fetched += len(data)
+        return data
+
+
+@pytest.mark.parametrize("columns", [3, 4000])  # a footer under one ranged read, and over it
+def test_the_schema_comes_from_the_footer_alone(tmp_path: Path, columns: int) -> None:
+    from trace_platform.spark.objects import _read_schema
+
+    store = CountingStore(tmp_path / "objects")
+    store.ensure_bucket()
+    table = pa.table({f"c{i}": pa.array(range(20_000), pa.uint64()) for i in range(columns)})
+    put_table(store, "in/wide.parquet", table)
+    size = store.list_page("in/wide.parquet").items[0].size
+    store.fetched = 0
+    assert _read_schema(store, "in/wide.parquet") == table.schema
+    assert store.fetched < size / 2
+    store.put("in/not.parquet", b"hello, not parquet")
+    with pytest.raises(ValueError, match=r"in/not\.parquet: not a Parquet file"):
+        _read_schema(store, "in/not.parquet")
+
+
 def test_a_file_whose_columns_differ_fails_naming_it(store: LocalStore) -> None:
     put_table(store, "in/a.parquet", logs(0, 2))
     put_table(store, "in/odd.parquet", pa.table({"block_number": pa.array(["x"])}))

@@ -31,8 +31,12 @@ class QueueDriver(Protocol):
         max_messages: int,
         visibility_timeout_seconds: float,
         wait_seconds: float = 0,
+        ack: list[str] | tuple[str, ...] = (),
     ) -> list[Message]:
-        """Lease up to `max_messages`; wait up to `wait_seconds` for one if none is ready."""
+        """Lease up to `max_messages`; wait up to `wait_seconds` for one if none is ready.
+        `ack`: earlier receipts to acknowledge first, committed with the lease (or before the
+        wait), as `ack_many` would; a receipt that lost its lease is ignored, a malformed one
+        refused before anything happens."""
 
     def ack(self, queue_name: str, receipt: str) -> bool:
         """Delete a received message; False if the receipt no longer holds the lease."""

@@ -6,7 +6,8 @@ matching token can ack. Idle consumers sleep on LISTEN/NOTIFY and poll as a fall
 The batch path is kept lean, since it is most of a busy queue's cost: a lease is one UPDATE
 that finds the picked rows by primary key and changes no indexed column (a HOT update, see
 migration 0018), with one lease token per batch made here; the batch comes back as one row
-(one JSON decode); ack_many is one DELETE with all the receipts in one parameter.
+(one JSON decode); ack_many is one DELETE with all the receipts in one parameter, and
+receive(ack=...) folds that DELETE into the lease's statement (one commit per batch).
 
 Every operation is one statement, run in autocommit. Publishing waits for the disk flush;
 receive/ack/extend/nack need not (a lease or ack lost in a crash only means a redelivery,
@@ -134,7 +135,9 @@ class PgQueue:
             )
 
     # -- receive -------------------------------------------------------------------------
-    def _lease(self, queue_name: str, max_messages: int, visibility: float) -> list[Message]:
+    def _lease(
+        self, queue_name: str, max_messages: int, visibility: float, acks: str = ""
+    ) -> list[Message]:
         # One fresh token per batch: a receipt is (id, token), so a redelivery (a later batch)
         # never matches an older receipt of the same message.
         token = str(uuid4())
@@ -144,15 +147,16 @@ class PgQueue:
                 self._last_sweep[queue_name] = now
                 conn.execute(_Q.dead_letter, {"queue": queue_name})
             with conn.cursor(row_factory=tuple_row) as cur:
-                ids, attempts, payloads = cur.execute(
+                ids, attempts, payloads, _acked = cur.execute(
                     _Q.receive,
                     {
                         "queue": queue_name,
                         "limit": max_messages,
                         "visibility": visibility,
                         "token": token,
+                        "receipts": acks,
                     },
-                ).fetchone() or (None, None, None)
+                ).fetchone() or (None, None, None, 0)
         if not ids:
             return []
         suffix = ":" + token
@@ -167,10 +171,13 @@ class PgQueue:
         max_messages: int,
         visibility_timeout_seconds: float,
         wait_seconds: float = 0,
+        ack: list[str] | tuple[str, ...] = (),
     ) -> list[Message]:
         deadline = time.monotonic() + wait_seconds
+        acks = _joined(list(ack))  # checked before anything is leased
         while True:
-            msgs = self._lease(queue_name, max_messages, visibility_timeout_seconds)
+            msgs = self._lease(queue_name, max_messages, visibility_timeout_seconds, acks)
+            acks = ""  # settled by the first lease, which committed them
             remaining = deadline - time.monotonic()
             if msgs or remaining <= 0:
                 return msgs

@@ -103,6 +103,32 @@ def spark_schema(arrow: pa.Schema) -> StructType:
     return StructType([StructField(f.name, _spark_type(f.type), f.nullable) for f in arrow])
 
 
+_TAIL = 64 * 1024  # one ranged read fetches the footer of any file Trace writes
+
+
+def _read_schema(store: ObjectStore, key: str) -> pa.Schema:
+    """A Parquet object's schema from its footer alone (one or two ranged reads, not the file):
+    the cluster's driver plans a read with it."""
+    import pyarrow.parquet as pq
+
+    from trace_platform.objectstore import NoSuchKey
+
+    page = store.list_page(key, None, 1)
+    if not page.items or page.items[0].key != key:
+        raise NoSuchKey(key)
+    size = page.items[0].size
+    tail = store.get_range(key, max(0, size - _TAIL), size)
+    if size < 12 or tail[-4:] != b"PAR1":
+        raise ValueError(f"{key}: not a Parquet file")
+    footer = int.from_bytes(tail[-8:-4], "little") + 8
+    if footer + 4 > size:
+        raise ValueError(f"{key}: not a Parquet file (its footer is longer than the file)")
+    if footer > len(tail):
+        tail = store.get_range(key, size - footer, size)
+    # The magic, then the footer: all pyarrow reads to learn the schema.
+    return pq.read_schema(io.BytesIO(b"PAR1" + tail[-footer:]))
+
+
 def _read_table(store: ObjectStore, key: str) -> pa.Table:
     import pyarrow.parquet as pq
 
@@ -209,7 +235,7 @@ class TraceObjects(DataSource):
         return [str(k) for k in keys]
 
     def schema(self) -> StructType:
-        return spark_schema(_read_table(cluster_store(), self._keys()[0]).schema)
+        return spark_schema(_read_schema(cluster_store(), self._keys()[0]))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _Reader(self._keys(), schema)

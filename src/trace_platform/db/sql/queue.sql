@@ -21,7 +21,19 @@ FROM ins;
 -- the driver builds the receipts without a per-row random UUID or string concatenation here.
 -- The batch comes back as one row (ids, attempts, payloads as one JSON array): one decode for
 -- the batch instead of one per message. NULLs when nothing was ready.
-WITH leased AS (
+-- It first acks the caller's previous receipts (`receipts`, as in ack_many; '' for none), in
+-- the same statement and so the same commit: one disk flush per batch instead of two (Oban
+-- flushes acks with its next fetch). The rows it deleted are kept out of the pick (all CTEs
+-- see one snapshot), so a message whose lease ran out is never both deleted and leased.
+WITH settled AS (
+  SELECT split_part(r, ':', 1)::bigint AS id, split_part(r, ':', 2)::uuid AS token
+  FROM unnest(string_to_array(%(receipts)s, ',')) AS r
+), acked AS (
+  DELETE FROM queue_messages m
+  USING settled s
+  WHERE m.id = s.id AND m.lease_token = s.token
+  RETURNING m.id
+), leased AS (
   UPDATE queue_messages m
   SET lease_until = now() + make_interval(secs => %(visibility)s),
       lease_token = %(token)s,
@@ -37,6 +49,7 @@ WITH leased AS (
       AND visible_at <= now()
       AND (lease_until IS NULL OR lease_until < now())
       AND attempts < max_attempts
+      AND id <> ALL(ARRAY(SELECT id FROM acked))
     -- Matches queue_ready_idx, so the ready rows of this queue come straight off the index.
     ORDER BY visible_at, id
     LIMIT %(limit)s
@@ -46,7 +59,8 @@ WITH leased AS (
 )
 SELECT array_agg(id ORDER BY id) AS ids,
        array_agg(attempts ORDER BY id) AS attempts,
-       json_agg(payload ORDER BY id)::text AS payloads
+       json_agg(payload ORDER BY id)::text AS payloads,
+       (SELECT count(*) FROM acked) AS acked
 FROM leased;
 
 -- name: ack
