@@ -1,9 +1,10 @@
 """Spark operators that decode raw logs into exact, typed datasets.
 
 Amounts are exact for every uint256: `value` / `amount_delta` are limbs
-(`trace_platform.spark.u256`), made from the 32-byte words natively (no Python per row); the
-Query Service reads them as exact numbers. Never a rounded float, never a NULL for a number too
-big: an amount word that is not a whole uint256 fails the task, naming the log.
+(`trace_platform.spark.u256`), made from the 32-byte words on whole Arrow batches
+(`trace_platform.spark.words`, numpy: no Python per row); the Query Service reads them as exact
+numbers. Never a rounded float, never a NULL for a number too big: an amount word that is not a
+whole uint256 fails the task, naming the log.
 """
 
 from __future__ import annotations
