@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support import amounts
 from tests.support.proc import tree_cpu
 
-from trace_platform.operators import decode
+from trace_platform.operators import decode, output
 from trace_platform.spark import JIT_OPTIONS
 from trace_platform.spark.u256 import BASE, FIELDS, TOP
 
@@ -250,8 +250,9 @@ def spark_decode(spark: Any, logs_path: Path, dataset: str, out: Path) -> None:
     from trace_platform.spark import u256
 
     frame = spark_frames(spark, logs_path)[dataset]
-    with u256.invalid_amounts_fail():
-        frame.write.mode("overwrite").option("compression", COMPRESSION).parquet(str(out))
+    with u256.invalid_amounts_fail():  # the operators' Parquet writer settings
+        writer = output.parquet_writer(frame).mode("overwrite")
+        writer.option("compression", COMPRESSION).parquet(str(out))
 
 
 # --- polars ------------------------------------------------------------------------------------
@@ -536,7 +537,10 @@ def profile(spark: Any, logs_path: Path, out: Path, repeat: int) -> None:
         noop = run(lambda f=frame: f.write.format("noop").mode("overwrite").save())
         full = run(
             lambda f=frame, d=dataset: (
-                f.write.mode("overwrite").option("compression", COMPRESSION).parquet(str(out / d))
+                output.parquet_writer(f)
+                .mode("overwrite")
+                .option("compression", COMPRESSION)
+                .parquet(str(out / d))
             )
         )
         print(f"{dataset:<18}{read:>10.2f}{noop:>9.2f}{full:>11.2f}   (read: {', '.join(inputs)})")

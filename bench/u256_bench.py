@@ -75,8 +75,8 @@ def _decimal_transfers(logs: Any) -> Any:
         F.concat(F.lit("0x"), F.lower(F.hex("transaction_hash"))).alias("tx_hash"),
         F.col("log_index").cast("int").alias("log_index"),
         F.concat(F.lit("0x"), F.lower(F.hex("address"))).alias("token_address"),
-        F.expr(decode._hex_address("topic1")).alias("from_address"),
-        F.expr(decode._hex_address("topic2")).alias("to_address"),
+        F.concat(F.lit("0x"), F.lower(F.hex(F.substring("topic1", 13, 20)))).alias("from_address"),
+        F.concat(F.lit("0x"), F.lower(F.hex(F.substring("topic2", 13, 20)))).alias("to_address"),
         uint_text("data").alias("value_text"),
     )
     return frame.withColumn("value", F.expr("try_cast(value_text AS DECIMAL(38,0))")).withColumn(

@@ -1,9 +1,10 @@
 """Spark operators that decode raw logs into exact, typed datasets.
 
 Amounts are exact for every uint256: `value` / `amount_delta` are limbs
-(`trace_platform.spark.u256`), made from the 32-byte words natively (no Python per row); the
-Query Service reads them as exact numbers. Never a rounded float, never a NULL for a number too
-big: an amount word that is not a whole uint256 fails the task, naming the log.
+(`trace_platform.spark.u256`), made from the 32-byte words on whole Arrow batches
+(`trace_platform.spark.words`, numpy: no Python per row); the Query Service reads them as exact
+numbers. Never a rounded float, never a NULL for a number too big: an amount word that is not a
+whole uint256 fails the task, naming the log.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
 from trace_platform.operators.inputs import read_frame, scope_location
 from trace_platform.operators.output import publish_frame
-from trace_platform.spark import u256
-from trace_platform.spark.sql_guard import DIALECT
+from trace_platform.spark import u256, words
 
 TRANSFER = topic0("Transfer(address,address,uint256)")
 STAKING = {
@@ -33,6 +33,15 @@ STAKING = {
 }
 STAKING_ADDRESS = "0x0000000000000000000000000000000000001000"
 ADDRESS_RE = r"^0x[0-9a-fA-F]{40}$"
+# The datasets' schemas (the amounts as u256 limbs), as the Arrow batch functions return them.
+TRANSFERS_SCHEMA = (
+    "block_number BIGINT, tx_hash STRING, log_index INT, token_address STRING, "
+    f"from_address STRING, to_address STRING, value {u256.LIMBS}"
+)
+STAKING_SCHEMA = (
+    "block_number BIGINT, tx_hash STRING, log_index INT, event STRING, validator_id BIGINT, "
+    f"delegator STRING, epoch BIGINT, amount_delta {u256.LIMBS}"
+)
 
 
 class Erc20TransfersConfig(OperatorConfig):
@@ -66,8 +75,11 @@ def _read_logs(ctx: OperatorContext, start: int, end: int) -> Any:
     return frame
 
 
-def _hex_address(col: str) -> str:
-    return f"concat('0x', lower(hex(substring({col}, 13, 20))))"
+def small_topic(col: str) -> Any:
+    """A uint64 topic's value: its low 8 bytes (hex, any case: conv reads both) as a long."""
+    from pyspark.sql import functions as F
+
+    return F.conv(F.hex(F.substring(col, 25, 8)), 16, 10).cast("long")
 
 
 def transfers_frame(logs: Any, token: str | None = None) -> Any:
@@ -82,16 +94,18 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
     )
     if token:
         frame = frame.where(F.col("address") == F.lit(bytes.fromhex(token[2:])))
+    # The hex text and the limbs are made on whole Arrow batches (spark/words.py): per row in
+    # Spark SQL (lower(hex(...)), conv of hex substrings) they cost most of the decode.
     frame = frame.select(
         F.col("block_number").cast("long").alias("block_number"),
-        F.concat(F.lit("0x"), F.lower(F.hex("transaction_hash"))).alias("tx_hash"),
+        "transaction_hash",
         F.col("log_index").cast("int").alias("log_index"),
-        F.concat(F.lit("0x"), F.lower(F.hex("address"))).alias("token_address"),
-        F.expr(_hex_address("topic1")).alias("from_address"),
-        F.expr(_hex_address("topic2")).alias("to_address"),
-        F.expr(u256.word_limbs("hex(data)")).alias("value"),
+        "address",
+        "topic1",
+        "topic2",
+        "data",
     )
-    return frame
+    return frame.mapInArrow(words.transfers_batches, TRANSFERS_SCHEMA)
 
 
 def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
@@ -114,13 +128,9 @@ def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
     by_topic = {bytes.fromhex(v[2:]): k for k, v in STAKING.items()}
     t0 = F.col("topic0")  # binary against binary literals: no hex text per row
     event = F.coalesce(*[F.when(t0 == F.lit(h), F.lit(name)) for h, name in by_topic.items()])
-    hex_data = F.lower(F.hex("data"))
 
-    def word(i: int) -> Any:  # the i-th 32-byte word of data, as hex
-        return F.substring(hex_data, i * 64 + 1, 64)
-
-    def small(i: int) -> Any:  # a uint64/uint8 word: its low 16 hex digits fit a long
-        return F.conv(F.substring(word(i), 49, 16), 16, 10).cast("long")
+    def small(i: int) -> Any:  # a uint64/uint8 word: its low 8 bytes (16 hex digits) fit a long
+        return F.conv(F.hex(F.substring("data", i * 32 + 25, 8)), 16, 10).cast("long")
 
     amount_word = F.when(event == "Delegate", F.substring("data", 1, 32)).when(
         event == "Undelegate", F.substring("data", 33, 32)
@@ -148,16 +158,11 @@ def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
         .where(F.col("event").isNotNull())
         .select(
             F.col("block_number").cast("long").alias("block_number"),
-            F.concat(F.lit("0x"), F.lower(F.hex("transaction_hash"))).alias("tx_hash"),
+            "transaction_hash",
             F.col("log_index").cast("int").alias("log_index"),
             F.col("event"),
-            F.when(
-                F.col("event") != "EpochChanged",
-                F.conv(F.substring(F.lower(F.hex("topic1")), 49, 16), 16, 10).cast("long"),
-            ).alias("validator_id"),
-            F.when(F.col("event") != "EpochChanged", F.expr(_hex_address("topic2"))).alias(
-                "delegator"
-            ),
+            F.when(F.col("event") != "EpochChanged", small_topic("topic1")).alias("validator_id"),
+            "topic2",
             amount_word.alias("amount_word"),
             F.when(F.col("event") == "Delegate", small(1))
             .when(F.col("event") == "Undelegate", small(2))
@@ -167,15 +172,9 @@ def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
             .alias("epoch"),
         )
     )
-    # In steps: the word's limbs, then the delta (NEG reads the limbs many times).
-    frame = frame.withColumn("amount", F.expr(u256.word_limbs("hex(amount_word)")))
-    negated = u256.sql(u256.NEG, x=u256.column("amount"))
-    delta = (
-        F.when(F.col("event") == "Undelegate", F.expr(negated))
-        .when(F.col("event") == "Delegate", F.col("amount"))
-        .otherwise(F.expr(u256.constant(0).sql(dialect=DIALECT)))
-    )
-    return frame.withColumn("amount_delta", delta).drop("amount_word", "amount")
+    # The hex text, and amount_delta from the checked word (the amount, negated for
+    # Undelegate, 0 for other events), on whole Arrow batches (spark/words.py).
+    return frame.mapInArrow(words.staking_batches, STAKING_SCHEMA)
 
 
 def decode_staking_events(ctx: OperatorContext) -> OperatorResult:

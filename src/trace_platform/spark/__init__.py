@@ -46,6 +46,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -192,6 +193,9 @@ def _start() -> Any:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers (the decode's mapInArrow) run this interpreter, whose environment has the
+    # platform's packages, unless the host chose one (the sandbox sets it to the same).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     _workdir = Path(tempfile.mkdtemp(prefix="trace-spark-"))
     conf = SparkConf()
     for key, value in _conf_options(_workdir).items():

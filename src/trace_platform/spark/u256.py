@@ -19,8 +19,8 @@ as it is.
   `u256(text_or_int)`, `u256_neg(x)`, `u256_add(a, b)`, `u256_sum(x)` (aggregate or window),
   `u256_double(x)` (approximate, for ratios) and `u256_text(x)`. What would lose digits fails
   instead: SUM, `+` or CAST on the struct are type errors.
-- **From the chain** `word_limbs` turns a 32-byte ABI word into limbs natively (no Python per
-  row, no text in between).
+- **From the chain** `trace_platform.spark.words` turns 32-byte ABI words into limbs on whole
+  Arrow batches (the decode's `mapInArrow`: numpy, no Python per row, no text in between).
 """
 
 from __future__ import annotations
@@ -234,49 +234,6 @@ def is_limbs(field: Any) -> bool:
 def column(name: str) -> exp.Expression:
     """A column reference to fill a template with."""
     return exp.column(exp.to_identifier(name, quoted=True))
-
-
-# A 32-byte big-endian word as eleven integers (two bytes, then ten of three), each a column
-# expression over the word's hex, with the power of two it weighs.
-_WORD_PARTS = [(0, 4, 240)] + [(4 + 6 * i, 6, 24 * (9 - i)) for i in range(10)]
-
-
-def _limbs_of(n: int) -> list[int]:
-    out = []
-    for _ in range(TOP + 1):
-        n, limb = divmod(n, BASE)
-        out.append(limb)
-    return out  # l0 .. l8
-
-
-def normalized(sums: str) -> str:
-    """Spark SQL carrying limb sums (`sums`, a struct s8..s0 as NORM takes it) into limbs, the
-    sums evaluated once: they are bound to a lambda variable (NORM reads each many times)."""
-    return f"element_at(transform(array({sums}), _u256_s -> {NORM.replace('__s', '_u256_s')}), 1)"
-
-
-def _word_part(hex_word: str, at: int, n: int) -> str:
-    """Part (at, n) of `_WORD_PARTS`: the top one converted alone, the 24-bit ones two at a
-    time (one conv of 12 hex digits, split with a shift and a mask: conv costs more than the
-    rest of the arithmetic)."""
-    if n == 4:
-        return f"CAST(conv(substr({hex_word}, {at + 1}, 4), 16, 10) AS BIGINT)"
-    first = (at - 4) // 6 % 2 == 0  # the high half of its 12 digits
-    pair = f"CAST(conv(substr({hex_word}, {at + 1 if first else at - 5}, 12), 16, 10) AS BIGINT)"
-    return f"shiftright({pair}, 24)" if first else f"({pair} & 16777215)"
-
-
-def word_limbs(hex_word: str) -> str:
-    """Spark SQL turning `hex_word` (the 64 hex digits of a 32-byte word, e.g. `hex(data)`) into
-    its limbs, via its limb sums: each limb of each part's power of two is a constant, a part
-    is below 2^24 and a constant below 10^9, so eleven products add up far below 2^63. Each
-    12-digit conv appears twice: Spark evaluates such a repeated subexpression once."""
-    parts = [(_word_part(hex_word, at, n), _limbs_of(2**shift)) for at, n, shift in _WORD_PARTS]
-    sums = []
-    for k in range(TOP, -1, -1):
-        terms = [f"{part} * {limbs[k]}" for part, limbs in parts if limbs[k]]
-        sums.append(f"'s{k}', CAST({' + '.join(terms) or '0'} AS BIGINT)")
-    return normalized(f"named_struct({', '.join(sums)})")
 
 
 @contextlib.contextmanager
