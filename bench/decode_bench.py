@@ -443,7 +443,8 @@ def polars_decode(logs_path: Path, dataset: str, out: Path) -> None:
                 f"{row['log_index']} has no whole uint256 amount"
             )
         frame = frame.drop("_short")
-    frame.write_parquet(out, compression=COMPRESSION)
+    # Sorted by block and log index, as the Spark operators write their rows.
+    frame.sort(["block_number", "log_index"]).write_parquet(out, compression=COMPRESSION)
 
 
 # --- checking ----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ STAKING = {
     "ValidatorRewarded": topic0("ValidatorRewarded(uint64,address,uint256,uint64)"),
     "EpochChanged": topic0("EpochChanged(uint64,uint64)"),
 }
+ORDER = ("block_number", "log_index")  # the rows' order in a decoded range's files
 STAKING_ADDRESS = "0x0000000000000000000000000000000000001000"
 ADDRESS_RE = r"^0x[0-9a-fA-F]{40}$"
 # The datasets' schemas (the amounts as u256 limbs), as the Arrow batch functions return them.
@@ -105,6 +106,10 @@ def transfers_frame(logs: Any, token: str | None = None) -> Any:
         "topic2",
         "data",
     )
+    # Sorted before the Python step, which keeps row order (partition by partition, part
+    # files in partition order): sorting its output instead plans the sort by running the
+    # whole decode once more.
+    frame = frame.orderBy(*ORDER)
     return frame.mapInArrow(words.transfers_batches, TRANSFERS_SCHEMA)
 
 
@@ -116,9 +121,7 @@ def decode_erc20_transfers(ctx: OperatorContext) -> OperatorResult:
     logs = _read_logs(ctx, start, end)
     frame = transfers_frame(logs, cfg.token_address)
     with u256.invalid_amounts_fail():
-        return publish_frame(
-            ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
-        )
+        return publish_frame(ctx, frame, RangeSpec(start=start, end=end), order=ORDER)
 
 
 def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
@@ -173,7 +176,9 @@ def staking_frame(logs: Any, address: str = STAKING_ADDRESS) -> Any:
         )
     )
     # The hex text, and amount_delta from the checked word (the amount, negated for
-    # Undelegate, 0 for other events), on whole Arrow batches (spark/words.py).
+    # Undelegate, 0 for other events), on whole Arrow batches (spark/words.py), after the
+    # sort (as in transfers_frame).
+    frame = frame.orderBy(*ORDER)
     return frame.mapInArrow(words.staking_batches, STAKING_SCHEMA)
 
 
@@ -186,6 +191,4 @@ def decode_staking_events(ctx: OperatorContext) -> OperatorResult:
     logs = _read_logs(ctx, start, end)
     frame = staking_frame(logs, cfg.staking_address)
     with u256.invalid_amounts_fail():
-        return publish_frame(
-            ctx, frame, RangeSpec(start=start, end=end), order=("block_number", "log_index")
-        )
+        return publish_frame(ctx, frame, RangeSpec(start=start, end=end), order=ORDER)

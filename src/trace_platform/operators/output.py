@@ -23,8 +23,9 @@ from trace_platform.contract import (
     TaskPayload,
     scope_key,
 )
+from trace_platform.objectstore import list_all
 from trace_platform.operators.context import OperatorContext, OperatorError, OperatorResult
-from trace_platform.operators.inputs import parquet_keys, read_frame
+from trace_platform.operators.inputs import read_frame
 
 
 def range_prefix(location: str, start: int, end: int) -> str:
@@ -90,7 +91,8 @@ def _write_remote(ctx: OperatorContext, frame: Any, prefix: str) -> tuple[int, i
 
     frame.write.format(NAME).mode("append").option("prefix", prefix).save()
     files = read_manifest(ctx.store, prefix)
-    listed = set(parquet_keys(ctx, [prefix]))
+    # The raw listing: parquet_keys would follow the manifest being checked.
+    listed = {o.key for o in list_all(ctx.store, prefix) if o.key.endswith(".parquet")}
     if listed != {f["key"] for f in files}:
         raise OperatorError(
             f"the files under {prefix} ({len(listed)}) are not the {len(files)} the Spark job "
@@ -105,14 +107,15 @@ def publish_frame(
     rng: RangeSpec | None = None,
     order: Sequence[str] = (),
 ) -> OperatorResult:
-    """A Spark DataFrame into output 0: one range of it, or (no range) the whole version;
-    `order` sorts the rows written, in part-file order."""
+    """A Spark DataFrame into output 0: one range of it, or (no range) the whole version.
+    `order`: the order the frame's rows already come in (part file by part file), kept when
+    an append-only output's filtering shuffles them."""
     out = ctx.task.outputs[0]
     assert out.location is not None
     if out.update_strategy == "append" and out.unique_key:
         frame = _append_only(ctx, frame, out, rng)
-    if order:
-        frame = frame.orderBy(*order)
+        if order:  # the filtering shuffled the rows
+            frame = frame.orderBy(*order)
     scope = range_prefix(out.location, rng.start, rng.end) if rng else out.location
     prefix = attempt_prefix(scope, ctx.task)
     write = _write_remote if ctx.spark_remote is not None else _write_local
