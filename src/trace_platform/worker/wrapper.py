@@ -42,6 +42,7 @@ from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, host_port, is_url
 from trace_platform.sandbox.hostdir import TaskDirs
 from trace_platform.sandbox.tcp_forward import TcpForward, connect_address
+from trace_platform.worker.batching import Batcher
 from trace_platform.worker.client import ApiError, DispatcherClient, transient
 from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
 from trace_platform.worker.store_proxy import ScopedStore
@@ -65,6 +66,41 @@ class LeaseClock:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+def ack_batcher(driver: QueueDriver, queue_name: str) -> Batcher[str, None]:
+    """Acks of one worker's wrappers, coalesced into `ack_many` calls (one statement each)."""
+
+    def run(receipts: list[str]) -> list[BaseException | None]:
+        driver.ack_many(queue_name, receipts)
+        return [None] * len(receipts)
+
+    return Batcher(run, 100)
+
+
+class _Janitor:
+    """Removes finished tasks' directories off the wrappers' path: each is a fresh name under
+    its host's directory, never reused, so the next task need not wait for the last one's
+    rmtree (a host's kill removes whatever is left with its whole directory)."""
+
+    def __init__(self) -> None:
+        self._todo: stdqueue.Queue[TaskDirs] = stdqueue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def remove(self, dirs: TaskDirs) -> None:
+        self._todo.put(dirs)
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="task-dirs", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._todo.get().remove()
+
+
+_janitor = _Janitor()
 
 
 def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int]:
@@ -95,11 +131,12 @@ class Wrapper:
         trusted_env: dict[str, str] | None = None,
         platform_ports: set[int] | None = None,
         extra_binds: list[Path] | None = None,
+        acks: Batcher[str, None] | None = None,
     ) -> None:
         """`host_env`: added to every host's allowlisted environment (Spark settings, the
         operator registry); `trusted_env`: in the task env of trusted platform operators only
         (a sink's data DSN); `platform_ports`: loopback ports no operator may reach (API,
-        Postgres, object store endpoint)."""
+        Postgres, object store endpoint); `acks`: the worker's shared `ack_batcher`."""
         self.driver = driver
         self.client = client
         self.store = store
@@ -110,6 +147,7 @@ class Wrapper:
         self.trusted_env = trusted_env or {}
         self.platform_ports = platform_ports or set()
         self.wait_seconds = wait_seconds
+        self.acks = acks or ack_batcher(driver, queue_name)
         self.spark_master = (host_env or {}).get("TRACE_SPARK_MASTER", "local[*]")
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
         self.host = OperatorHost(
@@ -182,7 +220,9 @@ class Wrapper:
             self.trusted_host.kill()
             self.driver.nack(self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1)
             return
-        self.driver.ack(self.queue_name, msg.receipt)
+        # After the completion's commit (or its refusal): a wake-up lost before this is only
+        # delivered again, and the claim refuses it.
+        self.acks.submit(msg.receipt)
 
     # -- one attempt ---------------------------------------------------------------------
     def _extend(self, msg: Message) -> None:
@@ -349,7 +389,7 @@ class Wrapper:
         for gw in gateways:
             gw.close()
         if dirs is not None:
-            dirs.remove()
+            _janitor.remove(dirs)
 
     def _supervise(
         self,
