@@ -279,6 +279,7 @@ class Wrapper:
             self.driver.nack(self.queue_name, msg.receipt, f"claim failed: {e}", delay_seconds=1)
             return
         self.tasks_run += 1
+        self._ack_deferred = False
         try:
             self._run_claimed(claim, msg, stop or threading.Event())
         except Exception as e:
@@ -286,7 +287,10 @@ class Wrapper:
             log.exception("task %s attempt %s: wrapper error", claim.task_id, claim.attempt)
             self.host.kill()
             self.trusted_host.kill()
-            self.driver.nack(self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1)
+            if not self._ack_deferred:  # else its background report settles the message
+                self.driver.nack(
+                    self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1
+                )
             return
         if self._ack_deferred:  # the background report acks it after its completion
             self._ack_deferred = False

@@ -395,7 +395,7 @@ JOIN task_registry r ON r.task_id = c.task_id AND r.start_day = c.start_day;
 -- lease token (the arrays are parallel). Rows are locked in task_id order (no deadlock with
 -- another batch); the ids returned succeeded, every other one takes the full path.
 WITH req AS (
-  SELECT * FROM unnest(%(task_ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
+  SELECT * FROM unnest(%(task_ids)s::uuid[], %(attempts)s::bigint[], %(lease_tokens)s::uuid[])
     AS q(task_id, attempt, lease_token)
 ), st AS (
   SELECT s.task_id, s.start_day, s.attempt
