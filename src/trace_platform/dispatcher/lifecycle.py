@@ -144,12 +144,10 @@ class Lifecycle:
         return out
 
     def claim(self, req: ClaimRequest, *, payload: bool = False) -> Claim:
-        """One wake-up: a plain task the one-statement way (`claim_many`), any other as
-        `_claim_one` does (which also says why a task is not claimable)."""
-        got = self.claim_many([req], payload=payload)[0]
-        if isinstance(got, TraceError):
-            raise got
-        return got
+        """One wake-up. Not `claim_many` of one: its statement (a batch's lock order, the
+        read-access and pool checks folded in) costs more to plan and run than this path's
+        few simple ones, and pays off only from two tasks on."""
+        return self._claim_one(req, payload=payload)
 
     def _claim_one(self, req: ClaimRequest, *, payload: bool = False) -> Claim:
         """Leases a queued task: one statement for a task without a worker pool; with one, the
