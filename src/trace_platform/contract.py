@@ -306,6 +306,58 @@ class CompleteResponse(BaseModel):
     outputs_committed: int = 0
 
 
+# -- batches: several wake-ups claimed, several attempts completed, in one request each ------
+MAX_BATCH = 100
+# A complete-batch's lease tokens: one per completion, in the body's order, comma-separated,
+# in this header (never in a URL or a body, as every lease token).
+LEASE_TOKENS_HEADER = "X-Lease-Tokens"
+
+
+class BatchError(BaseModel):
+    """One item's refusal within a batch: what the one-task call would have answered."""
+
+    status: int
+    error: str
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClaimBatchBody(_Body):
+    claims: list[ClaimRequest] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class ClaimResult(BaseModel):
+    task_id: UUID
+    claim: Claim | None = None
+    error: BatchError | None = None
+
+
+class ClaimBatchResponse(BaseModel):
+    results: list[ClaimResult]  # one per task id, in the body's order
+
+
+class CompleteItem(CompleteBody):
+    """One completion of a batch: the attempt it speaks for and its report (its lease token
+    travels in LEASE_TOKENS_HEADER)."""
+
+    task_id: UUID
+    attempt: int = Field(gt=0)
+
+
+class CompleteBatchBody(_Body):
+    completions: list[CompleteItem] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class CompleteResult(BaseModel):
+    task_id: UUID
+    response: CompleteResponse | None = None
+    error: BatchError | None = None
+
+
+class CompleteBatchResponse(BaseModel):
+    results: list[CompleteResult]  # one per completion, in the body's order
+
+
 class IdempotencyContext(BaseModel):
     """What an operator needs to make its writes idempotent across retries."""
 

@@ -32,7 +32,7 @@ from trace_platform.contract import (
 )
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
-from trace_platform.errors import Conflict, Forbidden, NotFound
+from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 from trace_platform.queue import payloads
 
 
@@ -184,6 +184,45 @@ class StateStoreConformance:
             complete(d, c1)
         assert e.value.code == "stale_attempt"
         assert complete(d, c2).status == "succeeded"
+
+    def test_a_batch_claims_each_task_or_says_why_not(self, d: Dispatcher) -> None:
+        ids = [d.create_task(spec(config={"i": i})).task_id for i in range(3)]
+        taken = claim(d, ids[2], "w0")
+        unknown = uuid.uuid4()
+        reqs = [ClaimRequest(task_id=t, worker_id=f"w{i}") for i, t in enumerate([*ids, unknown])]
+        got = d.claim_many(reqs)
+        assert [g.attempt for g in got[:2] if isinstance(g, Claim)] == [1, 1]
+        assert [g.task.config for g in got[:2] if isinstance(g, Claim) and g.task] == [
+            {"i": 0},
+            {"i": 1},
+        ]
+        assert isinstance(got[2], Conflict) and got[2].code == "not_claimable"
+        assert isinstance(got[3], NotFound)
+        assert [a.worker_id for a in d.get_task(ids[1]).attempts] == ["w1"]
+        with pytest.raises(Invalid):
+            d.claim_many([reqs[0], reqs[0]])
+        assert complete(d, taken).status == "succeeded"
+
+    def test_a_batch_of_completions_is_fenced_task_by_task(self, d: Dispatcher) -> None:
+        cs = [claim(d, d.create_task(spec()).task_id) for _ in range(4)]
+        reqs = [
+            CompleteRequest(**lease(cs[0]), outcome="succeeded"),
+            CompleteRequest(**{**lease(cs[1]), "lease_token": uuid.uuid4()}, outcome="succeeded"),
+            CompleteRequest(**{**lease(cs[2]), "attempt": 2}, outcome="succeeded"),
+            CompleteRequest(**lease(cs[3]), outcome="failed", error="x", retryable=False),
+        ]
+        got = d.complete_many(reqs)
+        assert not isinstance(got[0], Exception) and got[0].status == "succeeded"
+        assert isinstance(got[1], Conflict) and got[1].code == "wrong_lease"
+        assert isinstance(got[2], Conflict) and got[2].code == "stale_attempt"
+        assert not isinstance(got[3], Exception) and got[3].status == "failed"
+        statuses = [d.get_task(c.task_id).status for c in cs]
+        assert statuses == ["succeeded", "running", "running", "failed"]
+        assert d.get_task(cs[0].task_id).attempts[0].outcome == "succeeded"
+        again = d.complete_many(reqs[:1])  # the same report again: idempotent
+        assert not isinstance(again[0], Exception) and again[0].status == "succeeded"
+        with pytest.raises(Invalid):
+            d.complete_many([reqs[0], reqs[0]])
 
     # -- completion, retries and the budget ---------------------------------------------------
     def test_success_is_final_and_idempotent(self, d: Dispatcher) -> None:

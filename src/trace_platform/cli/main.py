@@ -189,7 +189,12 @@ def worker(
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import SandboxUnavailable, resolve
     from trace_platform.worker.client import DispatcherClient
-    from trace_platform.worker.wrapper import Wrapper, platform_ports
+    from trace_platform.worker.wrapper import (
+        Wrapper,
+        ack_batcher,
+        platform_ports,
+        receive_batcher,
+    )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -214,6 +219,12 @@ def worker(
     store = make_store(settings)
     store.ensure_bucket()
     stop, abort = _drain_on_signals(settings.worker_drain_seconds)
+    # One for all wrappers: their receives and acks coalesce into one statement each.
+    wait_seconds = min(2.0, settings.queue_poll_seconds * 5)
+    acks = ack_batcher(driver, settings.task_queue)
+    receiver = receive_batcher(
+        driver, settings.task_queue, settings.worker_visibility_seconds, wait_seconds
+    )
     wrappers = [
         Wrapper(
             driver,
@@ -231,7 +242,9 @@ def worker(
             trusted_env={"TRACE_SINK_DSN": data_dsn},
             platform_ports=platform_ports(settings, url, [dsn, data_dsn]),
             extra_binds=settings.sandbox_extra_binds,
-            wait_seconds=min(2.0, settings.queue_poll_seconds * 5),
+            wait_seconds=wait_seconds,
+            acks=acks,
+            receiver=receiver,
         )
         for _ in range(concurrency)
     ]

@@ -34,9 +34,10 @@ from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finish
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
 from trace_platform.dispatcher.slots import Slots
-from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
+from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound, TraceError
 from trace_platform.store.tasks import (
     AttemptEnd,
+    ClaimManyParams,
     ClaimParams,
     HeartbeatParams,
     LeaseCheck,
@@ -73,6 +74,15 @@ def _finish_attempt(
     )
 
 
+def _unique(task_ids: list[UUID], what: str) -> None:
+    """A batch names each task once (a task's two reports in one batch could not both count)."""
+    seen: set[UUID] = set()
+    for task_id in task_ids:
+        if task_id in seen:
+            raise Invalid(f"task {task_id} appears twice in one {what} batch")
+        seen.add(task_id)
+
+
 class Lifecycle:
     # The operator-state compare-and-set, looked up on the class at each completion (a test
     # slows it down to hold many completions inside the race window at once).
@@ -93,7 +103,53 @@ class Lifecycle:
         self.emitter = emitter
 
     # -- claim ---------------------------------------------------------------------------
+    def claim_many(
+        self, reqs: list[ClaimRequest], *, payload: bool = True
+    ) -> list[Claim | TraceError]:
+        """Claims a batch of wake-ups, answering for each in order: its Claim, or the error
+        `claim` would raise for it. Plain tasks (no worker pool, no input of another DAG) are
+        leased together, one statement and one commit for all of them; every other one goes
+        the one-task way (`_claim_one`), each in its own transaction, so a refusal commits
+        nothing but its own outcome."""
+        _unique([r.task_id for r in reqs], "claim")
+        params = ClaimManyParams(
+            task_ids=[r.task_id for r in reqs],
+            worker_ids=[r.worker_id for r in reqs],
+            lease=self.settings.lease_seconds,
+        )
+        leased: dict[UUID, Claim] = {}
+        with self.store.transaction() as tx:
+            views = tx.claim_many(params)
+            strategies = reads.strategy_rows(tx, [v["outputs"] for v in views]) if payload else {}
+            for view in views:
+                task = self._payload_of(tx, view, None, strategies) if payload else None
+                leased[view["task_id"]] = Claim(
+                    task_id=view["task_id"],
+                    start_day=view["start_day"],
+                    attempt=view["attempt"],
+                    lease_token=view["lease_token"],
+                    lease_until=view["lease_until"],
+                    heartbeat_seconds=self.settings.heartbeat_seconds,
+                    task=task,
+                )
+        out: list[Claim | TraceError] = []
+        for req in reqs:
+            if req.task_id in leased:
+                out.append(leased[req.task_id])
+                continue
+            try:
+                out.append(self._claim_one(req, payload=payload))
+            except TraceError as e:
+                out.append(e)
+        return out
+
     def claim(self, req: ClaimRequest, *, payload: bool = False) -> Claim:
+        """One wake-up. Not `claim_many` of one: its statement (a batch's lock order, the
+        read-access and pool checks folded in) costs more to plan and run than this path's
+        few simple ones, and pays off only from two tasks on."""
+        return self._claim_one(req, payload=payload)
+
+    def _claim_one(self, req: ClaimRequest, *, payload: bool = False) -> Claim:
         """Leases a queued task: one statement for a task without a worker pool; with one, the
         same statement plus a slot in one transaction (no slot, no claim). A task whose DAG
         may no longer read one of its inputs ends failed instead (403, naming it). With
@@ -155,9 +211,19 @@ class Lifecycle:
     def _payload(self, tx: StoreTx, ref: LeaseRef) -> TaskPayload:
         """What a worker needs to run the attempt `ref` holds (its lease checked first)."""
         view = check_lease(tx.task_view(ref.task_id), ref)
-        slot = tx.slot_of_task(ref.task_id)
+        return self._payload_of(tx, view, tx.slot_of_task(ref.task_id))
+
+    def _payload_of(
+        self,
+        tx: StoreTx,
+        view: dict[str, Any],
+        slot: dict[str, Any] | None,
+        strategies: dict[Any, dict[str, Any]] | None = None,
+    ) -> TaskPayload:
+        """The payload of a task_view row whose lease is the caller's, with its slot;
+        `strategies`: its outputs' update strategies when already read (`reads.strategy_rows`)."""
         operator_state, revision = state.read(tx, view)
-        outputs = reads.outputs_with_strategies(tx, view["outputs"])
+        outputs = reads.outputs_with_strategies(tx, view["outputs"], strategies)
         committed = reads.committed_reads(tx, view, outputs)
         status = "canceled" if view["cancel_requested"] else view["status"]
         return TaskPayload(
@@ -216,15 +282,51 @@ class Lifecycle:
             )
 
     # -- completion ----------------------------------------------------------------------
-    def complete(self, req: CompleteRequest) -> CompleteResponse:
-        """Accepted only for the current attempt of a task not succeeded/canceled; a late
-        report of the current attempt (after its lease expired) is accepted too."""
-        if (
+    @staticmethod
+    def _plain_success(req: CompleteRequest) -> bool:
+        """A success with nothing to land but itself: the one-statement path may take it."""
+        return (
             req.outcome == "succeeded"
             and not req.final_events
             and not req.outputs
             and req.operator_state is None
-        ):
+        )
+
+    def complete_many(self, reqs: list[CompleteRequest]) -> list[CompleteResponse | TraceError]:
+        """Several completions, answering for each in order: its response, or the error
+        `complete` would raise for it. Plain successes are fenced (each by its own attempt and
+        lease token) and land together, one statement and one commit; every other report,
+        and any plain one that statement did not take (stale, wrong lease, a slot held),
+        goes the one-task way, each in its own transaction, so a refused one commits nothing."""
+        _unique([r.task_id for r in reqs], "completion")
+        # An attempt number past the column's range names no attempt: the full path refuses it.
+        plain = [r for r in reqs if self._plain_success(r) and r.attempt < 2**31]
+        done: set[UUID] = set()
+        if plain:
+            checks = [
+                LeaseCheck(task_id=r.task_id, attempt=r.attempt, lease_token=r.lease_token)
+                for r in plain
+            ]
+            with self.store.transaction() as tx:
+                done = tx.complete_fast_many(checks)
+                faults.point("complete.before_commit")
+        out: list[CompleteResponse | TraceError] = []
+        for req in reqs:
+            if req.task_id in done and self._plain_success(req):
+                out.append(
+                    CompleteResponse(task_id=req.task_id, attempt=req.attempt, status="succeeded")
+                )
+                continue
+            try:
+                out.append(self._complete_full(req))
+            except TraceError as e:
+                out.append(e)
+        return out
+
+    def complete(self, req: CompleteRequest) -> CompleteResponse:
+        """Accepted only for the current attempt of a task not succeeded/canceled; a late
+        report of the current attempt (after its lease expired) is accepted too."""
+        if self._plain_success(req):
             fast = LeaseCheck(task_id=req.task_id, attempt=req.attempt, lease_token=req.lease_token)
             with self.store.transaction() as tx:
                 done = tx.complete_fast(fast)
@@ -233,6 +335,10 @@ class Lifecycle:
                     return CompleteResponse(
                         task_id=req.task_id, attempt=req.attempt, status="succeeded"
                     )
+        return self._complete_full(req)
+
+    def _complete_full(self, req: CompleteRequest) -> CompleteResponse:
+        """Any completion: the status row locked and fenced, then what it lands."""
         with self.store.transaction() as tx:
             tx.lock_task_dag_shared(req.task_id)
             st = fenced(tx, req)

@@ -26,11 +26,29 @@ def _event_scope(event: dict[str, Any]) -> tuple[str | None, RangeSpec | None]:
     return scope_key(pk, rng), rng
 
 
-def outputs_with_strategies(tx: StoreTx, outputs: list[dict[str, Any]]) -> list[DatasetRef]:
+def strategy_rows(tx: StoreTx, outputs: list[list[dict[str, Any]]]) -> dict[Any, dict[str, Any]]:
+    """The update strategies of every output version of several tasks (`outputs`: each one's
+    outputs), read in one query (none when no task has a versioned output), by version."""
+    versions = sorted(
+        {
+            UUID(str(o["dataset_version"]))
+            for out in outputs
+            for o in out
+            if o.get("dataset_version")
+        }
+    )
+    return {r["dataset_version"]: r for r in tx.output_strategies(versions)} if versions else {}
+
+
+def outputs_with_strategies(
+    tx: StoreTx,
+    outputs: list[dict[str, Any]],
+    by_version: dict[Any, dict[str, Any]] | None = None,
+) -> list[DatasetRef]:
+    """The task's outputs with their update strategies (`by_version`: already read)."""
     refs = [DatasetRef(**r) for r in outputs]
-    versions = [r.dataset_version for r in refs if r.dataset_version is not None]
-    rows = tx.output_strategies(versions)
-    by_version = {r["dataset_version"]: r for r in rows}
+    if by_version is None:
+        by_version = strategy_rows(tx, [outputs])
     for ref in refs:
         row = by_version.get(ref.dataset_version)
         if row is not None:

@@ -1,8 +1,13 @@
-"""HTTP client of the Dispatcher's internal API, held by the wrapper only (never the operator)."""
+"""HTTP client of the Dispatcher's internal API, held by the wrapper only (never the operator).
+
+One client serves all of a worker's wrapper threads: their claims and completions are
+coalesced (`worker/batching.py`) into `/internal/claim-batch` and `/internal/complete-batch`
+requests when more than one is waiting, so eight wrappers share one request and one commit."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -10,9 +15,16 @@ import httpx
 from pydantic import BaseModel
 
 from trace_platform.contract import (
+    LEASE_TOKENS_HEADER,
+    MAX_BATCH,
+    BatchError,
     Claim,
+    ClaimBatchBody,
+    ClaimBatchResponse,
     ClaimRequest,
-    CompleteBody,
+    CompleteBatchBody,
+    CompleteBatchResponse,
+    CompleteItem,
     CompleteResponse,
     EventIn,
     EventsBody,
@@ -24,6 +36,11 @@ from trace_platform.contract import (
     TaskPayload,
     lease_params,
 )
+from trace_platform.worker.batching import Batcher
+
+# A completion larger than this (events, outputs, state) goes alone: a batch stays far below
+# the API's body limit whatever it holds.
+MAX_BATCHED_COMPLETION_BYTES = 16 * 1024
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -56,6 +73,12 @@ class DispatcherClient:
             headers["X-Internal-Token"] = internal_token
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
         self.retries = retries
+        # Off when the API answers a batch route 404/405 (an older API): one call per task.
+        self.batches = True
+        self._claims: Batcher[ClaimRequest, Claim] = Batcher(self._claim_batch, MAX_BATCH)
+        self._completions: Batcher[tuple[Claim, CompleteItem], CompleteResponse] = Batcher(
+            self._complete_batch, MAX_BATCH
+        )
 
     def _call(
         self, method: str, path: str, out: type[T], retries: int | None = None, **kw: Any
@@ -82,8 +105,24 @@ class DispatcherClient:
         return out.model_validate(r.json())
 
     def claim(self, task_id: UUID, worker_id: str) -> Claim:
-        body = ClaimRequest(task_id=task_id, worker_id=worker_id)
+        """Leases the task (with its payload); raises ApiError when it is not claimable."""
+        return self._claims.submit(ClaimRequest(task_id=task_id, worker_id=worker_id))
+
+    def _claim_one(self, body: ClaimRequest) -> Claim:
         return self._call("POST", "/internal/claim", Claim, content=body.model_dump_json())
+
+    def _claim_batch(self, reqs: list[ClaimRequest]) -> list[Claim | BaseException]:
+        if len(reqs) == 1 or not self.batches:
+            return [_answer(lambda r=r: self._claim_one(r)) for r in reqs]
+        try:
+            body = ClaimBatchBody(claims=reqs).model_dump_json()
+            got = self._call("POST", "/internal/claim-batch", ClaimBatchResponse, content=body)
+        except ApiError as e:
+            if e.status not in (404, 405):
+                raise
+            self.batches = False  # an older API: one claim per task from now on
+            return self._claim_batch(reqs)
+        return [r.claim if r.claim is not None else _item_error(r.error) for r in got.results]
 
     def fetch(self, claim: Claim) -> TaskPayload:
         return self._call(
@@ -138,25 +177,66 @@ class DispatcherClient:
         operator_state: dict[str, Any] | None = None,
         operator_state_revision: int = 0,
     ) -> CompleteResponse:
-        body = CompleteBody(
-            outcome=outcome,
+        item = CompleteItem(
+            task_id=claim.task_id,
+            attempt=claim.attempt,
+            outcome=outcome,  # type: ignore[arg-type]
             error=error,
-            retryable=retryable,  # type: ignore[arg-type]
+            retryable=retryable,
             final_events=final_events or [],
             outputs=outputs or [],
             operator_state=operator_state,
             operator_state_revision=operator_state_revision,
         )
+        if len(item.model_dump_json()) > MAX_BATCHED_COMPLETION_BYTES:
+            return self._complete_one(claim, item)
+        return self._completions.submit((claim, item))
+
+    def _complete_one(self, claim: Claim, item: CompleteItem) -> CompleteResponse:
+        body = item.model_dump_json(exclude={"task_id", "attempt"})
         return self._call(
-            "POST",
-            "/internal/task-complete",
-            CompleteResponse,
-            content=body.model_dump_json(),
-            **_lease(claim),
+            "POST", "/internal/task-complete", CompleteResponse, content=body, **_lease(claim)
         )
+
+    def _complete_batch(
+        self, items: list[tuple[Claim, CompleteItem]]
+    ) -> list[CompleteResponse | BaseException]:
+        if len(items) == 1 or not self.batches:
+            return [_answer(lambda c=c, i=i: self._complete_one(c, i)) for c, i in items]
+        body = CompleteBatchBody(completions=[i for _, i in items]).model_dump_json()
+        # The lease tokens travel in a header, one per completion in the body's order.
+        tokens = ",".join(str(c.lease_token) for c, _ in items)
+        try:
+            got = self._call(
+                "POST",
+                "/internal/complete-batch",
+                CompleteBatchResponse,
+                content=body,
+                headers={LEASE_TOKENS_HEADER: tokens},
+            )
+        except ApiError as e:
+            if e.status not in (404, 405):
+                raise
+            self.batches = False  # an older API: one completion per task from now on
+            return self._complete_batch(items)
+        return [r.response if r.response is not None else _item_error(r.error) for r in got.results]
 
     def close(self) -> None:
         self.http.close()
+
+
+def _answer(call: Callable[[], T]) -> T | BaseException:
+    """One call's result, or what it raised (a batch answers each item on its own)."""
+    try:
+        return call()
+    except Exception as e:
+        return e
+
+
+def _item_error(error: BatchError | None) -> ApiError:
+    if error is None:
+        return ApiError(502, "bad_gateway", "the batch answer has neither a result nor an error")
+    return ApiError(error.status, error.error, error.message)
 
 
 def _lease(claim: Claim) -> dict[str, Any]:

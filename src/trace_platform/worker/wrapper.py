@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, host_port, is_url
 from trace_platform.sandbox.hostdir import TaskDirs
 from trace_platform.sandbox.tcp_forward import TcpForward, connect_address
+from trace_platform.worker.batching import Batcher
 from trace_platform.worker.client import ApiError, DispatcherClient, transient
 from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
 from trace_platform.worker.store_proxy import ScopedStore
@@ -65,6 +67,57 @@ class LeaseClock:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+def ack_batcher(driver: QueueDriver, queue_name: str) -> Batcher[str, None]:
+    """Acks of one worker's wrappers, coalesced into `ack_many` calls (one statement each)."""
+
+    def run(receipts: list[str]) -> list[BaseException | None]:
+        driver.ack_many(queue_name, receipts)
+        return [None] * len(receipts)
+
+    return Batcher(run, 100)
+
+
+def receive_batcher(
+    driver: QueueDriver, queue_name: str, visibility: float, wait_seconds: float
+) -> Batcher[None, Message | None]:
+    """Wake-ups for one worker's idle wrappers, leased together: each waiting wrapper asks for
+    one, and one `receive` leases as many as are waiting (one statement for all of them). A
+    wrapper answered None (fewer were ready) asks again."""
+
+    def run(asks: list[None]) -> list[Message | BaseException | None]:
+        msgs: list[Message | None] = list(
+            driver.receive(queue_name, len(asks), visibility, wait_seconds)
+        )
+        return [*msgs, *[None] * (len(asks) - len(msgs))]
+
+    return Batcher(run, 100)
+
+
+class _Janitor:
+    """Removes finished tasks' directories off the wrappers' path: each is a fresh name under
+    its host's directory, never reused, so the next task need not wait for the last one's
+    rmtree (a host's kill removes whatever is left with its whole directory)."""
+
+    def __init__(self) -> None:
+        self._todo: stdqueue.Queue[TaskDirs] = stdqueue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def remove(self, dirs: TaskDirs) -> None:
+        self._todo.put(dirs)
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="task-dirs", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._todo.get().remove()
+
+
+_janitor = _Janitor()
 
 
 def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int]:
@@ -95,11 +148,14 @@ class Wrapper:
         trusted_env: dict[str, str] | None = None,
         platform_ports: set[int] | None = None,
         extra_binds: list[Path] | None = None,
+        acks: Batcher[str, None] | None = None,
+        receiver: Batcher[None, Message | None] | None = None,
     ) -> None:
         """`host_env`: added to every host's allowlisted environment (Spark settings, the
         operator registry); `trusted_env`: in the task env of trusted platform operators only
         (a sink's data DSN); `platform_ports`: loopback ports no operator may reach (API,
-        Postgres, object store endpoint)."""
+        Postgres, object store endpoint); `acks`, `receiver`: the worker's shared `ack_batcher`
+        and `receive_batcher` (the same visibility and wait)."""
         self.driver = driver
         self.client = client
         self.store = store
@@ -110,6 +166,10 @@ class Wrapper:
         self.trusted_env = trusted_env or {}
         self.platform_ports = platform_ports or set()
         self.wait_seconds = wait_seconds
+        self.acks = acks or ack_batcher(driver, queue_name)
+        self.receiver = receiver or receive_batcher(
+            driver, queue_name, visibility_seconds, wait_seconds
+        )
         self.spark_master = (host_env or {}).get("TRACE_SPARK_MASTER", "local[*]")
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
         self.host = OperatorHost(
@@ -121,6 +181,13 @@ class Wrapper:
             home, safe_id + "-trusted", Policy("off"), extra_env=host_env
         )
         self.tasks_run = 0
+        # Pipelining (the run loop only): an attempt's final report and its ack go on in the
+        # background while this wrapper claims and starts the next one; at most one report
+        # is outstanding (`_flush` waits for it before the next is handed over, and on exit).
+        self._defer = False
+        self._ack_deferred = False
+        self._reporter: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
 
     # -- main loop -----------------------------------------------------------------------
     def run(
@@ -133,13 +200,12 @@ class Wrapper:
         (then it is handed back unfinished). Without `abort`, `stop` is both."""
         failures = 0
         abort = abort or stop
+        self._defer = True
         try:
             while not stop.is_set():
                 try:
-                    msgs = self.driver.receive(
-                        self.queue_name, 1, self.visibility, self.wait_seconds
-                    )
-                    for msg in msgs:
+                    msg = self.receiver.submit(None)
+                    if msg is not None:
                         self.handle(msg, abort)
                     failures = 0
                 except Exception:  # database or API unreachable: back off, never die
@@ -149,8 +215,48 @@ class Wrapper:
                 if max_tasks is not None and self.tasks_run >= max_tasks:
                     return
         finally:
+            self._defer = False
+            self._flush()
+            if self._reporter is not None:
+                self._reporter.shutdown()
+                self._reporter = None
             self.host.kill()
             self.trusted_host.kill()
+
+    def _flush(self) -> None:
+        """Waits for the outstanding background report (its errors were handled there)."""
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                self._pending.result()
+            self._pending = None
+
+    def _final_report(
+        self, claim: Claim, msg: Message, outcome: str, clock: LeaseClock, **kw: Any
+    ) -> None:
+        """The attempt's outcome as the operator ended it, then the wake-up's ack: in the
+        background when the run loop pipelines (the host is free for the next task now),
+        otherwise at once (the caller acks)."""
+        if not self._defer:
+            self._report(claim, outcome, clock=clock, **kw)
+            return
+        self._flush()
+        if self._reporter is None:
+            self._reporter = ThreadPoolExecutor(1, thread_name_prefix=f"report-{self.worker_id}")
+        self._pending = self._reporter.submit(self._report_and_ack, claim, msg, outcome, clock, kw)
+        self._ack_deferred = True
+
+    def _report_and_ack(
+        self, claim: Claim, msg: Message, outcome: str, clock: LeaseClock, kw: dict[str, Any]
+    ) -> None:
+        try:
+            self._report(claim, outcome, clock=clock, **kw)
+        except Exception as e:  # the API away past the lease: the reaper retries the attempt
+            log.exception("task %s attempt %s: report failed", claim.task_id, claim.attempt)
+            with contextlib.suppress(Exception):
+                self.driver.nack(self.queue_name, msg.receipt, f"report failed: {e}", 1)
+            return
+        # After the completion's commit (or its refusal), as in `handle`.
+        self.acks.submit(msg.receipt)
 
     def handle(self, msg: Message, stop: threading.Event | None = None) -> None:
         try:
@@ -173,6 +279,7 @@ class Wrapper:
             self.driver.nack(self.queue_name, msg.receipt, f"claim failed: {e}", delay_seconds=1)
             return
         self.tasks_run += 1
+        self._ack_deferred = False
         try:
             self._run_claimed(claim, msg, stop or threading.Event())
         except Exception as e:
@@ -180,9 +287,17 @@ class Wrapper:
             log.exception("task %s attempt %s: wrapper error", claim.task_id, claim.attempt)
             self.host.kill()
             self.trusted_host.kill()
-            self.driver.nack(self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1)
+            if not self._ack_deferred:  # else its background report settles the message
+                self.driver.nack(
+                    self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1
+                )
             return
-        self.driver.ack(self.queue_name, msg.receipt)
+        if self._ack_deferred:  # the background report acks it after its completion
+            self._ack_deferred = False
+            return
+        # After the completion's commit (or its refusal): a wake-up lost before this is only
+        # delivered again, and the claim refuses it.
+        self.acks.submit(msg.receipt)
 
     # -- one attempt ---------------------------------------------------------------------
     def _extend(self, msg: Message) -> None:
@@ -349,7 +464,7 @@ class Wrapper:
         for gw in gateways:
             gw.close()
         if dirs is not None:
-            dirs.remove()
+            _janitor.remove(dirs)
 
     def _supervise(
         self,
@@ -471,10 +586,11 @@ class Wrapper:
             elif kind == "done":
                 finals = [EventIn.model_validate(e) for e in out["final_events"]]
                 outputs = [OutputCommit.model_validate(o) for o in out.get("outputs", [])]
-                self._report(
+                self._final_report(
                     claim,
+                    msg,
                     "succeeded",
-                    clock=clock,
+                    clock,
                     final_events=finals,
                     outputs=outputs,
                     operator_state=out.get("state"),
@@ -482,8 +598,8 @@ class Wrapper:
                 )
                 return
             elif kind == "failed":
-                self._report(
-                    claim, "failed", clock=clock, error=out["error"], retryable=out["retryable"]
+                self._final_report(
+                    claim, msg, "failed", clock, error=out["error"], retryable=out["retryable"]
                 )
                 return
             elif kind == "exit":

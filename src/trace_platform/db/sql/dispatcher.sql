@@ -330,6 +330,98 @@ WITH st AS (
 )
 SELECT task_id FROM upd;
 
+-- name: claim_many
+-- Lease every plain claimable task among a batch of wake-ups in one round trip: no worker
+-- pool (a slot is leased task by task) and no input another DAG produces (its read access is
+-- checked task by task). Rows locked elsewhere are skipped, not waited for (no lock-order
+-- deadlock between batches); the caller takes every id not returned the one-task way, which
+-- also names why it is not claimable. Returns task_view's columns, the new lease included.
+-- `task_ids` and `worker_ids` are parallel arrays: who claims each task.
+WITH req AS (
+  SELECT * FROM unnest(%(task_ids)s::uuid[], %(worker_ids)s::text[]) AS q(task_id, worker_id)
+), cand AS (
+  SELECT s.task_id, s.start_day, r.timeout_seconds, q.worker_id
+  FROM task_status s
+  JOIN req q ON q.task_id = s.task_id
+  JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+  WHERE s.task_id = ANY(%(task_ids)s::uuid[])
+    AND r.worker_pool IS NULL
+    AND s.status = 'queued'
+    AND s.next_attempt_at <= now()
+    AND NOT s.cancel_requested
+    AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
+    AND NOT EXISTS (
+      SELECT 1
+      FROM jsonb_array_elements(r.input_versions) AS i(ref)
+      JOIN datasets ds ON ds.dataset_uuid = (i.ref ->> 'dataset_uuid')::uuid
+      JOIN dags p ON p.dag_id = ds.producer_dag_id
+      WHERE ds.producer_dag_id IS DISTINCT FROM r.dag_id
+    )
+  ORDER BY s.task_id
+  FOR UPDATE OF s SKIP LOCKED
+), c AS (
+  UPDATE task_status s
+  SET status = 'running',
+      attempt = s.attempt + 1,
+      lease_token = gen_random_uuid(),
+      lease_until = now() + make_interval(secs => %(lease)s),
+      heartbeat_at = now(),
+      started_at = now(),
+      deadline_at = now() + make_interval(secs => cand.timeout_seconds),
+      worker_id = cand.worker_id,
+      finished_at = NULL,
+      updated_at = now(),
+      progress = NULL,
+      progress_at = NULL
+  FROM cand
+  WHERE s.task_id = cand.task_id AND s.start_day = cand.start_day
+  RETURNING s.task_id, s.start_day, s.status, s.attempt, s.cancel_requested, s.lease_token,
+            s.lease_until, s.heartbeat_at, s.deadline_at, s.next_attempt_at, s.last_error,
+            s.finished_at, s.worker_id
+), a AS (
+  INSERT INTO task_attempts (task_id, start_day, attempt, lease_token, worker_id)
+  SELECT task_id, start_day, attempt, lease_token, worker_id FROM c
+)
+SELECT r.task_id, r.start_day, r.org_id, r.dag_id, r.dag_version, r.job, r.operator, r.runtime,
+       r.config, r.parent_task_id, r.input_event, r.input_versions, r.timeout_seconds,
+       r.max_attempts, r.created_at, r.run_id, r.worker_pool, r.max_concurrency, r.outputs,
+       c.status, c.attempt, c.cancel_requested, c.lease_token, c.lease_until, c.heartbeat_at,
+       c.deadline_at, c.next_attempt_at, c.last_error, c.finished_at
+FROM c
+JOIN task_registry r ON r.task_id = c.task_id AND r.start_day = c.start_day;
+
+-- name: complete_fast_many
+-- complete_fast for a batch, in one round trip: each row is fenced by its own attempt and
+-- lease token (the arrays are parallel). Rows are locked in task_id order (no deadlock with
+-- another batch); the ids returned succeeded, every other one takes the full path.
+WITH req AS (
+  SELECT * FROM unnest(%(task_ids)s::uuid[], %(attempts)s::bigint[], %(lease_tokens)s::uuid[])
+    AS q(task_id, attempt, lease_token)
+), st AS (
+  SELECT s.task_id, s.start_day, s.attempt
+  FROM task_status s
+  JOIN req q ON q.task_id = s.task_id AND q.attempt = s.attempt
+    AND q.lease_token = s.lease_token
+  WHERE s.task_id = ANY(%(task_ids)s::uuid[])
+    AND s.status IN ('running', 'queued', 'failed')
+    AND NOT EXISTS (SELECT 1 FROM pool_slots p WHERE p.leased_by_task = s.task_id)
+  ORDER BY s.task_id
+  FOR UPDATE OF s
+), upd AS (
+  UPDATE task_status s
+  SET status = 'succeeded', lease_until = NULL, finished_at = now(), updated_at = now(),
+      last_error = NULL
+  FROM st
+  WHERE s.task_id = st.task_id AND s.start_day = st.start_day
+  RETURNING s.task_id, s.start_day, s.attempt
+), att AS (
+  UPDATE task_attempts a
+  SET finished_at = coalesce(a.finished_at, now()), outcome = 'succeeded'
+  FROM upd
+  WHERE a.start_day = upd.start_day AND a.task_id = upd.task_id AND a.attempt = upd.attempt
+)
+SELECT task_id FROM upd;
+
 -- name: operator_state
 -- A job's state belongs to its lineage (the DAG version whose deploy cut its outputs): a
 -- rebuild starts from none while the live version keeps its own.

@@ -3,6 +3,7 @@ parameters (`params.py`), the Postgres store and its in-memory twin."""
 
 from trace_platform.store.tasks.params import (
     AttemptEnd,
+    ClaimManyParams,
     ClaimParams,
     HeartbeatParams,
     LeaseCheck,
@@ -22,6 +23,7 @@ from trace_platform.store.tasks.protocol import Row, StateStore, StoreTx
 
 __all__ = [
     "AttemptEnd",
+    "ClaimManyParams",
     "ClaimParams",
     "HeartbeatParams",
     "LeaseCheck",

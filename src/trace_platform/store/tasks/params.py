@@ -61,6 +61,15 @@ class ClaimParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimManyParams:
+    """Plain tasks (no worker pool, no input of another DAG) to lease in one statement."""
+
+    task_ids: list[UUID]
+    worker_ids: list[str]  # who claims each task (parallel to task_ids)
+    lease: float  # seconds
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseCheck:
     """The caller's claim on one attempt: a call counts only while this holds."""
 
@@ -183,6 +192,7 @@ def fields(p: Any) -> dict[str, Any]:
 
 __all__ = [
     "AttemptEnd",
+    "ClaimManyParams",
     "ClaimParams",
     "HeartbeatParams",
     "LeaseCheck",

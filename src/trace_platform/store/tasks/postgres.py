@@ -17,6 +17,7 @@ from trace_platform.db.queries import Queries
 from trace_platform.dispatcher.dag_tasks import tasks_for_event
 from trace_platform.store.tasks.params import (
     AttemptEnd,
+    ClaimManyParams,
     ClaimParams,
     HeartbeatParams,
     LeaseCheck,
@@ -98,11 +99,27 @@ class PostgresTx:
     def claim(self, p: ClaimParams) -> Row | None:
         return self._one(_Q.claim, fields(p))
 
+    def claim_many(self, p: ClaimManyParams) -> list[Row]:
+        return self._all(_Q.claim_many, fields(p))
+
     def heartbeat(self, p: HeartbeatParams) -> Row | None:
         return self._one(_Q.heartbeat, {**fields(p), "progress": _json(p.progress)})
 
     def complete_fast(self, p: LeaseCheck) -> bool:
         return self._one(_Q.complete_fast, fields(p)) is not None
+
+    def complete_fast_many(self, checks: list[LeaseCheck]) -> set[UUID]:
+        if not checks:
+            return set()
+        rows = self._all(
+            _Q.complete_fast_many,
+            {
+                "task_ids": [c.task_id for c in checks],
+                "attempts": [c.attempt for c in checks],
+                "lease_tokens": [c.lease_token for c in checks],
+            },
+        )
+        return {r["task_id"] for r in rows}
 
     def finish_attempt(self, p: AttemptEnd) -> None:
         self.conn.execute(_Q.finish_attempt, fields(p))

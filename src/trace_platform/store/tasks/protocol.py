@@ -16,6 +16,7 @@ from uuid import UUID
 from trace_platform.contract import EventIn, TaskSpec
 from trace_platform.store.tasks.params import (
     AttemptEnd,
+    ClaimManyParams,
     ClaimParams,
     HeartbeatParams,
     LeaseCheck,
@@ -78,6 +79,12 @@ class StoreTx(Protocol):
         lease_token, lease_until}`, or None when it is not claimable now."""
         ...
 
+    def claim_many(self, p: ClaimManyParams) -> list[Row]:
+        """Leases every plain claimable task of `p.task_ids` (no worker pool, no input another
+        DAG produces; a row another transaction holds is skipped) and opens its attempt: one
+        `task_view` row per task leased, in no particular order."""
+        ...
+
     def heartbeat(self, p: HeartbeatParams) -> Row | None:
         """Extends a running attempt's lease: `{status, lease_until, cancel_requested}`, or
         None when the attempt does not hold it."""
@@ -86,6 +93,11 @@ class StoreTx(Protocol):
     def complete_fast(self, p: LeaseCheck) -> bool:
         """A plain success of the current attempt (no slot held) in one step; False: the full
         path must decide."""
+        ...
+
+    def complete_fast_many(self, checks: list[LeaseCheck]) -> set[UUID]:
+        """`complete_fast` for several attempts at once, each fenced by its own lease: the
+        task ids that succeeded (the others must take the full path)."""
         ...
 
     def finish_attempt(self, p: AttemptEnd) -> None: ...

@@ -39,6 +39,7 @@ from trace_platform.store.tasks.memory.tables import (
 )
 from trace_platform.store.tasks.params import (
     AttemptEnd,
+    ClaimManyParams,
     ClaimParams,
     HeartbeatParams,
     LeaseCheck,
@@ -280,6 +281,21 @@ class MemoryTx:
         if p.progress is not None:  # none reported keeps the last one (and its time)
             s.update(progress=_jsonb(p.progress), progress_at=self.now)
         return _pick(s, ("status", "lease_until", "cancel_requested"))
+
+    def claim_many(self, p: ClaimManyParams) -> list[Row]:
+        rows = []
+        for task_id, worker_id in sorted(dict(zip(p.task_ids, p.worker_ids, strict=True)).items()):
+            if self.foreign_inputs(task_id):
+                continue
+            one = ClaimParams(task_id=task_id, worker_id=worker_id, lease=p.lease, pooled=False)
+            if self.claim(one) is not None:
+                view = self.task_view(task_id)
+                assert view is not None
+                rows.append(view)
+        return rows
+
+    def complete_fast_many(self, checks: list[LeaseCheck]) -> set[UUID]:
+        return {c.task_id for c in checks if self.complete_fast(c)}
 
     def complete_fast(self, p: LeaseCheck) -> bool:
         s = self._t.task_status.get(p.task_id)
