@@ -109,7 +109,8 @@ def wait_for_workers(dsn: str, n: int, timeout: float = 120.0) -> None:
 def breakdown(run: dict[str, Any], elapsed: float, slots: int) -> str:
     """Where Trace's time went, from the run's task timestamps (database clock; the trigger's
     fire is time 0): until the first ingest claim, the ingest tasks' own run time per slot,
-    slots idle between ingests, and the tail to the bench seeing the run done."""
+    slot time without an ingest running from the first claim to the last end (hand-offs,
+    and a slot left with no range), and the tail to the bench seeing the run done."""
     t0 = run["created_at"]
     ingests = [t for t in run["tasks"] if t["operator"] == "cryo_ingest"]
     first = min(t["started_at"] for t in ingests)
@@ -119,7 +120,7 @@ def breakdown(run: dict[str, Any], elapsed: float, slots: int) -> str:
     head = (first - t0).total_seconds()
     return (
         f"trigger -> first ingest claimed {head:.1f} s; ingest tasks running {ran:.1f} s per "
-        f"slot; slots idle between ingests {span - ran:.1f} s; after the last ingest "
+        f"slot; slots idle in between {span - ran:.1f} s per slot; after the last ingest "
         f"{elapsed - head - span:.1f} s"
     )
 
