@@ -199,7 +199,7 @@ def trace_side(
     pg: EmbeddedPostgres, url: str, blocks: int, n: int, home: Path, db: str, decode: bool
 ) -> tuple[float, str, dict[str, int]]:
     """One Trace sync on a fresh database and home: (seconds, breakdown, committed rows);
-    with `decode`, the Spark decode figure over what it synced is printed too."""
+    with `decode`, the Spark decode figure over what it synced follows the breakdown."""
     with psycopg.connect(pg.dsn("postgres"), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {db}")
     dsn = pg.dsn(db)
@@ -212,8 +212,8 @@ def trace_side(
             scratch = home.with_name(home.name + "-decode")  # not home: it has a logs/ dir
             scratch.mkdir()
             rows, secs = decode_throughput(stack, settings, scratch)
-            print(
-                f"Spark decode (transfers from {rows} log rows, checked): "
+            where += (
+                f"\nSpark decode (transfers from {rows} log rows, checked): "
                 f"{rows / secs:8.0f} rows/s ({secs:.2f} s)"
             )
     return traced, where, got
