@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -131,3 +134,41 @@ def test_names_with_a_trailing_newline_are_refused() -> None:
 
     with pytest.raises(Invalid, match="secret name"):
         check_secret_name("token\n")
+
+
+def test_the_gateway_adds_no_per_request_stall() -> None:
+    """Each reply leaves at once (TCP_NODELAY): with Nagle, a keep-alive client waited a
+    delayed ACK (~40 ms) per request, which capped Cryo at a fraction of its rate budget."""
+
+    class Upstream(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"jsonrpc":"2.0","id":1,"result":"0x1"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    gw = Gateway(
+        socket.create_server(("127.0.0.1", 0)), f"http://127.0.0.1:{upstream.server_port}/"
+    )
+    try:
+        with httpx.Client(timeout=5) as client:  # one keep-alive connection, as Cryo's
+            client.post(gw.url, content=b"{}")
+            n, t0 = 25, time.perf_counter()
+            for _ in range(n):
+                assert client.post(gw.url, content=b"{}").json()["result"] == "0x1"
+            took = time.perf_counter() - t0
+        assert took < n * 0.02, f"{n} requests took {took:.2f} s through the gateway"
+    finally:
+        gw.close()
+        upstream.shutdown()
+        upstream.server_close()

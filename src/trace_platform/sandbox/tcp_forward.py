@@ -68,6 +68,11 @@ class TcpForward:
             self.slots.release()
             return
         outer.settimeout(None)
+        # A relay must not hold bytes back: with Nagle a small write queued behind an unacked
+        # one waits for the peer's delayed ACK (~40 ms), on each side of the forward.
+        for s in (inner, outer):
+            with contextlib.suppress(OSError):  # a peer already gone fails in the pumps
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.lock:
             if self.closed:
                 inner.close()
