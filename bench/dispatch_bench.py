@@ -256,10 +256,15 @@ def main() -> None:
             with LiteStack(
                 settings, workers=args.workers, dsn=dsn, worker_concurrency=conc
             ) as stack:
+                # Every wrapper starts its sandboxed host on its first task (~0.35 s of CPU
+                # each): a service start, timed on its own row, not per-task cost.
+                warm = 4 * args.workers * conc
+                cold = stack_throughput(stack, warm)
                 e2e = stack_throughput(stack, args.e2e_tasks)
                 print(
                     f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
-                    f"   {e2e:8.0f} tasks/s"
+                    f"   {e2e:8.0f} tasks/s  (after {warm} warm-up tasks: {cold:.0f}/s while"
+                    " the hosts started)"
                 )
         for threads in (1, 4):
             tput = core_throughput(settings, dsn, args.tasks, threads, 100)
