@@ -92,3 +92,24 @@ def test_a_refused_completion_does_not_fail_the_others_in_its_batch(
     assert got[0][0] == "failed"  # the poisoned one: refused, named
     # The two plain successes must land as succeeded (alone, each would).
     assert [s for s, _ in got[1:]] == ["succeeded", "succeeded"], got
+
+
+def test_two_wakeups_of_one_task_in_a_claim_batch_do_not_refuse_the_others(
+    client: DispatcherClient, services: Services
+) -> None:
+    """A task's wake-up delivered twice (a wake and the stranded sweep) can reach two wrappers
+    of one worker at once: the batch the API refuses as a whole (a task twice) must still claim
+    the other tasks, and the second wake-up of the task is the usual 409 (dropped)."""
+    from trace_platform.contract import ClaimRequest
+    from trace_platform.worker.client import ApiError
+
+    a, b = (
+        services.dispatcher.create_task(TaskSpec(job="j", operator="noop")).task_id
+        for _ in range(2)
+    )
+    got = client._claim_batch(
+        [ClaimRequest(task_id=t, worker_id=f"w{i}") for i, t in enumerate([a, b, b])]
+    )
+    assert not isinstance(got[0], BaseException) and got[0].task_id == a
+    assert not isinstance(got[1], BaseException) and got[1].task_id == b
+    assert isinstance(got[2], ApiError) and got[2].status == 409
