@@ -59,9 +59,7 @@ def test_a_refused_completion_does_not_fail_the_others_in_its_batch(
     bad: dict[str, Any]
     if poison == "nul":
         bad = {
-            "final_events": [
-                EventIn(dataset_uuid=ids[0], cursor="c", payload={"note": "a\x00b"})
-            ]
+            "final_events": [EventIn(dataset_uuid=ids[0], cursor="c", payload={"note": "a\x00b"})]
         }
     else:
         deep: dict[str, Any] = {}
