@@ -218,3 +218,19 @@ def test_timestamps_read_and_write_in_utc(store: LocalStore) -> None:
     writer.commit([writer.write(iter([]))])  # the empty file keeps the timestamp column
     [f] = read_manifest(store, EMPTY_OUT)
     assert pq.read_table(io.BytesIO(store.get(f["key"]))).schema.field("at").type.tz == "UTC"
+
+
+def test_a_giant_manifest_is_refused_unread(
+    store: LocalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared readers (the Query Service) read a manifest whole: one over the limit is refused
+    from the listing's size, never loaded."""
+    from trace_platform.objectstore import committed
+
+    put_table(store, OUT + "part-00000.parquet", pa.table({"n": pa.array([1])}))
+    files = [{"key": OUT + "part-00000.parquet"}] * 50
+    store.put(OUT + MANIFEST, json.dumps({"files": files}).encode())
+    monkeypatch.setattr(committed, "MAX_MANIFEST_BYTES", 1024)
+    monkeypatch.setattr(store, "get", lambda key: pytest.fail(f"read {key}"))
+    with pytest.raises(CorruptCommit, match="at most 1024"):
+        committed_parquet(store, OUT)

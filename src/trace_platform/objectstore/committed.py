@@ -19,6 +19,8 @@ from typing import Any
 from trace_platform.objectstore import NoSuchKey, ObjectStore, ObjectStoreError, list_all
 
 MANIFEST = "_manifest.json"
+# ~100k files' entries: far above any job Trace runs, far below a reader's memory.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 class CorruptCommit(ObjectStoreError):
@@ -44,10 +46,19 @@ def committed_parquet(store: ObjectStore, location: str) -> list[str]:
     """The Parquet keys committed at `location`, in key order: its manifest's files where it has
     one, else every Parquet object under it."""
     prefix = location.rstrip("/") + "/"
-    listed = [o.key for o in list_all(store, prefix)]
+    objects = list(list_all(store, prefix))
+    listed = [o.key for o in objects]
     parquet = [k for k in listed if k.endswith(".parquet")]
-    if prefix + MANIFEST not in listed:
+    manifest = next((o for o in objects if o.key == prefix + MANIFEST), None)
+    if manifest is None:
         return parquet
+    if manifest.size > MAX_MANIFEST_BYTES:
+        # Read whole by shared readers (the Query Service): an operator's giant one must not
+        # be loaded into their memory.
+        raise CorruptCommit(
+            f"{prefix}{MANIFEST} is {manifest.size} bytes; a manifest is at most "
+            f"{MAX_MANIFEST_BYTES}"
+        )
     named = sorted({f["key"] for f in read_manifest(store, prefix)})
     missing = sorted(set(named) - set(parquet))
     if missing:

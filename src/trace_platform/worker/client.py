@@ -118,10 +118,12 @@ class DispatcherClient:
             body = ClaimBatchBody(claims=reqs).model_dump_json()
             got = self._call("POST", "/internal/claim-batch", ClaimBatchResponse, content=body)
         except ApiError as e:
-            if e.status not in (404, 405):
-                raise
-            self.batches = False  # an older API: one claim per task from now on
-            return self._claim_batch(reqs)
+            if e.status in (404, 405):
+                self.batches = False  # an older API: one claim per task from now on
+                return self._claim_batch(reqs)
+            if _whole_batch_refused(e):  # one item's fault: each answered on its own
+                return [_answer(lambda r=r: self._claim_one(r)) for r in reqs]
+            raise
         return [r.claim if r.claim is not None else _item_error(r.error) for r in got.results]
 
     def fetch(self, claim: Claim) -> TaskPayload:
@@ -188,7 +190,7 @@ class DispatcherClient:
             operator_state=operator_state,
             operator_state_revision=operator_state_revision,
         )
-        if len(item.model_dump_json()) > MAX_BATCHED_COMPLETION_BYTES:
+        if len(item.model_dump_json().encode()) > MAX_BATCHED_COMPLETION_BYTES:  # bytes, not chars
             return self._complete_one(claim, item)
         return self._completions.submit((claim, item))
 
@@ -215,10 +217,16 @@ class DispatcherClient:
                 headers={LEASE_TOKENS_HEADER: tokens},
             )
         except ApiError as e:
-            if e.status not in (404, 405):
-                raise
-            self.batches = False  # an older API: one completion per task from now on
-            return self._complete_batch(items)
+            if e.status in (404, 405):
+                self.batches = False  # an older API: one completion per task from now on
+                return self._complete_batch(items)
+            if _whole_batch_refused(e):
+                # A refusal of the request as a whole (the gateway's body checks: a NUL or an
+                # out-of-range number in one item's events or state, a body over the limit, a
+                # task twice) is no item's answer: each is sent alone and answered for itself,
+                # so one operator's bad report never fails its neighbours' attempts.
+                return [_answer(lambda c=c, i=i: self._complete_one(c, i)) for c, i in items]
+            raise
         return [r.response if r.response is not None else _item_error(r.error) for r in got.results]
 
     def close(self) -> None:
@@ -231,6 +239,12 @@ def _answer(call: Callable[[], T]) -> T | BaseException:
         return call()
     except Exception as e:
         return e
+
+
+def _whole_batch_refused(e: ApiError) -> bool:
+    """A 4xx for the batch request itself that the items, sent one by one, may not share
+    (not a missing or unauthenticated route: those every item would get alike)."""
+    return 400 <= e.status < 500 and e.status not in (401, 404, 405)
 
 
 def _item_error(error: BatchError | None) -> ApiError:
