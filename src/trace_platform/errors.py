@@ -44,3 +44,11 @@ class Unauthorized(TraceError):
 class Forbidden(TraceError):
     status_code = 403
     code = "forbidden"
+
+
+class ServerFault(TraceError):
+    """One item of a batch failed on the server (a bug, a lost connection): it answers for
+    that item alone, and the caller may retry it as it would a 500."""
+
+    status_code = 500
+    code = "internal"

@@ -14,6 +14,7 @@ import pytest
 from tests.integration.test_api import snapshot
 from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import free_port
+from trace_platform.dispatcher.lifecycle import Lifecycle
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 
@@ -178,3 +179,39 @@ def test_batches_need_the_internal_token(api: httpx.Client, services: Services) 
     assert r.status_code == 401
     r = api.post("/internal/complete-batch", json={"completions": []}, headers=no_token)
     assert r.status_code == 401
+
+
+def test_a_server_fault_on_one_item_answers_for_it_alone(
+    api: httpx.Client, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = new_tasks(services, 3)
+    claims = [r["claim"] for r in claim_batch(api, ids)]
+    full = Lifecycle._complete_full
+
+    def faulty(self: Any, req: Any) -> Any:
+        if str(req.task_id) == ids[1]:
+            raise RuntimeError("a bug, or a lost connection")
+        return full(self, req)
+
+    monkeypatch.setattr(Lifecycle, "_complete_full", faulty)
+    # The faulty one goes the full way (a failure report); the others are plain successes.
+    items = [
+        {"task_id": c["task_id"], "attempt": c["attempt"], "outcome": "succeeded"} for c in claims
+    ]
+    items[1] = {**items[1], "outcome": "failed", "error": "boom", "retryable": False}
+    r = complete_batch(api, items, [c["lease_token"] for c in claims])
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert results[1]["error"]["status"] == 500 and results[1]["error"]["error"] == "internal"
+    assert "lost connection" not in r.text  # the fault is logged, not sent
+    assert [results[i]["response"]["status"] for i in (0, 2)] == ["succeeded", "succeeded"]
+    with services.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT task_id::text, status FROM task_status WHERE task_id = ANY(%s::uuid[])",
+            [ids],
+        ).fetchall()
+    assert {r["task_id"]: r["status"] for r in rows} == {
+        ids[0]: "succeeded",
+        ids[1]: "running",  # nothing of the faulty report landed: it may be sent again
+        ids[2]: "succeeded",
+    }

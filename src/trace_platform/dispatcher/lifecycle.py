@@ -8,10 +8,12 @@ outcome: succeeded, failed, canceled, state_conflict (completion), lease_expired
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from trace_platform import faults
@@ -34,7 +36,14 @@ from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finish
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
 from trace_platform.dispatcher.slots import Slots
-from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound, TraceError
+from trace_platform.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    ServerFault,
+    TraceError,
+)
 from trace_platform.store.tasks import (
     AttemptEnd,
     ClaimManyParams,
@@ -45,6 +54,9 @@ from trace_platform.store.tasks import (
     StateStore,
     StoreTx,
 )
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 def backoff_seconds(
@@ -137,10 +149,7 @@ class Lifecycle:
             if req.task_id in leased:
                 out.append(leased[req.task_id])
                 continue
-            try:
-                out.append(self._claim_one(req, payload=payload))
-            except TraceError as e:
-                out.append(e)
+            out.append(_alone(req.task_id, lambda req=req: self._claim_one(req, payload=payload)))
         return out
 
     def claim(self, req: ClaimRequest, *, payload: bool = False) -> Claim:
@@ -317,10 +326,7 @@ class Lifecycle:
                     CompleteResponse(task_id=req.task_id, attempt=req.attempt, status="succeeded")
                 )
                 continue
-            try:
-                out.append(self._complete_full(req))
-            except TraceError as e:
-                out.append(e)
+            out.append(_alone(req.task_id, lambda req=req: self._complete_full(req)))
         return out
 
     def complete(self, req: CompleteRequest) -> CompleteResponse:
@@ -484,3 +490,15 @@ class Lifecycle:
                 f"task {task_id} already {st['status']}; it cannot be canceled",
                 status=st["status"],
             )
+
+
+def _alone(task_id: UUID, call: Callable[[], R]) -> R | TraceError:
+    """One batch item on the one-task path: its refusal, or any other failure (logged, answered
+    as a 500 for it alone), never the whole batch's."""
+    try:
+        return call()
+    except TraceError as e:
+        return e
+    except Exception as e:
+        log.exception("batch item for task %s failed", task_id)
+        return ServerFault(f"task {task_id}: the server failed on it ({type(e).__name__})")
