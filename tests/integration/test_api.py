@@ -19,17 +19,6 @@ from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 
 
-@pytest.fixture
-def api(services: Services) -> Iterator[httpx.Client]:
-    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
-    server.start()
-    headers = {"X-Internal-Token": services.internal_token or ""}
-    with httpx.Client(base_url=server.url, timeout=10, headers=headers) as client:
-        client.services = services  # type: ignore[attr-defined]
-        yield client
-    server.stop()
-
-
 def snapshot(services: Services) -> dict[str, Any]:
     with services.pool.connection() as conn:
         return {

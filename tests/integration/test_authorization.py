@@ -8,7 +8,7 @@ rest and never listed."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -397,11 +397,9 @@ CONSUMER = (
 )
 
 
-def test_a_revoked_read_stops_a_consumer_deployed_while_it_was_allowed(
-    services: Services,
-) -> None:
-    """Read access is the deployer's as it is now: checked where a consumer's task is made and
-    where it is claimed, not only at deploy. A revoked reader's task fails naming the dataset."""
+def alice_and_her_reader(services: Services) -> Callable[[], uuid.UUID]:
+    """alice's producer and bob's consumer of alice_data (bob an analyst, allowed to read it);
+    the call it answers runs alice's job once and gives the task that made for bob's job."""
     from trace_platform.contract import CompleteRequest, EventIn
 
     cp, d = services.control, services.dispatcher
@@ -413,7 +411,6 @@ def test_a_revoked_read_stops_a_consumer_deployed_while_it_was_allowed(
     data = q(services, "SELECT dataset_uuid FROM datasets WHERE dataset_name = 'alice_data'")[0]
 
     def produce() -> uuid.UUID:
-        """alice's job writes alice_data: one event, so bob's job gets a task."""
         (task_id,) = cp.trigger(alice, "alices")["tasks"]
         c = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
         res = d.complete(
@@ -432,6 +429,17 @@ def test_a_revoked_read_stops_a_consumer_deployed_while_it_was_allowed(
             task_id,
         )
         return uuid.UUID(str(reader["task_id"]))
+
+    return produce
+
+
+def test_a_revoked_read_stops_a_consumer_deployed_while_it_was_allowed(
+    services: Services,
+) -> None:
+    """Read access is the deployer's as it is now: checked where a consumer's task is made and
+    where it is claimed, not only at deploy. A revoked reader's task fails naming the dataset."""
+    d = services.dispatcher
+    produce = alice_and_her_reader(services)
 
     def state(task_id: uuid.UUID) -> tuple[str, str | None]:
         view = d.get_task(task_id)

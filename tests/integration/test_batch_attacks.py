@@ -3,35 +3,16 @@
 from __future__ import annotations
 
 import time
-import uuid
 
-from tests.integration.test_authorization import CONSUMER, PRODUCER, admin, q, set_roles_of, user
-from trace_platform.contract import Claim, ClaimRequest, CompleteRequest, EventIn, TaskSpec
+from tests.integration.test_authorization import alice_and_her_reader, set_roles_of
+from trace_platform.contract import Claim, ClaimRequest, CompleteRequest, TaskSpec
 from trace_platform.errors import Conflict, Forbidden
 from trace_platform.services import Services
 
 
 def test_claim_many_refuses_a_revoked_reader_alone(services: Services) -> None:
-    cp, d = services.control, services.dispatcher
-    alice, _ = user(services, "alice")
-    bob, _ = user(services, "bob", roles=["analyst"])
-    cp.deploy(alice, PRODUCER)
-    cp.set_read_roles(admin(services), "alice_data", ["analyst"], [])
-    cp.deploy(bob, CONSUMER)
-    data = q(services, "SELECT dataset_uuid FROM datasets WHERE dataset_name = 'alice_data'")[0]
-    (task_id,) = cp.trigger(alice, "alices")["tasks"]
-    c = d.claim(ClaimRequest(task_id=task_id, worker_id="w"))
-    d.complete(
-        CompleteRequest(
-            task_id=task_id,
-            attempt=c.attempt,
-            lease_token=c.lease_token,
-            outcome="succeeded",
-            final_events=[EventIn(dataset_uuid=data["dataset_uuid"], cursor="x")],
-        )
-    )
-    (reader,) = q(services, "SELECT task_id FROM task_registry WHERE job = 'c'")
-    reader_id = uuid.UUID(str(reader["task_id"]))
+    d = services.dispatcher
+    reader_id = alice_and_her_reader(services)()
     set_roles_of(services, "bob", [])
     plain = d.create_task(TaskSpec(job="j", operator="noop")).task_id
     got = d.claim_many(

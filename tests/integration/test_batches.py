@@ -5,7 +5,6 @@ X-Lease-Tokens header only), a refused item committing nothing; bad batches a cl
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,20 +12,8 @@ import pytest
 
 from tests.integration.test_api import snapshot
 from trace_platform.contract import TaskSpec
-from trace_platform.db.embedded import free_port
 from trace_platform.dispatcher.lifecycle import Lifecycle
-from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
-
-
-@pytest.fixture
-def api(services: Services) -> Iterator[httpx.Client]:
-    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
-    server.start()
-    headers = {"X-Internal-Token": services.internal_token or ""}
-    with httpx.Client(base_url=server.url, timeout=10, headers=headers) as client:
-        yield client
-    server.stop()
 
 
 def new_tasks(services: Services, n: int) -> list[str]:
