@@ -10,6 +10,7 @@ store's world from outside (a DAG, a worker pool, a dataset version, time passin
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -202,6 +203,28 @@ class StateStoreConformance:
         with pytest.raises(Invalid):
             d.claim_many([reqs[0], reqs[0]])
         assert complete(d, taken).status == "succeeded"
+
+    def test_a_batch_claim_leaves_what_a_one_task_claim_leaves(self, d: Dispatcher) -> None:
+        # claim_many's lease repeats the one-task claim's (dispatcher.sql): the two must leave
+        # the same task, field by field (ids and times compared by kind only).
+        alone, a, b = (d.create_task(spec()).task_id for _ in range(3))
+        claim(d, alone, "w")
+        got = d.claim_many([ClaimRequest(task_id=t, worker_id="w") for t in (a, b)])
+        assert all(isinstance(g, Claim) for g in got)
+
+        def kinds(x: Any) -> Any:
+            if isinstance(x, dict):
+                return {k: kinds(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [kinds(v) for v in x]
+            if isinstance(x, datetime | UUID):
+                return type(x).__name__
+            return x
+
+        one = kinds(d.get_task(alone).model_dump())
+        assert one["status"] == "running" and one["attempts"]
+        for t in (a, b):
+            assert kinds(d.get_task(t).model_dump()) == one
 
     def test_a_batch_of_completions_is_fenced_task_by_task(self, d: Dispatcher) -> None:
         cs = [claim(d, d.create_task(spec()).task_id) for _ in range(4)]

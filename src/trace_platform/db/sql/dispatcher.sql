@@ -336,7 +336,9 @@ SELECT task_id FROM upd;
 -- checked task by task). Rows locked elsewhere are skipped, not waited for (no lock-order
 -- deadlock between batches); the caller takes every id not returned the one-task way, which
 -- also names why it is not claimable. Returns task_view's columns, the new lease included.
--- `task_ids` and `worker_ids` are parallel arrays: who claims each task.
+-- `task_ids` and `worker_ids` are parallel arrays: who claims each task. Its SET list is the
+-- one-task `claim`'s (kept apart: that one is cheaper to plan for a lone task); the store
+-- conformance test `a_batch_claim_leaves_what_a_one_task_claim_leaves` holds them together.
 WITH req AS (
   SELECT * FROM unnest(%(task_ids)s::uuid[], %(worker_ids)s::text[]) AS q(task_id, worker_id)
 ), cand AS (
