@@ -108,14 +108,14 @@ def publish_frame(
     order: Sequence[str] = (),
 ) -> OperatorResult:
     """A Spark DataFrame into output 0: one range of it, or (no range) the whole version.
-    `order`: the order the frame's rows already come in (part file by part file), kept when
-    an append-only output's filtering shuffles them."""
+    `order`: the order the frame's rows already come in within each partition (so each part
+    file), kept when an append-only output's filtering shuffles them."""
     out = ctx.task.outputs[0]
     assert out.location is not None
     if out.update_strategy == "append" and out.unique_key:
         frame = _append_only(ctx, frame, out, rng)
-        if order:  # the filtering shuffled the rows
-            frame = frame.orderBy(*order)
+        if order:  # the filtering shuffled the rows (each file sorted, as the frame's were)
+            frame = frame.sortWithinPartitions(*order)
     scope = range_prefix(out.location, rng.start, rng.end) if rng else out.location
     prefix = attempt_prefix(scope, ctx.task)
     write = _write_remote if ctx.spark_remote is not None else _write_local
