@@ -14,6 +14,7 @@ from tests.support.queue_conformance import QueueDriverConformance, wake
 from trace_platform.db.pool import make_pool
 from trace_platform.queue.driver import QueueDriver
 from trace_platform.queue.pgqueue import PgQueue
+from trace_platform.services import Services
 
 
 class TestPgQueueConformance(QueueDriverConformance):
@@ -115,3 +116,35 @@ def test_ack_many_fences_each_receipt(pgq: PgQueue) -> None:
         pgq.ack_many("q", [f"{batch[0].receipt},{batch[1].receipt}"])
     assert pgq.ack_many("q", [stale.receipt, *(m.receipt for m in batch)]) == 2
     assert pgq.receive("q", 10, 30) == []
+
+
+def test_pools_plan_hot_statements_once_and_keep_the_dsns_options(dsn: str) -> None:
+    """The queue's pools (durable and relaxed) use generic plans (see db.pool.GENERIC_PLANS),
+    the relaxed one still commits without waiting, and settings the DSN itself gives survive.
+    (The test cluster's own default is synchronous_commit=off, so only the relaxed pool's is
+    checked.)"""
+    given = psycopg.conninfo.make_conninfo(dsn, options="-c application_name=from_the_dsn")
+    drv = PgQueue.from_dsn(given)
+    try:
+        for pool in (drv.pool, drv.relaxed):
+            with pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT current_setting('plan_cache_mode') AS plans, "
+                    "current_setting('application_name') AS app"
+                ).fetchone()
+            assert row == {"plans": "force_generic_plan", "app": "from_the_dsn"}
+        assert drv.relaxed is not drv.pool
+        with drv.relaxed.connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone() == {
+                "synchronous_commit": "off"
+            }
+    finally:
+        drv.close()
+
+
+def test_the_state_pool_plans_generically(services: Services) -> None:
+    """The Dispatcher's pool too: its claims and completions are the other hot statements."""
+    with services.pool.connection() as conn:
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == {
+            "plan_cache_mode": "force_generic_plan"
+        }

@@ -78,6 +78,15 @@ def _embedded_login(dsn: str, user: str) -> str | None:
     return info.login_dsn(user, str(conninfo_to_dict(dsn).get("dbname") or DB_NAME))
 
 
+# The platform's hot statements (claims, completions, queue receives and acks: CTEs over
+# unnest()ed arrays) are prepared by psycopg after a few runs, and Postgres then kept planning
+# each run afresh: its estimate of their generic plan lost to the custom one, whose planning
+# cost it does not weigh. Measured: a queue receive of 10 messages went from about 1.1 to 0.6
+# ms, and the Postgres CPU per end-to-end task fell by a fifth. Every statement here finds
+# rows by key, where one plan fits all parameters (partitions are pruned at run time).
+GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
+
+
 def make_pool(
     dsn: str,
     *,
@@ -88,9 +97,10 @@ def make_pool(
     options: str | None = None,
 ) -> ConnectionPool:
     """`autocommit` for single-statement work (one round trip, no BEGIN/COMMIT); `options` are
-    server settings for the session, e.g. "-c synchronous_commit=off"."""
+    server settings for the session, e.g. "-c synchronous_commit=off", after any the DSN has."""
     if options:
-        dsn = make_conninfo(dsn, options=options)
+        given = conninfo_to_dict(dsn).get("options")
+        dsn = make_conninfo(dsn, options=f"{given} {options}" if given else options)
     pool = ConnectionPool(
         dsn,
         min_size=min_size,

@@ -27,7 +27,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
-from trace_platform.db.pool import make_pool
+from trace_platform.db.pool import GENERIC_PLANS, make_pool
 from trace_platform.db.queries import Queries
 from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message
@@ -94,14 +94,16 @@ class PgQueue:
     ) -> PgQueue:
         """The production set-up: its own autocommit pools, durable and relaxed (or, with
         `relaxed_acks` off, every call durable: the benchmark's like-for-like column)."""
-        durable = make_pool(dsn, max_size=max_size, name="pgqueue", autocommit=True)
+        durable = make_pool(
+            dsn, max_size=max_size, name="pgqueue", autocommit=True, options=GENERIC_PLANS
+        )
         relaxed = (
             make_pool(
                 dsn,
                 max_size=max_size,
                 name="pgqueue-relaxed",
                 autocommit=True,
-                options="-c synchronous_commit=off",
+                options=f"-c synchronous_commit=off {GENERIC_PLANS}",
             )
             if relaxed_acks
             else None
