@@ -14,11 +14,13 @@ from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
+import psycopg
 import pytest
 from pydantic import ValidationError
 
 from trace_platform.contract import (
     MAX_BACKOFF_SECONDS,
+    MAX_CONFIG_BYTES,
     Claim,
     ClaimRequest,
     CompleteRequest,
@@ -203,6 +205,46 @@ class StateStoreConformance:
         with pytest.raises(Invalid):
             d.claim_many([reqs[0], reqs[0]])
         assert complete(d, taken).status == "succeeded"
+
+    def test_tasks_made_together_are_made_as_one_by_one(self, d: Dispatcher) -> None:
+        # create_tasks writes every task in one statement (dispatcher.sql insert_tasks): each
+        # must equal a task made alone from the same spec, field by field, with its wake-up,
+        # in order; a buffered one gets none.
+        specs = [
+            spec(config={"a": [1, {"b": None}], "big": 2**70}, input_event=None),
+            spec(job="k", max_attempts=7, retry_backoff_seconds=1.5, input_event={"x": "y"}),
+            spec(timeout_seconds=9, worker_pool="p", max_concurrency=2),
+        ]
+        woken(d)
+        alone = [d.create_task(s).task_id for s in specs]
+        woke_alone = [t for t, _ in woken(d)]
+        refs = d.create_tasks([(s, "queued") for s in specs] + [(spec(), "buffered")])
+        assert [r.status for r in refs] == ["queued"] * 3 + ["buffered"]
+        made = [r.task_id for r in refs]
+        assert len(set(made + alone)) == 7
+
+        def same(view: Any) -> Any:
+            x = view.model_dump()
+            return {k: v for k, v in x.items() if not isinstance(v, datetime | UUID)}
+
+        for one, together in zip(alone, made[:3], strict=True):
+            assert same(d.get_task(together)) == same(d.get_task(one))
+        assert d.get_task(made[0]).config == {"a": [1, {"b": None}], "big": 2**70}
+        assert d.get_task(made[3]).status == "buffered"
+        assert [t for t, _ in woken(d)] == woke_alone + made[:3]
+
+    def test_tasks_made_together_are_all_or_none(self, d: Dispatcher) -> None:
+        before = len(d.list_tasks(10_000))
+        # The twin's ConstraintViolation is a ValueError; Postgres's a CheckViolation.
+        with pytest.raises((ValueError, psycopg.errors.CheckViolation)):
+            d.create_tasks([(spec(), "queued"), (spec(), "no such status")])
+        assert len(d.list_tasks(10_000)) == before
+        with pytest.raises(Invalid):
+            d.create_tasks(
+                [(spec(), "queued"), (spec(config={"x": "y" * MAX_CONFIG_BYTES}), "queued")]
+            )
+        assert len(d.list_tasks(10_000)) == before
+        assert d.create_tasks([]) == []
 
     def test_a_batch_claim_leaves_what_a_one_task_claim_leaves(self, d: Dispatcher) -> None:
         # claim_many's lease repeats the one-task claim's (dispatcher.sql): the two must leave

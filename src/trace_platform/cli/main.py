@@ -190,8 +190,8 @@ def worker(
     from trace_platform.sandbox import SandboxUnavailable, resolve
     from trace_platform.worker.client import DispatcherClient
     from trace_platform.worker.wrapper import (
+        HeldAcks,
         Wrapper,
-        ack_batcher,
         platform_ports,
         receive_batcher,
     )
@@ -219,11 +219,12 @@ def worker(
     store = make_store(settings)
     store.ensure_bucket()
     stop, abort = _drain_on_signals(settings.worker_drain_seconds)
-    # One for all wrappers: their receives and acks coalesce into one statement each.
+    # One for all wrappers: their receives, and the acks each receive carries, coalesce into
+    # one statement.
     wait_seconds = min(2.0, settings.queue_poll_seconds * 5)
-    acks = ack_batcher(driver, settings.task_queue)
+    acks = HeldAcks(driver, settings.task_queue)
     receiver = receive_batcher(
-        driver, settings.task_queue, settings.worker_visibility_seconds, wait_seconds
+        driver, settings.task_queue, settings.worker_visibility_seconds, wait_seconds, acks
     )
     wrappers = [
         Wrapper(

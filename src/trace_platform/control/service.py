@@ -191,7 +191,7 @@ class ControlPlane:
                 config={**base, **(config or {})},
                 fired_by=actor.user_id,
             )
-            refs = [self.dispatcher.create_task(s, conn, status) for s, status in specs]
+            refs = self.dispatcher.create_tasks(list(specs), conn)
         return {"run_id": run_id, "created": bool(refs), "tasks": [r.task_id for r in refs]}
 
     # -- datasets ----------------------------------------------------------------------------

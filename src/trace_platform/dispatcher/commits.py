@@ -128,17 +128,20 @@ class Emitter:
                 continue
             accepted.append(event_id)
             invalidates = (str(ev.dataset_uuid), ev.dedupe_key) in rewritten
-            for spec, status in tx.tasks_for_event(
-                org_id=st["org_id"],
-                producer=st,
-                event_id=event_id,
-                event=ev,
-                invalidates=invalidates,
-            ):
-                ref = self.intents.create_task(spec, tx, status)
+            specs = list(
+                tx.tasks_for_event(
+                    org_id=st["org_id"],
+                    producer=st,
+                    event_id=event_id,
+                    event=ev,
+                    invalidates=invalidates,
+                )
+            )
+            refs = self.intents.create_tasks(specs, tx)
+            for (spec, _), ref in zip(specs, refs, strict=True):
                 if spec.dag_id != st["dag_id"]:  # a shared read: may its DAG still read it?
                     access.fail_if_refused(tx, ref.task_id)
-                created += 1
+            created += len(refs)
         return accepted, len(events) - len(accepted), created
 
     def emit(self, req: EventsRequest) -> EventsResponse:

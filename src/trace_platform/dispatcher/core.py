@@ -54,6 +54,13 @@ class Dispatcher(Lifecycle):
         transaction or a Postgres connection)."""
         return self.intents.create_task(spec, conn, status)
 
+    def create_tasks(
+        self, specs: list[tuple[TaskSpec, str]], conn: Any | None = None
+    ) -> list[TaskRef]:
+        """Many (spec, status) intents and their wake-ups in one transaction, one statement
+        each for the tasks and the wake-ups."""
+        return self.intents.create_tasks(specs, conn)
+
     def rewake(self, after_seconds: float, limit: int = 500) -> int:
         """Anti-entropy: a fresh wake-up for queued tasks left untouched for `after_seconds`."""
         return self.intents.rewake(after_seconds, limit)

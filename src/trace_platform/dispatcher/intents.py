@@ -16,6 +16,10 @@ from trace_platform.queue import payloads
 from trace_platform.store.tasks import NewTask, StateStore, StoreTx, Wakeup
 
 
+def _wakeup(task_id: UUID) -> str:
+    return payloads.encode(payloads.TaskWakeup(task_id=task_id))
+
+
 class Intents:
     def __init__(self, store: StateStore, settings: Settings) -> None:
         self.store = store
@@ -24,7 +28,7 @@ class Intents:
     def wake(self, tx: StoreTx | Any, task_id: UUID, delay: float = 0) -> None:
         """An outbox row in the caller's transaction: the task's wake-up, after `delay`.
         (`tx` may be a connection a caller outside the dispatcher holds.)"""
-        payload = payloads.encode(payloads.TaskWakeup(task_id=task_id))
+        payload = _wakeup(task_id)
         # Never past what a spec may ask for (settings are not bounded): the column is an INT.
         seconds = min(math.ceil(delay), MAX_BACKOFF_SECONDS)
         self.store.adopt(tx).insert_outbox(
@@ -36,15 +40,33 @@ class Intents:
     ) -> TaskRef:
         """Task intent and its wake-up in one transaction (the caller's, if given). A
         'buffered' task gets no wake-up: it waits for its DAG version's cutover."""
-        if len(json.dumps(spec.config, default=str)) > MAX_CONFIG_BYTES:
-            raise Invalid(f"task config is larger than {MAX_CONFIG_BYTES} bytes")
-        task = self._new_task(uuid.uuid4(), spec, status)
+        return self.create_tasks([(spec, status)], tx)[0]
 
-        def write(t: StoreTx) -> TaskRef:
-            start_day = t.insert_task(task)
-            if status == "queued":
-                self.wake(t, task.task_id)
-            return TaskRef(task_id=task.task_id, start_day=start_day, status=status)  # type: ignore[arg-type]
+    def create_tasks(
+        self, specs: list[tuple[TaskSpec, str]], tx: StoreTx | Any | None = None
+    ) -> list[TaskRef]:
+        """`create_task` for many (spec, status) pairs in one transaction (the caller's, if
+        given), written with one statement for the tasks and one for their wake-ups, whatever
+        their number: a run's jobs, an event's fan-out."""
+        for spec, _ in specs:
+            if len(json.dumps(spec.config, default=str)) > MAX_CONFIG_BYTES:
+                raise Invalid(f"task config is larger than {MAX_CONFIG_BYTES} bytes")
+        tasks = [self._new_task(uuid.uuid4(), spec, status) for spec, status in specs]
+        queue = self.settings.task_queue
+
+        def write(t: StoreTx) -> list[TaskRef]:
+            days = t.insert_tasks(tasks)
+            t.insert_outbox_many(
+                [
+                    Wakeup(queue=queue, payload=_wakeup(task.task_id), delay=0)
+                    for task in tasks
+                    if task.status == "queued"
+                ]
+            )
+            return [
+                TaskRef(task_id=task.task_id, start_day=day, status=task.status)  # type: ignore[arg-type]
+                for task, day in zip(tasks, days, strict=True)
+            ]
 
         if tx is not None:
             return write(self.store.adopt(tx))

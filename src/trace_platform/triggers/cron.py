@@ -113,8 +113,7 @@ def _tick_one(dispatcher: Dispatcher, c: dict[str, Any], now: datetime) -> bool:
             config=config,
             fired_by=None,
         )
-        for s, status in specs:
-            dispatcher.create_task(s, conn, status)
+        dispatcher.create_tasks(list(specs), conn)
         DagTaskStore(conn).cron_advance(dag_id=c["dag_id"], trigger=c["trigger"], fire_at=latest)
         if specs:
             log.info("cron %s/%s fired run %s for %s", row["name"], c["trigger"], run_id, latest)

@@ -69,27 +69,95 @@ class LeaseClock:
         return self.deadline - time.monotonic()
 
 
-def ack_batcher(driver: QueueDriver, queue_name: str) -> Batcher[str, None]:
-    """Acks of one worker's wrappers, coalesced into `ack_many` calls (one statement each)."""
+class HeldAcks:
+    """Acks of one worker's wrappers, held for the next queue receive to carry: its statement
+    deletes them and leases the next wake-ups in one commit (as Oban flushes acks with its next
+    fetch). Each is added only after its attempt's completion committed. What no receive takes
+    within `linger` seconds (every wrapper busy), and whatever is held at exit (`flush`), goes
+    out alone with one `ack_many`. A message acked late is only invisible a while longer: if
+    its lease ran out first, the redelivered wake-up is refused by the claim and dropped."""
 
-    def run(receipts: list[str]) -> list[BaseException | None]:
-        driver.ack_many(queue_name, receipts)
-        return [None] * len(receipts)
+    def __init__(self, driver: QueueDriver, queue_name: str, linger: float = 0.5) -> None:
+        self.driver = driver
+        self.queue_name = queue_name
+        self.linger = linger
+        self._lock = threading.Lock()
+        self._held: list[str] = []
+        self._since = 0.0  # when the oldest held receipt came
+        self._thread: threading.Thread | None = None
 
-    return Batcher(run, 100)
+    def submit(self, receipt: str) -> None:
+        with self._lock:
+            if not self._held:
+                self._since = time.monotonic()
+            self._held.append(receipt)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._linger, name="acks", daemon=True)
+                self._thread.start()
+
+    def take(self, limit: int = 1000) -> list[str]:
+        """The held receipts (up to `limit`), for a receive to carry; `give_back` if it fails."""
+        with self._lock:
+            taken, self._held = self._held[:limit], self._held[limit:]
+            if self._held:
+                self._since = time.monotonic()
+            return taken
+
+    def give_back(self, receipts: list[str]) -> None:
+        with self._lock:
+            if receipts and not self._held:
+                self._since = time.monotonic()
+            self._held = receipts + self._held
+
+    def flush(self) -> None:
+        """Every held receipt, now, in one statement per thousand."""
+        while taken := self.take():
+            try:
+                self.driver.ack_many(self.queue_name, taken)
+            except Exception:
+                self.give_back(taken)
+                raise
+
+    def _linger(self) -> None:
+        while True:
+            with self._lock:
+                wait = self._since + self.linger - time.monotonic() if self._held else None
+            if wait is None:
+                time.sleep(self.linger)
+                continue
+            if wait > 0:
+                time.sleep(wait)
+                continue
+            try:
+                self.flush()
+            except Exception as e:  # the database away: kept, tried again after `linger`
+                log.warning("could not ack %s's finished wake-ups: %s", self.queue_name, e)
+                with self._lock:
+                    self._since = time.monotonic()
 
 
 def receive_batcher(
-    driver: QueueDriver, queue_name: str, visibility: float, wait_seconds: float
+    driver: QueueDriver,
+    queue_name: str,
+    visibility: float,
+    wait_seconds: float,
+    acks: HeldAcks | None = None,
 ) -> Batcher[None, Message | None]:
     """Wake-ups for one worker's idle wrappers, leased together: each waiting wrapper asks for
-    one, and one `receive` leases as many as are waiting (one statement for all of them). A
-    wrapper answered None (fewer were ready) asks again."""
+    one, and one `receive` leases as many as are waiting (one statement for all of them), and
+    acks what `acks` holds in that same statement. A wrapper answered None (fewer were ready)
+    asks again."""
 
     def run(asks: list[None]) -> list[Message | BaseException | None]:
-        msgs: list[Message | None] = list(
-            driver.receive(queue_name, len(asks), visibility, wait_seconds)
-        )
+        settled = acks.take() if acks is not None else []
+        try:
+            msgs: list[Message | None] = list(
+                driver.receive(queue_name, len(asks), visibility, wait_seconds, ack=settled)
+            )
+        except Exception:
+            if acks is not None:
+                acks.give_back(settled)
+            raise
         return [*msgs, *[None] * (len(asks) - len(msgs))]
 
     return Batcher(run, 100)
@@ -148,14 +216,14 @@ class Wrapper:
         trusted_env: dict[str, str] | None = None,
         platform_ports: set[int] | None = None,
         extra_binds: list[Path] | None = None,
-        acks: Batcher[str, None] | None = None,
+        acks: HeldAcks | None = None,
         receiver: Batcher[None, Message | None] | None = None,
     ) -> None:
         """`host_env`: added to every host's allowlisted environment (Spark settings, the
         operator registry); `trusted_env`: in the task env of trusted platform operators only
         (a sink's data DSN); `platform_ports`: loopback ports no operator may reach (API,
-        Postgres, object store endpoint); `acks`, `receiver`: the worker's shared `ack_batcher`
-        and `receive_batcher` (the same visibility and wait)."""
+        Postgres, object store endpoint); `acks`, `receiver`: the worker's shared `HeldAcks`
+        and the `receive_batcher` that carries them (the same visibility and wait)."""
         self.driver = driver
         self.client = client
         self.store = store
@@ -166,9 +234,9 @@ class Wrapper:
         self.trusted_env = trusted_env or {}
         self.platform_ports = platform_ports or set()
         self.wait_seconds = wait_seconds
-        self.acks = acks or ack_batcher(driver, queue_name)
+        self.acks = acks or HeldAcks(driver, queue_name)
         self.receiver = receiver or receive_batcher(
-            driver, queue_name, visibility_seconds, wait_seconds
+            driver, queue_name, visibility_seconds, wait_seconds, self.acks
         )
         self.spark_master = (host_env or {}).get("TRACE_SPARK_MASTER", "local[*]")
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
@@ -217,6 +285,10 @@ class Wrapper:
         finally:
             self._defer = False
             self._flush()
+            try:  # the last wake-ups' acks (else they are delivered again, and dropped)
+                self.acks.flush()
+            except Exception as e:
+                log.warning("could not ack the last wake-ups: %s", e)
             if self._reporter is not None:
                 self._reporter.shutdown()
                 self._reporter = None
@@ -296,8 +368,11 @@ class Wrapper:
             self._ack_deferred = False
             return
         # After the completion's commit (or its refusal): a wake-up lost before this is only
-        # delivered again, and the claim refuses it.
+        # delivered again, and the claim refuses it. The run loop's next receive carries it;
+        # a lone call acks it now.
         self.acks.submit(msg.receipt)
+        if not self._defer:
+            self.acks.flush()
 
     # -- one attempt ---------------------------------------------------------------------
     def _extend(self, msg: Message) -> None:

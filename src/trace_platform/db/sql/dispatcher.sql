@@ -1,20 +1,43 @@
 -- Named queries of the Dispatcher core (task lifecycle).
 
--- name: insert_registry
-INSERT INTO task_registry (
-  task_id, start_day, org_id, dag_id, dag_version, job, operator, runtime, config,
-  parent_task_id, input_event_id, input_event, input_versions, timeout_seconds, max_attempts,
-  retry_backoff_seconds, retry_backoff_max_seconds, run_id, worker_pool, max_concurrency, outputs)
-VALUES (
-  %(task_id)s, trace_start_day(now()), %(org_id)s, %(dag_id)s, %(dag_version)s, %(job)s,
-  %(operator)s, %(runtime)s, %(config)s, %(parent_task_id)s, %(input_event_id)s, %(input_event)s,
-  %(input_versions)s, %(timeout_seconds)s, %(max_attempts)s, %(retry_backoff_seconds)s,
-  %(retry_backoff_max_seconds)s, %(run_id)s, %(worker_pool)s, %(max_concurrency)s, %(outputs)s)
-RETURNING start_day;
+-- name: insert_tasks
+-- Many intents in one statement (a run's jobs, an event's fan-out, a batch): the registry and
+-- status rows of every task, from one JSON array (`n`: each row's place in it). The start days
+-- come back in the array's order.
+WITH x AS (
+  SELECT *
+  FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(
+    task_id uuid, org_id uuid, dag_id uuid, dag_version int, job text, operator text,
+    runtime text, config jsonb, parent_task_id uuid, input_event_id uuid, input_event jsonb,
+    input_versions jsonb, timeout_seconds int, max_attempts int,
+    retry_backoff_seconds double precision, retry_backoff_max_seconds double precision,
+    run_id uuid, worker_pool text, max_concurrency int, outputs jsonb, status text, n bigint)
+), reg AS (
+  INSERT INTO task_registry (
+    task_id, start_day, org_id, dag_id, dag_version, job, operator, runtime, config,
+    parent_task_id, input_event_id, input_event, input_versions, timeout_seconds, max_attempts,
+    retry_backoff_seconds, retry_backoff_max_seconds, run_id, worker_pool, max_concurrency,
+    outputs)
+  SELECT task_id, trace_start_day(now()), org_id, dag_id, dag_version, job, operator, runtime,
+         config, parent_task_id, input_event_id, input_event, input_versions, timeout_seconds,
+         max_attempts, retry_backoff_seconds, retry_backoff_max_seconds, run_id, worker_pool,
+         max_concurrency, outputs
+  FROM x ORDER BY n
+  RETURNING task_id, start_day
+), st AS (
+  INSERT INTO task_status (task_id, start_day, status)
+  SELECT reg.task_id, reg.start_day, x.status FROM reg JOIN x USING (task_id) ORDER BY x.n
+  RETURNING task_id, start_day
+)
+SELECT st.start_day FROM st JOIN x USING (task_id) ORDER BY x.n;
 
--- name: insert_status
-INSERT INTO task_status (task_id, start_day, status)
-VALUES (%(task_id)s, %(start_day)s, %(status)s);
+-- name: insert_outbox_many
+-- Wake-ups in one statement, in the given order (the outbox's ids follow it).
+INSERT INTO outbox (queue_name, payload, delay_seconds)
+SELECT w.queue_name, w.payload::jsonb, w.delay_seconds
+FROM unnest(%(queues)s::text[], %(payloads)s::text[], %(delays)s::int[])
+     WITH ORDINALITY AS w(queue_name, payload, delay_seconds, n)
+ORDER BY w.n;
 
 -- name: insert_outbox
 INSERT INTO outbox (queue_name, payload, delay_seconds)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -58,17 +59,12 @@ class PostgresTx:
         return self.conn.execute(query, params).fetchall()
 
     # -- tasks ------------------------------------------------------------------------------
-    def insert_task(self, p: NewTask) -> int:
-        row = fields(p)
-        for k in ("config", "input_event", "input_versions", "outputs"):
-            row[k] = _json(row[k])
-        got = self._one(_Q.insert_registry, row)
-        assert got is not None
-        start_day = int(got["start_day"])
-        self.conn.execute(
-            _Q.insert_status, {"task_id": p.task_id, "start_day": start_day, "status": p.status}
-        )
-        return start_day
+    def insert_tasks(self, ps: list[NewTask]) -> list[int]:
+        if not ps:
+            return []
+        rows = json.dumps([{**fields(p), "n": i} for i, p in enumerate(ps)], default=str)
+        got = self._all(_Q.insert_tasks, {"rows": rows})
+        return [int(r["start_day"]) for r in got]
 
     def status(self, task_id: UUID) -> Row | None:
         return self._one(_Q.status, {"task_id": task_id})
@@ -160,6 +156,17 @@ class PostgresTx:
             _Q.insert_outbox,
             {"queue": w.queue, "payload": Jsonb(w.payload, dumps=lambda s: s), "delay": w.delay},
         )
+
+    def insert_outbox_many(self, ws: list[Wakeup]) -> None:
+        if ws:
+            self.conn.execute(
+                _Q.insert_outbox_many,
+                {
+                    "queues": [w.queue for w in ws],
+                    "payloads": [w.payload for w in ws],
+                    "delays": [w.delay for w in ws],
+                },
+            )
 
     def claim_pending(self, limit: int) -> list[Row]:
         return self._all(_OUTBOX.claim_pending, {"limit": limit})

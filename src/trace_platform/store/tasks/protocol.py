@@ -40,8 +40,9 @@ class StoreTx(Protocol):
     """The calls of one transaction (rolled back as a whole if the block raises)."""
 
     # -- tasks: intents, views --------------------------------------------------------------
-    def insert_task(self, p: NewTask) -> int:
-        """Writes the registry and status rows; returns the task's start_day."""
+    def insert_tasks(self, ps: list[NewTask]) -> list[int]:
+        """Writes each task's registry and status rows (one statement for all of them); returns
+        their start days, in order."""
         ...
 
     def status(self, task_id: UUID) -> Row | None:
@@ -137,6 +138,10 @@ class StoreTx(Protocol):
 
     # -- the outbox -------------------------------------------------------------------------
     def insert_outbox(self, w: Wakeup) -> None: ...
+
+    def insert_outbox_many(self, ws: list[Wakeup]) -> None:
+        """`insert_outbox` for many, in one statement, in order."""
+        ...
 
     def claim_pending(self, limit: int) -> list[Row]:
         """Unsent outbox rows, oldest first (locked, skipping locked)."""

@@ -92,7 +92,13 @@ class MemoryTx:
         return None
 
     # -- tasks: intents, views --------------------------------------------------------------
-    def insert_task(self, p: NewTask) -> int:
+    def insert_tasks(self, ps: list[NewTask]) -> list[int]:
+        # One statement in Postgres: a duplicate among them leaves none of them.
+        if len({p.task_id for p in ps}) < len(ps):
+            raise ConstraintViolation("task_status_pkey: a task id given twice")
+        return [self._insert_task(p) for p in ps]
+
+    def _insert_task(self, p: NewTask) -> int:
         if p.task_id in self._t.task_status:
             raise ConstraintViolation(f"task_status_pkey: task {p.task_id} already exists")
         start_day = _start_day(self.now)
@@ -427,6 +433,10 @@ class MemoryTx:
                 s["updated_at"] = self.now
 
     # -- the outbox -------------------------------------------------------------------------
+    def insert_outbox_many(self, ws: list[Wakeup]) -> None:
+        for w in ws:
+            self.insert_outbox(w)
+
     def insert_outbox(self, w: Wakeup) -> None:
         json.loads(w.payload)  # the jsonb column refuses text that is not JSON
         oid = next(self.store._outbox_ids)

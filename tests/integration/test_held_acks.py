@@ -1,0 +1,96 @@
+"""A worker's acks ride on its next queue receive (`worker.wrapper.HeldAcks`): one statement
+and one commit for both. Each is held only after its completion committed; what no receive
+takes within the linger goes out alone; a failed receive keeps them; exit flushes them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.queue_conformance import wake
+from trace_platform.queue.pgqueue import PgQueue
+from trace_platform.worker.wrapper import HeldAcks, receive_batcher
+
+Q = "tasks"
+
+
+class Counting:
+    """The real driver, with its calls counted by name."""
+
+    def __init__(self, driver: PgQueue) -> None:
+        self.driver = driver
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.driver, name)
+        if callable(attr):
+
+            def counted(*a: Any, **kw: Any) -> Any:
+                self.calls.append(name)
+                return attr(*a, **kw)
+
+            return counted
+        return attr
+
+
+@pytest.fixture
+def driver(dsn: str) -> Iterator[Counting]:
+    drv = PgQueue.from_dsn(dsn, poll_seconds=0.2)
+    yield Counting(drv)
+    drv.close()
+
+
+def left(driver: Counting) -> int:
+    with driver.driver.pool.connection() as conn:
+        row = conn.execute("SELECT count(*) AS n FROM queue_messages").fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def test_the_next_receive_carries_the_held_acks(driver: Counting) -> None:
+    acks = HeldAcks(driver, Q, linger=60)  # never alone, here
+    recv = receive_batcher(driver, Q, 30, 0, acks)  # type: ignore[arg-type]
+    for _ in range(3):
+        driver.publish(Q, wake())
+    first = recv.submit(None)
+    assert first is not None and left(driver) == 3
+    acks.submit(first.receipt)
+    assert left(driver) == 3  # held, not yet sent
+    second = recv.submit(None)
+    assert second is not None and second.receipt != first.receipt
+    assert left(driver) == 2  # the first is gone, in the second's statement
+    assert "ack_many" not in driver.calls and "ack" not in driver.calls
+
+
+def test_what_no_receive_takes_goes_out_alone_after_the_linger(driver: Counting) -> None:
+    acks = HeldAcks(driver, Q, linger=0.2)
+    driver.publish(Q, wake())
+    (msg,) = driver.receive(Q, 1, 30)
+    acks.submit(msg.receipt)
+    deadline = time.monotonic() + 5
+    while left(driver) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left(driver) == 0 and driver.calls.count("ack_many") == 1
+
+
+def test_a_failed_receive_keeps_its_acks_and_flush_sends_them(driver: Counting) -> None:
+    acks = HeldAcks(driver, Q, linger=60)
+    driver.publish(Q, wake())
+    (msg,) = driver.receive(Q, 1, 30)
+    acks.submit(msg.receipt)
+    broken = receive_batcher(driver, "", 30, 0, acks)  # type: ignore[arg-type]
+
+    def refuse(*a: Any, **kw: Any) -> Any:
+        raise ConnectionError("the database went away")
+
+    driver.driver.receive = refuse  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        broken.submit(None)
+    assert left(driver) == 1
+    acks.flush()  # as a wrapper's run does on exit
+    assert left(driver) == 0
+    acks.flush()  # nothing held: nothing sent
+    assert driver.calls.count("ack_many") == 1
