@@ -234,3 +234,32 @@ def test_a_giant_manifest_is_refused_unread(
     monkeypatch.setattr(store, "get", lambda key: pytest.fail(f"read {key}"))
     with pytest.raises(CorruptCommit, match="at most 1024"):
         committed_parquet(store, OUT)
+
+
+def test_amount_limbs_are_written_without_a_dictionary(store: LocalStore) -> None:
+    """As the operators' Spark writer: near-random limbs get no Parquet dictionary; every
+    other column (nested ones too) keeps it."""
+    from trace_platform.spark.u256 import FIELDS
+
+    limbs = pa.struct([(f, pa.int64()) for f in FIELDS])
+    batch = pa.record_batch(
+        {
+            "block_number": pa.array([1, 1, 2], pa.int64()),
+            "value": pa.array([{f: i for f in FIELDS} for i in range(3)], limbs),
+            "other": pa.array(
+                [{"a": 1, "b": "x"}] * 3, pa.struct([("a", pa.int64()), ("b", pa.string())])
+            ),
+        }
+    )
+    schema = StructType([StructField("n", LongType())])  # only the empty-commit path reads it
+    msg = TraceObjects({"prefix": OUT}).writer(schema, False).write(iter([batch]))
+    meta = pq.ParquetFile(io.BytesIO(store.get(msg.key))).metadata.row_group(0)
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
+    for path, used in encodings.items():
+        dictionary = any("DICT" in e for e in used)
+        assert dictionary == (not path.startswith("value.")), (path, used)
+    assert sorted(p for p in encodings if p.startswith("value.")) == sorted(
+        f"value.{f}" for f in FIELDS
+    )

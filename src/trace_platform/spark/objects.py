@@ -156,6 +156,25 @@ class _Reader(DataSourceReader):
         yield from table.to_batches()
 
 
+def dictionary_columns(schema: Any) -> list[str]:
+    """The leaf columns written with a Parquet dictionary: all but the amounts' limbs, as the
+    operators' Spark writer (`operators.output.parquet_writer`, whose reasons hold here)."""
+    import pyarrow as pa
+
+    from trace_platform.spark.words import FIELDS as limbs  # u256's, without its imports
+
+    def leaves(field: Any, path: str) -> list[str]:
+        t = field.type
+        if not pa.types.is_struct(t):
+            return [path]
+        names = [t.field(i).name for i in range(t.num_fields)]
+        if names == limbs and all(pa.types.is_int64(t.field(i).type) for i in range(t.num_fields)):
+            return []
+        return [x for i in range(t.num_fields) for x in leaves(t.field(i), f"{path}.{names[i]}")]
+
+    return [x for f in schema for x in leaves(f, f.name)]
+
+
 @dataclass
 class _Written(WriterCommitMessage):
     key: str | None
@@ -175,7 +194,9 @@ class _Writer(DataSourceArrowWriter):
         buf, writer, rows = io.BytesIO(), None, 0
         for batch in iterator:
             if writer is None:
-                writer = pq.ParquetWriter(buf, batch.schema)
+                writer = pq.ParquetWriter(
+                    buf, batch.schema, use_dictionary=dictionary_columns(batch.schema)
+                )
             writer.write_batch(batch)
             rows += batch.num_rows
         if writer is None or rows == 0:
