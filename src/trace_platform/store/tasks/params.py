@@ -3,7 +3,8 @@ a key (River's `*Params` structs), so a caller cannot misspell or forget a colum
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 from uuid import UUID
 
@@ -186,8 +187,15 @@ class RetryParams:
 
 
 def fields(p: Any) -> dict[str, Any]:
-    """A params record as the named SQL's parameter dict."""
-    return asdict(p)
+    """A params record as the named SQL's parameter dict: its own fields, not copied (no record
+    holds another; `asdict` deep-copied every config and output list, per task)."""
+    names = _NAMES.get(type(p))
+    if names is None:
+        names = _NAMES[type(p)] = tuple(f.name for f in dataclass_fields(p))
+    return {n: getattr(p, n) for n in names}
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 __all__ = [
