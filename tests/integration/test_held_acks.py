@@ -94,3 +94,19 @@ def test_a_failed_receive_keeps_its_acks_and_flush_sends_them(driver: Counting) 
     assert left(driver) == 0
     acks.flush()  # nothing held: nothing sent
     assert driver.calls.count("ack_many") == 1
+
+
+def test_a_held_ack_whose_lease_ran_out_spares_the_next_lease(driver: Counting) -> None:
+    """Held past its lease (the message redelivered to another wrapper), a receipt carried by a
+    receive deletes nothing: the new lease's holder still owns, and acks, the message."""
+    acks = HeldAcks(driver, Q, linger=60)
+    recv = receive_batcher(driver, Q, 30, 0, acks)  # type: ignore[arg-type]
+    driver.publish(Q, wake())
+    (old,) = driver.receive(Q, 1, 0.2)
+    acks.submit(old.receipt)
+    time.sleep(0.4)  # the lease runs out while the ack is held
+    (new,) = driver.receive(Q, 1, 30)
+    assert new.receipt != old.receipt
+    assert recv.submit(None) is None  # carries the stale receipt: nothing ready, nothing gone
+    assert left(driver) == 1
+    assert driver.ack(Q, new.receipt) and left(driver) == 0

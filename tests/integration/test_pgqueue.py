@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.support.queue_conformance import QueueDriverConformance, wake
-from trace_platform.db.pool import make_pool
+from trace_platform.db.pool import GENERIC_PLANS, make_pool
 from trace_platform.queue.driver import QueueDriver
 from trace_platform.queue.pgqueue import PgQueue
 from trace_platform.services import Services
@@ -148,3 +148,20 @@ def test_the_state_pool_plans_generically(services: Services) -> None:
         assert conn.execute("SHOW plan_cache_mode").fetchone() == {
             "plan_cache_mode": "force_generic_plan"
         }
+
+
+def test_pools_keep_the_environments_pgoptions(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libpq takes the session options from PGOPTIONS when the DSN gives none; a pool that adds
+    its own (GENERIC_PLANS) must keep them, as it keeps the DSN's (the state pool honoured
+    PGOPTIONS before it set options)."""
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=4321")
+    pool = make_pool(dsn, max_size=1, options=GENERIC_PLANS)
+    try:
+        with pool.connection() as conn:
+            row = conn.execute(
+                "SELECT current_setting('plan_cache_mode') AS plans, "
+                "current_setting('statement_timeout') AS timeout"
+            ).fetchone()
+        assert row == {"plans": "force_generic_plan", "timeout": "4321ms"}
+    finally:
+        pool.close()

@@ -263,3 +263,20 @@ def test_amount_limbs_are_written_without_a_dictionary(store: LocalStore) -> Non
     assert sorted(p for p in encodings if p.startswith("value.")) == sorted(
         f"value.{f}" for f in FIELDS
     )
+
+
+def test_list_and_map_columns_keep_their_dictionary(store: LocalStore) -> None:
+    """Only the limbs go without a dictionary: a list's or a map's leaves (Parquet names them
+    `x.list.element`, `m.key_value.key`) keep it, as they had before and as a struct's do."""
+    batch = pa.record_batch(
+        {
+            "xs": pa.array([["a", "b"]] * 3, pa.list_(pa.string())),
+            "m": pa.array([[("k", 1)]] * 3, pa.map_(pa.string(), pa.int64())),
+        }
+    )
+    schema = StructType([StructField("n", LongType())])  # only the empty-commit path reads it
+    msg = TraceObjects({"prefix": OUT}).writer(schema, False).write(iter([batch]))
+    meta = pq.ParquetFile(io.BytesIO(store.get(msg.key))).metadata.row_group(0)
+    for i in range(meta.num_columns):
+        col = meta.column(i)
+        assert any("DICT" in e for e in col.encodings), (col.path_in_schema, col.encodings)

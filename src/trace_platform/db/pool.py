@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -99,7 +100,9 @@ def make_pool(
     """`autocommit` for single-statement work (one round trip, no BEGIN/COMMIT); `options` are
     server settings for the session, e.g. "-c synchronous_commit=off", after any the DSN has."""
     if options:
-        given = conninfo_to_dict(dsn).get("options")
+        # The DSN's own, else the environment's (libpq reads PGOPTIONS only when the DSN
+        # gives none, which it now always does).
+        given = conninfo_to_dict(dsn).get("options") or os.environ.get("PGOPTIONS")
         dsn = make_conninfo(dsn, options=f"{given} {options}" if given else options)
     pool = ConnectionPool(
         dsn,

@@ -32,3 +32,13 @@ class Queries:
             return self._q[name]
         except KeyError:
             raise AttributeError(f"no query '{name}' in db/sql/{self.group}.sql") from None
+
+
+def literal_limit(query: str, limit: int) -> str:
+    """`query` with its `%(limit)s` written as a number. The state pool plans generically
+    (db.pool.GENERIC_PLANS), and a generic plan takes `LIMIT $1` for a tenth of the rows: a
+    newest-first listing then joins and sorts every row instead of reading the first few off an
+    index. A constant keeps the plan a listing's."""
+    if "%(limit)s" not in query:
+        raise ValueError("the query has no %(limit)s")
+    return query.replace("%(limit)s", str(int(limit)))

@@ -165,6 +165,14 @@ def dictionary_columns(schema: Any) -> list[str]:
 
     def leaves(field: Any, path: str) -> list[str]:
         t = field.type
+        # A list's and a map's leaves, as Parquet (compliant nested types) names them.
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return leaves(t.value_field, f"{path}.list.element")
+        if pa.types.is_map(t):
+            return [
+                *leaves(t.key_field, f"{path}.key_value.key"),
+                *leaves(t.item_field, f"{path}.key_value.value"),
+            ]
         if not pa.types.is_struct(t):
             return [path]
         names = [t.field(i).name for i in range(t.num_fields)]

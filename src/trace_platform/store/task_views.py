@@ -6,7 +6,7 @@ from uuid import UUID
 
 from psycopg import Cursor
 
-from trace_platform.db.queries import Queries
+from trace_platform.db.queries import Queries, literal_limit
 from trace_platform.store.calls import Calls, Row
 
 _Q = Queries("tasks")
@@ -21,7 +21,7 @@ class TaskViewStore(Calls):
         return self._run(_Q.task_scope, {"task_id": task_id})
 
     def org_tasks(self, *, org_id: UUID, limit: int) -> Cursor[Row]:
-        return self._run(_Q.org_tasks, {"org_id": org_id, "limit": limit})
+        return self._run(literal_limit(_Q.org_tasks, limit), {"org_id": org_id})
 
     def foreign_datasets(self, *, uuids: list[UUID], org_id: UUID) -> Cursor[Row]:
         """Of these dataset uuids, the ones another org owns (an ad-hoc task may not name them)."""

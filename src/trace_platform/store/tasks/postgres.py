@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from trace_platform.contract import EventIn, TaskSpec
-from trace_platform.db.queries import Queries
+from trace_platform.db.queries import Queries, literal_limit
 from trace_platform.dispatcher.dag_tasks import tasks_for_event
 from trace_platform.store.tasks.params import (
     AttemptEnd,
@@ -83,7 +83,7 @@ class PostgresTx:
         return int(row["n"]) if row else 0
 
     def list_tasks(self, limit: int) -> list[Row]:
-        return self._all(_Q.list_tasks, {"limit": limit})
+        return self._all(literal_limit(_Q.list_tasks, limit))
 
     def task_dag_paused(self, task_id: UUID) -> Row | None:
         return self._one(_Q.task_dag_paused, {"task_id": task_id})

@@ -1,0 +1,66 @@
+"""The state pool plans every parameterised statement generically (db.pool.GENERIC_PLANS): not
+only psycopg's prepared ones, also the unnamed statements of a first run. A generic plan takes
+`LIMIT $1` for a tenth of the rows, so a newest-first task listing, whose custom plan reads the
+first rows off the created_at index, became a hash join of every task and a sort (about 300 ms
+at 400,000 tasks instead of 3, growing with the table). The listings must stay index reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trace_platform.contract import LITE_ORG_ID
+from trace_platform.services import Services
+from trace_platform.store.task_views import TaskViewStore
+
+TASKS = 100_000
+
+
+def _populate(services: Services) -> None:
+    with services.pool.connection() as conn:
+        # Two years of monthly partitions (none is ever dropped), as a deployment has.
+        conn.execute("SELECT trace_ensure_partitions(2, 24)")
+        conn.execute(
+            """
+            INSERT INTO task_registry (task_id, start_day, org_id, job, operator, runtime,
+              timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds,
+              created_at)
+            SELECT gen_random_uuid(), trace_start_day(now()), %s, 'j', 'noop', 'ecs_platform',
+                   3600, 3, 2, 300, now() - make_interval(secs => g)
+            FROM generate_series(1, %s) AS g
+            """,
+            [LITE_ORG_ID, TASKS],
+        )
+        conn.execute(
+            "INSERT INTO task_status (task_id, start_day, status) "
+            "SELECT task_id, start_day, 'succeeded' FROM task_registry"
+        )
+    with services.pool.connection() as conn:
+        conn.autocommit = True
+        conn.execute("ANALYZE task_registry")
+        conn.execute("ANALYZE task_status")
+
+
+def _rows_read(conn: Any) -> int:
+    """Task rows this transaction's backend read (a parallel plan's workers read more)."""
+    row = conn.execute(
+        "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0) AS n "
+        "FROM pg_stat_xact_user_tables "
+        "WHERE relname LIKE 'task_status%' OR relname LIKE 'task_registry%'"
+    ).fetchone()
+    return int(row["n"])
+
+
+def test_the_task_listings_read_only_the_newest_tasks(services: Services) -> None:
+    _populate(services)
+    listings = {
+        "org_tasks": lambda conn: TaskViewStore(conn).org_tasks(org_id=LITE_ORG_ID, limit=50),
+        "list_tasks": lambda conn: services.dispatcher.store.adopt(conn).list_tasks(50),
+    }
+    for name, listing in listings.items():
+        with services.pool.connection() as conn, conn.transaction():
+            before = _rows_read(conn)
+            got = listing(conn)
+            rows = got.fetchall() if hasattr(got, "fetchall") else got
+            read = _rows_read(conn) - before
+        assert len(rows) == 50
+        assert read < 1_000, f"{name} read {read} task rows for 50"
