@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Profile, Settings
 from trace_platform.control.service import ControlPlane
-from trace_platform.db.pool import GENERIC_PLANS, make_pool, query_dsn, state_dsn
+from trace_platform.db.pool import make_pool, query_dsn, state_dsn
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.lite.bootstrap import bootstrap, internal_token
@@ -64,7 +64,7 @@ class Services:
         if token is None:
             raise ValueError("TRACE_INTERNAL_TOKEN is required in the aws profile")
         dsn = dsn or state_dsn(settings)
-        pool = make_pool(dsn, max_size=settings.pool_max_size, options=GENERIC_PLANS)
+        pool = make_pool(dsn, max_size=settings.pool_max_size)
         driver = make_driver(settings, dsn)
         dispatcher = Dispatcher(pool, settings)
         services = cls(

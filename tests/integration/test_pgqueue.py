@@ -142,12 +142,10 @@ def test_pools_plan_hot_statements_once_and_keep_the_dsns_options(dsn: str) -> N
         drv.close()
 
 
-def test_the_state_pool_plans_generically(services: Services) -> None:
-    """The Dispatcher's pool too: its claims and completions are the other hot statements."""
+def test_the_state_pool_keeps_postgres_plan_choice(services: Services) -> None:
+    """Only the queue's pools force generic plans (see db.pool.GENERIC_PLANS)."""
     with services.pool.connection() as conn:
-        assert conn.execute("SHOW plan_cache_mode").fetchone() == {
-            "plan_cache_mode": "force_generic_plan"
-        }
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == {"plan_cache_mode": "auto"}
 
 
 def test_pools_keep_the_environments_pgoptions(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
