@@ -110,3 +110,30 @@ def test_a_held_ack_whose_lease_ran_out_spares_the_next_lease(driver: Counting) 
     assert recv.submit(None) is None  # carries the stale receipt: nothing ready, nothing gone
     assert left(driver) == 1
     assert driver.ack(Q, new.receipt) and left(driver) == 0
+
+
+def test_the_linger_thread_ends_when_nothing_is_held(driver: Counting) -> None:
+    acks = HeldAcks(driver, Q, linger=0.1)
+    driver.publish(Q, wake())
+    (msg,) = driver.receive(Q, 1, 30)
+    acks.submit(msg.receipt)
+    thread = acks._thread
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive() and acks._thread is None and left(driver) == 0
+    driver.publish(Q, wake())  # and the next held ack starts another
+    (msg,) = driver.receive(Q, 1, 30)
+    acks.submit(msg.receipt)
+    assert acks._thread is not None and acks._thread is not thread
+    acks.flush()
+
+
+def test_a_malformed_receipt_is_dropped_not_held_forever(driver: Counting) -> None:
+    acks = HeldAcks(driver, Q, linger=60)
+    recv = receive_batcher(driver, Q, 30, 0, acks)  # type: ignore[arg-type]
+    driver.publish(Q, wake())
+    acks.submit("not a receipt")
+    with pytest.raises(ValueError):
+        recv.submit(None)
+    assert left(driver) == 1  # nothing leased by the refused statement
+    assert recv.submit(None) is not None  # the next receive is not poisoned

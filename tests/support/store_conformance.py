@@ -244,6 +244,9 @@ class StateStoreConformance:
                 [(spec(), "queued"), (spec(config={"x": "y" * MAX_CONFIG_BYTES}), "queued")]
             )
         assert len(d.list_tasks(10_000)) == before
+        with pytest.raises(TypeError):  # not JSON: refused, as a one-task insert refuses it
+            d.create_tasks([(spec(), "queued"), (spec(config={"at": datetime.now()}), "queued")])
+        assert len(d.list_tasks(10_000)) == before
         assert d.create_tasks([]) == []
 
     def test_a_batch_claim_leaves_what_a_one_task_claim_leaves(self, d: Dispatcher) -> None:

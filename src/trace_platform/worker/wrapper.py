@@ -91,7 +91,7 @@ class HeldAcks:
             if not self._held:
                 self._since = time.monotonic()
             self._held.append(receipt)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._linger, name="acks", daemon=True)
                 self._thread.start()
 
@@ -121,10 +121,10 @@ class HeldAcks:
     def _linger(self) -> None:
         while True:
             with self._lock:
-                wait = self._since + self.linger - time.monotonic() if self._held else None
-            if wait is None:
-                time.sleep(self.linger)
-                continue
+                if not self._held:  # nothing to wait for: the next submit starts another
+                    self._thread = None
+                    return
+                wait = self._since + self.linger - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
                 continue
@@ -154,6 +154,9 @@ def receive_batcher(
             msgs: list[Message | None] = list(
                 driver.receive(queue_name, len(asks), visibility, wait_seconds, ack=settled)
             )
+        except ValueError as e:  # a receipt refused as malformed: held, it would fail them all
+            log.warning("dropping %d held acks the queue refused: %s", len(settled), e)
+            raise
         except Exception:
             if acks is not None:
                 acks.give_back(settled)

@@ -46,6 +46,13 @@ def _json(value: Any) -> Jsonb | None:
     return Jsonb(value) if value is not None else None
 
 
+def _ids(value: Any) -> str:
+    """UUIDs as JSON text; anything else not JSON is refused (as Jsonb refuses it)."""
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 class PostgresTx:
     """One transaction's calls on a connection (the caller owns the transaction)."""
 
@@ -62,7 +69,7 @@ class PostgresTx:
     def insert_tasks(self, ps: list[NewTask]) -> list[int]:
         if not ps:
             return []
-        rows = json.dumps([{**fields(p), "n": i} for i, p in enumerate(ps)], default=str)
+        rows = json.dumps([{**fields(p), "n": i} for i, p in enumerate(ps)], default=_ids)
         got = self._all(_Q.insert_tasks, {"rows": rows})
         return [int(r["start_day"]) for r in got]
 
