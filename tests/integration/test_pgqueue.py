@@ -142,9 +142,18 @@ def test_pools_plan_hot_statements_once_and_keep_the_dsns_options(dsn: str) -> N
         drv.close()
 
 
-def test_the_state_pool_keeps_postgres_plan_choice(services: Services) -> None:
-    """Only the queue's pools force generic plans (see db.pool.GENERIC_PLANS)."""
+def test_the_state_pool_plans_generically_only_in_the_dispatchers_transactions(
+    services: Services,
+) -> None:
+    """The queue's pools force generic plans (see db.pool.GENERIC_PLANS); the state pool only
+    inside the Dispatcher's store transactions, and never past their end."""
     with services.pool.connection() as conn:
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == {"plan_cache_mode": "auto"}
+    with services.dispatcher.store.transaction() as tx:
+        assert tx.conn.execute("SHOW plan_cache_mode").fetchone() == {
+            "plan_cache_mode": "force_generic_plan"
+        }
+    with services.pool.connection() as conn:  # the pool's connections come back as they were
         assert conn.execute("SHOW plan_cache_mode").fetchone() == {"plan_cache_mode": "auto"}
 
 

@@ -83,9 +83,10 @@ def _embedded_login(dsn: str, user: str) -> str | None:
 # table, every row found by key or off one index) are prepared by psycopg after a few runs,
 # and Postgres then kept planning each run afresh: its estimate of their generic plan lost to
 # the custom one, whose planning cost it does not weigh. Measured: a receive of 10 messages
-# went from about 1.1 to 0.6 ms. The state pool keeps Postgres's choice: there it measured no
-# gain end to end, and a generic plan takes `LIMIT $1` for a tenth of the rows and locks
-# every partition of a partitioned table on each run.
+# went from about 1.1 to 0.6 ms. The state pool keeps Postgres's choice, but for the
+# Dispatcher's own store transactions (store/tasks/postgres.py), which set it locally: a
+# generic plan takes `LIMIT $1` for a tenth of the rows, which made the task listings read
+# every task, and elsewhere on that pool (control plane, ad hoc reads) such a plan may hide.
 GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
 
 
