@@ -194,19 +194,27 @@ def _core_throughput(svc: Services, queue: str, n: int, threads: int, batch: int
     return n / took
 
 
-def all_succeeded(svc: Services, ids: list[uuid.UUID] | str, n: int | None = None) -> bool:
-    """Whether every one of these tasks (and only these) succeeded; a failed one refuses.
-    `ids` may be given as a uuid[] literal (`n` of them), so a poll does not dump them again."""
+def finished_at(svc: Services, ids: list[uuid.UUID] | str, n: int | None = None) -> float | None:
+    """When the last of these tasks finished (epoch seconds), once every one of them (and only
+    these) succeeded, else None; a failed one refuses. `ids` may be given as a uuid[] literal
+    (`n` of them), so a poll does not dump them again."""
     with svc.pool.connection() as conn:
         rows = conn.execute(
-            "SELECT status, count(*) AS n FROM task_status WHERE task_id = ANY(%s::uuid[]) "
-            "GROUP BY 1",
+            "SELECT status, count(*) AS n, extract(epoch FROM max(finished_at)) AS last "
+            "FROM task_status WHERE task_id = ANY(%s::uuid[]) GROUP BY 1",
             [ids],
         ).fetchall()
-    by = {r["status"]: r["n"] for r in rows}
-    if by.get("failed") or by.get("canceled"):
+    by = {r["status"]: r for r in rows}
+    if "failed" in by or "canceled" in by:
         raise SystemExit(f"refusing to print: not every task succeeded: {by}")
-    return by.get("succeeded", 0) == (len(ids) if n is None else n)
+    done = by.get("succeeded")
+    if done is None or done["n"] != (len(ids) if n is None else n):
+        return None
+    return float(done["last"])
+
+
+def all_succeeded(svc: Services, ids: list[uuid.UUID] | str, n: int | None = None) -> bool:
+    return finished_at(svc, ids, n) is not None
 
 
 def stack_throughput(stack: LiteStack, n: int) -> float:
@@ -240,20 +248,13 @@ def stack_throughput(stack: LiteStack, n: int) -> float:
     while True:
         # At least once a second regardless, should some other message linger in the queue.
         if settled() or time.monotonic() - checked > 1.0:
-            if all_succeeded(svc, literal, n):
+            if (last := finished_at(svc, literal, n)) is not None:
                 break
             checked = time.monotonic()
         if time.monotonic() > deadline:
             raise TimeoutError("bench step timed out")
         time.sleep(0.05)
-    with svc.pool.connection() as conn:
-        row = conn.execute(
-            "SELECT extract(epoch FROM max(finished_at)) AS t FROM task_status "
-            "WHERE task_id = ANY(%s::uuid[])",
-            [literal],
-        ).fetchone()
-    assert row is not None
-    took = float(row["t"]) - t0
+    took = last - t0
     if took <= 0:
         raise SystemExit(f"refusing to print: the last task finished {took:.3f} s after the start")
     return n / took

@@ -118,6 +118,14 @@ def test_ack_many_fences_each_receipt(pgq: PgQueue) -> None:
     assert pgq.receive("q", 10, 30) == []
 
 
+def settings_of(pool: Any, *names: str) -> dict[str, str]:
+    """The session settings a pool's connection has."""
+    with pool.connection() as conn:
+        return {
+            n: conn.execute("SELECT current_setting(%s) AS v", [n]).fetchone()["v"] for n in names
+        }
+
+
 def test_pools_plan_hot_statements_once_and_keep_the_dsns_options(dsn: str) -> None:
     """The queue's pools (durable and relaxed) use generic plans (see db.pool.GENERIC_PLANS),
     the relaxed one still commits without waiting, and settings the DSN itself gives survive.
@@ -127,12 +135,10 @@ def test_pools_plan_hot_statements_once_and_keep_the_dsns_options(dsn: str) -> N
     drv = PgQueue.from_dsn(given)
     try:
         for pool in (drv.pool, drv.relaxed):
-            with pool.connection() as conn:
-                row = conn.execute(
-                    "SELECT current_setting('plan_cache_mode') AS plans, "
-                    "current_setting('application_name') AS app"
-                ).fetchone()
-            assert row == {"plans": "force_generic_plan", "app": "from_the_dsn"}
+            assert settings_of(pool, "plan_cache_mode", "application_name") == {
+                "plan_cache_mode": "force_generic_plan",
+                "application_name": "from_the_dsn",
+            }
         assert drv.relaxed is not drv.pool
         with drv.relaxed.connection() as conn:
             assert conn.execute("SHOW synchronous_commit").fetchone() == {
@@ -164,11 +170,9 @@ def test_pools_keep_the_environments_pgoptions(dsn: str, monkeypatch: pytest.Mon
     monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=4321")
     pool = make_pool(dsn, max_size=1, options=GENERIC_PLANS)
     try:
-        with pool.connection() as conn:
-            row = conn.execute(
-                "SELECT current_setting('plan_cache_mode') AS plans, "
-                "current_setting('statement_timeout') AS timeout"
-            ).fetchone()
-        assert row == {"plans": "force_generic_plan", "timeout": "4321ms"}
+        assert settings_of(pool, "plan_cache_mode", "statement_timeout") == {
+            "plan_cache_mode": "force_generic_plan",
+            "statement_timeout": "4321ms",
+        }
     finally:
         pool.close()
