@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -443,7 +444,7 @@ def polars_decode(logs_path: Path, dataset: str, out: Path) -> None:
                 f"{row['log_index']} has no whole uint256 amount"
             )
         frame = frame.drop("_short")
-    # Sorted by block and log index, as the Spark operators write their rows.
+    # Sorted by block and log index, as the Spark operators write each file's rows.
     frame.sort(["block_number", "log_index"]).write_parquet(out, compression=COMPRESSION)
 
 
@@ -466,10 +467,17 @@ def integers(column: pa.ChunkedArray) -> list[int | None]:
 
 
 def check(dataset: str, spark_out: Path, polars_out: Path, expected: Expected) -> list[str]:
-    """What differs between the two outputs and the amounts the generator wrote (empty: none)."""
+    """What differs between the two outputs and the amounts the generator wrote (empty: none);
+    and any output file whose rows are not in block and log order (the sort was timed)."""
     s, p = read_sorted(spark_out), read_sorted(polars_out)
     want = expected[dataset]
     problems = []
+    files = sorted(spark_out.glob("*.parquet")) if spark_out.is_dir() else [spark_out]
+    for f in [*files, polars_out]:
+        t = pq.read_table(f, columns=KEY)
+        order = pc.sort_indices(t, [(k, "ascending") for k in KEY])
+        if order.to_pylist() != list(range(t.num_rows)):
+            problems.append(f"{dataset}: {f.name}'s rows are not in block and log order")
     if not (s.num_rows == p.num_rows == len(want)) or not want:
         return [f"{dataset} rows: Spark {s.num_rows}, polars {p.num_rows}, made {len(want)}"]
     if s.column_names != p.column_names:
