@@ -35,10 +35,10 @@ class Queries:
 
 
 def literal_limit(query: str, limit: int) -> str:
-    """`query` with its `%(limit)s` written as a number. The state pool plans generically
-    (db.pool.GENERIC_PLANS), and a generic plan takes `LIMIT $1` for a tenth of the rows: a
-    newest-first listing then joins and sorts every row instead of reading the first few off an
-    index. A constant keeps the plan a listing's."""
+    """`query` with its `%(limit)s` written as a number. The Dispatcher's store transactions
+    plan generically (store/tasks/postgres.py), and a generic plan takes `LIMIT $1` for a tenth
+    of the rows: a newest-first listing then joins and sorts every row instead of reading the
+    first few off an index. A constant keeps the plan a listing's."""
     if "%(limit)s" not in query:
         raise ValueError("the query has no %(limit)s")
     return query.replace("%(limit)s", str(int(limit)))
