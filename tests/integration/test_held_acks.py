@@ -137,3 +137,7 @@ def test_a_malformed_receipt_is_dropped_not_held_forever(driver: Counting) -> No
         recv.submit(None)
     assert left(driver) == 1  # nothing leased by the refused statement
     assert recv.submit(None) is not None  # the next receive is not poisoned
+    acks.submit("not a receipt either")
+    with pytest.raises(ValueError):
+        acks.flush()  # nor is the flush: dropped there too
+    assert acks.take() == []

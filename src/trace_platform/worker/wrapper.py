@@ -109,13 +109,21 @@ class HeldAcks:
                 self._since = time.monotonic()
             self._held = receipts + self._held
 
+    def failed(self, receipts: list[str], error: Exception) -> None:
+        """Receipts a statement carrying them failed on: kept for the next one, unless the
+        queue refused them as malformed (ValueError), which they would fail again forever."""
+        if isinstance(error, ValueError):
+            log.warning("dropping %d held acks the queue refused: %s", len(receipts), error)
+        else:
+            self.give_back(receipts)
+
     def flush(self) -> None:
         """Every held receipt, now, in one statement per thousand."""
         while taken := self.take():
             try:
                 self.driver.ack_many(self.queue_name, taken)
-            except Exception:
-                self.give_back(taken)
+            except Exception as e:
+                self.failed(taken, e)
                 raise
 
     def _linger(self) -> None:
@@ -154,12 +162,9 @@ def receive_batcher(
             msgs: list[Message | None] = list(
                 driver.receive(queue_name, len(asks), visibility, wait_seconds, ack=settled)
             )
-        except ValueError as e:  # a receipt refused as malformed: held, it would fail them all
-            log.warning("dropping %d held acks the queue refused: %s", len(settled), e)
-            raise
-        except Exception:
+        except Exception as e:
             if acks is not None:
-                acks.give_back(settled)
+                acks.failed(settled, e)
             raise
         return [*msgs, *[None] * (len(asks) - len(msgs))]
 
