@@ -6,12 +6,12 @@ requests when more than one is waiting, so eight wrappers share one request and 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
 
-import httpx
 from pydantic import BaseModel
 
 from trace_platform.contract import (
@@ -37,6 +37,7 @@ from trace_platform.contract import (
     lease_params,
 )
 from trace_platform.worker.batching import Batcher
+from trace_platform.worker.http import Response, Transport, TransportError
 
 # A completion larger than this (events, outputs, state) goes alone: a batch stays far below
 # the API's body limit whatever it holds.
@@ -56,7 +57,7 @@ class ApiError(Exception):
 def transient(e: Exception) -> bool:
     """A failure that says nothing about the lease: the API unreachable, timing out, or
     answering with a server error (restarting, overloaded). Anything else is its answer."""
-    return isinstance(e, httpx.TransportError) or (isinstance(e, ApiError) and e.status >= 500)
+    return isinstance(e, TransportError) or (isinstance(e, ApiError) and e.status >= 500)
 
 
 class DispatcherClient:
@@ -71,7 +72,7 @@ class DispatcherClient:
         headers = {"Content-Type": "application/json"}
         if internal_token:
             headers["X-Internal-Token"] = internal_token
-        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+        self.http = Transport(base_url, headers, timeout)
         self.retries = retries
         # Off when the API answers a batch route 404/405 (an older API): one call per task.
         self.batches = True
@@ -90,19 +91,12 @@ class DispatcherClient:
             try:
                 r = self.http.request(method, path, **kw)
                 break
-            except httpx.TransportError:
+            except TransportError:
                 if attempt == retries:
                     raise
                 time.sleep(min(2.0, 0.1 * 2**attempt))
-        if r.status_code >= 400:
-            try:
-                body = r.json()
-                raise ApiError(
-                    r.status_code, body.get("error", "error"), body.get("message", r.text)
-                )
-            except ValueError:
-                raise ApiError(r.status_code, "error", r.text) from None
-        return out.model_validate(r.json())
+        _raise_for_status(r)
+        return out.model_validate_json(r.content)
 
     def claim(self, task_id: UUID, worker_id: str) -> Claim:
         """Leases the task (with its payload); raises ApiError when it is not claimable."""
@@ -135,11 +129,12 @@ class DispatcherClient:
         )
 
     def secrets(self, claim: Claim) -> dict[str, str]:
-        r = self.http.get("/internal/task-secrets", **_lease(claim))
-        if r.status_code >= 400:
-            body = r.json()
-            raise ApiError(r.status_code, body.get("error", "error"), body.get("message", r.text))
-        return dict(r.json())
+        r = self.http.request("GET", "/internal/task-secrets", **_lease(claim))
+        _raise_for_status(r)
+        got = json.loads(r.content)
+        if not isinstance(got, dict):
+            raise ApiError(502, "bad_gateway", "task-secrets answered something not an object")
+        return {str(k): str(v) for k, v in got.items()}
 
     def heartbeat(
         self, claim: Claim, progress: dict[str, Any] | None = None, timeout: float = 5.0
@@ -231,6 +226,19 @@ class DispatcherClient:
 
     def close(self) -> None:
         self.http.close()
+
+
+def _raise_for_status(r: Response) -> None:
+    """An HTTP error as ApiError, with the server's code and message when it sent them."""
+    if r.status < 400:
+        return
+    try:
+        body = json.loads(r.content)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise ApiError(r.status, "error", r.text)
+    raise ApiError(r.status, str(body.get("error", "error")), str(body.get("message", r.text)))
 
 
 def _answer(call: Callable[[], T]) -> T | BaseException:
