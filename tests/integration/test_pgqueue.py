@@ -6,15 +6,19 @@ import json
 import time
 from collections.abc import Iterator
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
 
 from tests.support.queue_conformance import QueueDriverConformance, wake
 from trace_platform.db.pool import GENERIC_PLANS, make_pool
+from trace_platform.db.queries import Queries
 from trace_platform.queue.driver import QueueDriver
 from trace_platform.queue.pgqueue import PgQueue
 from trace_platform.services import Services
+
+_RECEIVE_SQL = Queries("queue").receive
 
 
 class TestPgQueueConformance(QueueDriverConformance):
@@ -176,3 +180,44 @@ def test_pools_keep_the_environments_pgoptions(dsn: str, monkeypatch: pytest.Mon
         }
     finally:
         pool.close()
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def test_a_receive_reads_its_batch_off_the_index_whatever_the_statistics(dsn: str) -> None:
+    """The receive's plan is made once per connection (generic plans), from the statistics of
+    that moment. Planned on a fresh table (never analysed) and run over a backlog published
+    since, it must still take its batch off queue_ready_idx in order: no bitmap scan of every
+    ready row, no sort, no sequential scan (each receive would read the whole backlog)."""
+    drv = PgQueue.from_dsn(dsn)
+    try:
+        drv.publish_many("q", [wake() for _ in range(3000)])
+        held = [m.receipt for m in drv.receive("q", 2, 60)]
+        names = {"receipts": "text", "visibility": "float8", "token": "uuid", "queue": "text"}
+        text = _RECEIVE_SQL
+        for i, (name, kind) in enumerate({**names, "limit": "int"}.items(), start=1):
+            text = text.replace(f"%({name})s", f"${i}::{kind}")
+        with drv.relaxed.connection() as conn:  # the pool's own session settings
+            conn.execute(f"PREPARE receive_plan AS {text}")
+            got = (
+                psycopg.ClientCursor(conn)
+                .execute(  # EXECUTE takes literals, not $n
+                    "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE receive_plan(%s, 60, %s, 'q', 2)",
+                    [",".join(held), str(uuid4())],
+                )
+                .fetchone()
+            )
+            conn.execute("DEALLOCATE receive_plan")
+        nodes = list(_plan_nodes(next(iter(got.values()))[0]["Plan"]))
+        kinds = {n["Node Type"] for n in nodes}
+        assert not kinds & {"Sort", "Bitmap Heap Scan", "Seq Scan"}, kinds
+        picks = [n for n in nodes if n.get("Index Name") == "queue_ready_idx"]
+        assert len(picks) == 1 and picks[0]["Node Type"] == "Index Scan"
+        # It read its 2 ready rows (and the 2 just acked, which it skips), not the backlog.
+        assert picks[0]["Actual Rows"] == 2 and picks[0].get("Rows Removed by Filter", 0) <= 2
+    finally:
+        drv.close()
