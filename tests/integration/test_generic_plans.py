@@ -3,7 +3,8 @@ index reads under any plan mode. A generic plan (force_generic_plan, as the queu
 it and an operator may set server-wide) takes `LIMIT $1` for a tenth of the rows: a
 newest-first listing, whose custom plan reads the first rows off the created_at index, became
 a hash join of every task and a sort (about 300 ms at 400,000 tasks instead of 3, growing with
-the table)."""
+the table). And the batch claim and completion read each task by key, whatever the
+statistics."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.services import Services
 from trace_platform.store.task_views import TaskViewStore
+from trace_platform.store.tasks.params import ClaimManyParams, LeaseCheck
 
 TASKS = 100_000
 
@@ -66,3 +68,40 @@ def test_the_task_listings_read_only_the_newest_tasks(services: Services) -> Non
             read = _rows_read(conn) - before
         assert len(rows) == 50
         assert read < 1_000, f"{name} read {read} task rows for 50"
+
+
+def test_batch_claims_and_completions_read_their_tasks_by_key(services: Services) -> None:
+    """claim_many and complete_fast_many read each requested task by key, whatever the
+    statistics say. Planned (generically, as the Dispatcher's transactions plan) over a burst
+    of queued tasks the statistics have not seen yet, their plain join read every queued task
+    through the status index and kept the requested ones."""
+    with services.pool.connection() as conn:
+        conn.execute(
+            """
+            INSERT INTO task_registry (task_id, start_day, org_id, job, operator, runtime,
+              timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds)
+            SELECT gen_random_uuid(), trace_start_day(now()), %s, 'j', 'noop', 'ecs_platform',
+                   3600, 3, 2, 300
+            FROM generate_series(1, 20000)
+            """,
+            [LITE_ORG_ID],
+        )
+        conn.execute(
+            "INSERT INTO task_status (task_id, start_day) SELECT task_id, start_day "
+            "FROM task_registry"
+        )
+        ids = [r["task_id"] for r in conn.execute("SELECT task_id FROM task_status LIMIT 5")]
+    store = services.dispatcher.store
+    with store.transaction() as tx:
+        before = _rows_read(tx.conn)
+        claimed = tx.claim_many(ClaimManyParams(ids, ["w"] * len(ids), 60.0))
+        claim_read = _rows_read(tx.conn) - before
+    assert sorted(r["task_id"] for r in claimed) == sorted(ids)
+    checks = [LeaseCheck(r["task_id"], r["attempt"], r["lease_token"]) for r in claimed]
+    with store.transaction() as tx:
+        before = _rows_read(tx.conn)
+        done = tx.complete_fast_many(checks)
+        complete_read = _rows_read(tx.conn) - before
+    assert done == set(ids)
+    assert claim_read < 100, f"a claim of 5 read {claim_read} task rows"
+    assert complete_read < 100, f"a completion of 5 read {complete_read} task rows"

@@ -362,15 +362,23 @@ SELECT task_id FROM upd;
 -- `task_ids` and `worker_ids` are parallel arrays: who claims each task. Its SET list is the
 -- one-task `claim`'s (kept apart: that one is cheaper to plan for a lone task); the store
 -- conformance test `a_batch_claim_leaves_what_a_one_task_claim_leaves` holds them together.
+-- Each requested task is read by key in a LATERAL subquery with LIMIT 1 (planned on its own,
+-- never flattened into the join): as a plain join, a plan made from statistics older than a
+-- burst of new tasks (a generic plan, or autovacuum not yet run) read every queued task
+-- through task_status_status_idx and kept the requested ones: 5.5 ms for a claim of 5 among
+-- 20,000 queued tasks, against 1.6 ms by key.
 WITH req AS (
   SELECT * FROM unnest(%(task_ids)s::uuid[], %(worker_ids)s::text[]) AS q(task_id, worker_id)
 ), cand AS (
   SELECT s.task_id, s.start_day, r.timeout_seconds, q.worker_id
-  FROM task_status s
-  JOIN req q ON q.task_id = s.task_id
+  FROM req q
+  -- Each requested task by key (see above).
+  CROSS JOIN LATERAL (
+    SELECT k.task_id, k.start_day, k.status, k.next_attempt_at, k.cancel_requested
+    FROM task_status k WHERE k.task_id = q.task_id LIMIT 1
+  ) s
   JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
-  WHERE s.task_id = ANY(%(task_ids)s::uuid[])
-    AND r.worker_pool IS NULL
+  WHERE r.worker_pool IS NULL
     AND s.status = 'queued'
     AND s.next_attempt_at <= now()
     AND NOT s.cancel_requested
@@ -424,10 +432,13 @@ WITH req AS (
     AS q(task_id, attempt, lease_token)
 ), st AS (
   SELECT s.task_id, s.start_day, s.attempt
-  FROM task_status s
-  JOIN req q ON q.task_id = s.task_id AND q.attempt = s.attempt
-    AND q.lease_token = s.lease_token
-  WHERE s.task_id = ANY(%(task_ids)s::uuid[])
+  FROM req q
+  -- Each requested task by key (see claim_many).
+  CROSS JOIN LATERAL (
+    SELECT k.task_id, k.start_day, k.attempt, k.lease_token, k.status
+    FROM task_status k WHERE k.task_id = q.task_id LIMIT 1
+  ) s
+  WHERE q.attempt = s.attempt AND q.lease_token = s.lease_token
     AND s.status IN ('running', 'queued', 'failed')
     AND NOT EXISTS (SELECT 1 FROM pool_slots p WHERE p.leased_by_task = s.task_id)
   ORDER BY s.task_id
