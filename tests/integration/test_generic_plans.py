@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+from psycopg.rows import dict_row
+
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.services import Services
 from trace_platform.store.task_views import TaskViewStore
-from trace_platform.store.tasks.params import ClaimManyParams, LeaseCheck
+from trace_platform.store.tasks.params import ClaimManyParams, ClaimParams, LeaseCheck
+from trace_platform.store.tasks.postgres import PostgresTx
 
 TASKS = 100_000
 
@@ -70,38 +74,71 @@ def test_the_task_listings_read_only_the_newest_tasks(services: Services) -> Non
         assert read < 1_000, f"{name} read {read} task rows for 50"
 
 
-def test_batch_claims_and_completions_read_their_tasks_by_key(services: Services) -> None:
-    """claim_many and complete_fast_many read each requested task by key, whatever the
-    statistics say. Planned (generically, as the Dispatcher's transactions plan) over a burst
-    of queued tasks the statistics have not seen yet, their plain join read every queued task
-    through the status index and kept the requested ones."""
-    with services.pool.connection() as conn:
-        conn.execute(
-            """
-            INSERT INTO task_registry (task_id, start_day, org_id, job, operator, runtime,
-              timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds)
-            SELECT gen_random_uuid(), trace_start_day(now()), %s, 'j', 'noop', 'ecs_platform',
-                   3600, 3, 2, 300
-            FROM generate_series(1, 20000)
-            """,
-            [LITE_ORG_ID],
+def _queue_tasks(conn: Any, n: int) -> list[Any]:
+    """`n` new queued tasks (no statistics are taken), their ids."""
+    rows = conn.execute(
+        """
+        INSERT INTO task_registry (task_id, start_day, org_id, job, operator, runtime,
+          timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds)
+        SELECT gen_random_uuid(), trace_start_day(now()), %s, 'j', 'noop', 'ecs_platform',
+               3600, 3, 2, 300
+        FROM generate_series(1, %s)
+        RETURNING task_id, start_day
+        """,
+        [LITE_ORG_ID, n],
+    ).fetchall()
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO task_status (task_id, start_day) VALUES (%(task_id)s, %(start_day)s)",
+            rows,
         )
-        conn.execute(
-            "INSERT INTO task_status (task_id, start_day) SELECT task_id, start_day "
-            "FROM task_registry"
-        )
-        ids = [r["task_id"] for r in conn.execute("SELECT task_id FROM task_status LIMIT 5")]
-    store = services.dispatcher.store
-    with store.transaction() as tx:
-        before = _rows_read(tx.conn)
-        claimed = tx.claim_many(ClaimManyParams(ids, ["w"] * len(ids), 60.0))
-        claim_read = _rows_read(tx.conn) - before
-    assert sorted(r["task_id"] for r in claimed) == sorted(ids)
+    return [r["task_id"] for r in rows]
+
+
+def _flow(conn: Any, ids: list[Any]) -> dict[str, int]:
+    """Claims ids[1:] together and ids[0] alone, then completes them the same way, each
+    statement in the Dispatcher's plan mode: the task rows each one read."""
+    tx = PostgresTx(conn)
+    read: dict[str, int] = {}
+
+    def counted(name: str, call: Any) -> Any:
+        before = _rows_read(conn)
+        got = call()
+        read[name] = _rows_read(conn) - before
+        return got
+
+    conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    lone, batch = ids[0], ids[1:]
+    claimed = counted(
+        "claim_many", lambda: tx.claim_many(ClaimManyParams(batch, ["w"] * len(batch), 60.0))
+    )
+    assert sorted(r["task_id"] for r in claimed) == sorted(batch)
+    one = counted("claim", lambda: tx.claim(ClaimParams(lone, "w", 60.0, pooled=False)))
+    assert one is not None
     checks = [LeaseCheck(r["task_id"], r["attempt"], r["lease_token"]) for r in claimed]
-    with store.transaction() as tx:
-        before = _rows_read(tx.conn)
-        done = tx.complete_fast_many(checks)
-        complete_read = _rows_read(tx.conn) - before
-    assert done == set(ids)
-    assert claim_read < 100, f"a claim of 5 read {claim_read} task rows"
-    assert complete_read < 100, f"a completion of 5 read {complete_read} task rows"
+    assert counted("complete_fast_many", lambda: tx.complete_fast_many(checks)) == set(batch)
+    check = LeaseCheck(lone, one["attempt"], one["lease_token"])
+    assert counted("complete_fast", lambda: tx.complete_fast(check))
+    conn.commit()
+    return read
+
+
+def test_claims_and_completions_read_their_tasks_by_key(dsn: str) -> None:
+    """Claims and plain completions, batched or not, read each task by key whatever the
+    statistics say. A connection's generic plans are made at their first run. Made over a
+    burst of new tasks the statistics had not seen, the batches' plain joins read every
+    queued task through the status index; made while a fresh install held a handful of tasks,
+    a lone completion's update hash-joined a sequential scan of every task."""
+
+    def connect() -> Any:
+        return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
+
+    with connect() as early, connect() as late:
+        _flow(early, _queue_tasks(early, 6))  # its plans made now, over a handful of tasks
+        _queue_tasks(early, 20_000)  # a burst the statistics have not seen
+        early.commit()
+        read = {
+            "planned before the burst": _flow(early, _queue_tasks(early, 6)),
+            "planned over it": _flow(late, _queue_tasks(late, 6)),
+        }
+    assert all(n < 100 for r in read.values() for n in r.values()), f"task rows read: {read}"

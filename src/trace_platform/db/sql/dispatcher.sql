@@ -337,11 +337,12 @@ WITH st AS (
     AND NOT EXISTS (SELECT 1 FROM pool_slots WHERE leased_by_task = %(task_id)s)
   FOR UPDATE
 ), upd AS (
+  -- A scalar sub-select (not a join with st): a plan made while the table looked small
+  -- hash-joined st against a sequential scan of every task.
   UPDATE task_status s
   SET status = 'succeeded', lease_until = NULL, finished_at = now(), updated_at = now(),
       last_error = NULL
-  FROM st
-  WHERE s.task_id = st.task_id
+  WHERE s.task_id = (SELECT task_id FROM st)
   RETURNING s.task_id, s.start_day
 ), att AS (
   -- Scalar sub-selects (not a join) so the partition and the row are found by index.
@@ -374,14 +375,16 @@ WITH req AS (
   FROM req q
   -- Each requested task by key (see above).
   CROSS JOIN LATERAL (
-    SELECT k.task_id, k.start_day, k.status, k.next_attempt_at, k.cancel_requested
-    FROM task_status k WHERE k.task_id = q.task_id LIMIT 1
+    SELECT k.task_id, k.start_day
+    FROM task_status k
+    WHERE k.task_id = q.task_id
+      AND k.status = 'queued'
+      AND k.next_attempt_at <= now()
+      AND NOT k.cancel_requested
+    LIMIT 1
   ) s
   JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
   WHERE r.worker_pool IS NULL
-    AND s.status = 'queued'
-    AND s.next_attempt_at <= now()
-    AND NOT s.cancel_requested
     AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
     AND NOT EXISTS (
       SELECT 1
@@ -435,12 +438,13 @@ WITH req AS (
   FROM req q
   -- Each requested task by key (see claim_many).
   CROSS JOIN LATERAL (
-    SELECT k.task_id, k.start_day, k.attempt, k.lease_token, k.status
-    FROM task_status k WHERE k.task_id = q.task_id LIMIT 1
+    SELECT k.task_id, k.start_day, k.attempt
+    FROM task_status k
+    WHERE k.task_id = q.task_id AND k.attempt = q.attempt AND k.lease_token = q.lease_token
+      AND k.status IN ('running', 'queued', 'failed')
+    LIMIT 1
   ) s
-  WHERE q.attempt = s.attempt AND q.lease_token = s.lease_token
-    AND s.status IN ('running', 'queued', 'failed')
-    AND NOT EXISTS (SELECT 1 FROM pool_slots p WHERE p.leased_by_task = s.task_id)
+  WHERE NOT EXISTS (SELECT 1 FROM pool_slots p WHERE p.leased_by_task = s.task_id)
   ORDER BY s.task_id
   FOR UPDATE OF s
 ), upd AS (
