@@ -96,8 +96,9 @@ def _queue_tasks(conn: Any, n: int) -> list[Any]:
 
 
 def _flow(conn: Any, ids: list[Any]) -> dict[str, int]:
-    """Claims ids[1:] together and ids[0] alone, then completes them the same way, each
-    statement in the Dispatcher's plan mode: the task rows each one read."""
+    """Claims ids[1:] together and ids[0] alone (its lease expired at once), looks for expired
+    leases, then completes them the same way, each statement in the Dispatcher's plan mode:
+    the task rows each one read."""
     tx = PostgresTx(conn)
     read: dict[str, int] = {}
 
@@ -113,8 +114,13 @@ def _flow(conn: Any, ids: list[Any]) -> dict[str, int]:
         "claim_many", lambda: tx.claim_many(ClaimManyParams(batch, ["w"] * len(batch), 60.0))
     )
     assert sorted(r["task_id"] for r in claimed) == sorted(batch)
-    one = counted("claim", lambda: tx.claim(ClaimParams(lone, "w", 60.0, pooled=False)))
+    # The lone one's lease runs out at once: the reaper's tick finds it.
+    one = counted("claim", lambda: tx.claim(ClaimParams(lone, "w", 0.0, pooled=False)))
     assert one is not None
+    conn.commit()
+    conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    expired = counted("expired_leases", lambda: tx.expired_leases(100))
+    assert [r["task_id"] for r in expired] == [lone]
     checks = [LeaseCheck(r["task_id"], r["attempt"], r["lease_token"]) for r in claimed]
     assert counted("complete_fast_many", lambda: tx.complete_fast_many(checks)) == set(batch)
     check = LeaseCheck(lone, one["attempt"], one["lease_token"])
@@ -128,13 +134,17 @@ def test_claims_and_completions_read_their_tasks_by_key(dsn: str) -> None:
     statistics say. A connection's generic plans are made at their first run. Made over a
     burst of new tasks the statistics had not seen, the batches' plain joins read every
     queued task through the status index; made while a fresh install held a handful of tasks,
-    a lone completion's update hash-joined a sequential scan of every task."""
+    a lone completion's update and the reaper's look for expired leases hash-joined a
+    sequential scan of every task."""
 
     def connect() -> Any:
         return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
 
     with connect() as early, connect() as late:
-        _flow(early, _queue_tasks(early, 6))  # its plans made now, over a handful of tasks
+        early.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        assert PostgresTx(early).expired_leases(100) == []  # a new install's first tick
+        early.commit()
+        _flow(early, _queue_tasks(early, 6))  # its other plans made now, over a handful
         _queue_tasks(early, 20_000)  # a burst the statistics have not seen
         early.commit()
         read = {

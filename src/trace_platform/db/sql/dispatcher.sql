@@ -130,11 +130,19 @@ RETURNING status, cancel_requested;
 
 -- name: expired_leases
 -- Running attempts whose lease (missed heartbeats) or deadline (timeout_seconds) ran out.
+-- Each one's registry row by key (a LATERAL subquery with LIMIT 1, never flattened): as a
+-- join, a plan made while the tables were empty (the first tick of a new install) hash-joined
+-- a sequential scan of every task ever registered, on every tick.
 SELECT s.task_id, s.start_day, s.attempt, s.cancel_requested,
        (s.deadline_at < now()) AS timed_out,
        r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds
 FROM task_status s
-JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+CROSS JOIN LATERAL (
+  SELECT k.max_attempts, k.retry_backoff_seconds, k.retry_backoff_max_seconds
+  FROM task_registry k
+  WHERE k.task_id = s.task_id AND k.start_day = s.start_day
+  LIMIT 1
+) r
 WHERE s.status = 'running' AND (s.lease_until < now() OR s.deadline_at < now())
 ORDER BY s.lease_until
 LIMIT %(limit)s
