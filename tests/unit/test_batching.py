@@ -59,3 +59,25 @@ def test_a_lone_caller_does_not_wait_for_company() -> None:
     t0 = time.monotonic()
     assert [b.submit(i) for i in range(100)] == list(range(1, 101))
     assert time.monotonic() - t0 < 1.0
+
+
+def test_no_caller_is_left_waiting_under_contention() -> None:
+    """Each batch's end wakes only its own callers and the next batch's runner: under
+    contention (more callers than a batch holds, batches back to back) every caller must
+    still be answered, with its own answer, and none left asleep."""
+    b: Batcher[tuple[int, int], tuple[int, int]] = Batcher(
+        lambda items: [(t, n + 1) for t, n in items], limit=3
+    )
+    answered = [0] * 16
+
+    def caller(t: int) -> None:
+        for n in range(300):
+            assert b.submit((t, n)) == (t, n + 1)
+            answered[t] += 1
+
+    threads = [threading.Thread(target=caller, args=(t,), daemon=True) for t in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert answered == [300] * 16
