@@ -8,6 +8,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -172,3 +173,34 @@ def test_the_gateway_adds_no_per_request_stall() -> None:
         gw.close()
         upstream.shutdown()
         upstream.server_close()
+
+
+def test_a_runs_directories_are_reused_only_as_they_were_made(tmp_path: Path) -> None:
+    """A run's work and inbox directories serve the host's next run only when that run left
+    them as made: empty, same modes and owners (a run cannot replace them: their parent is
+    root's). Anything else is removed and the next run gets fresh ones; at most one set is
+    kept, and only by the host that made it."""
+    hd = HostDir.create(tmp_path / "sandbox", "w", Policy("off"))
+    other = HostDir.create(tmp_path / "sandbox", "v", Policy("off"))
+
+    first = hd.new_task("t1")
+    assert hd.recycle(first) and hd.new_task("t2") == first  # left empty: reused
+    assert not other.recycle(first)  # not its own
+
+    def spoiled(spoil: Any) -> bool:
+        dirs = hd.new_task("t")
+        spoil(dirs)
+        kept = hd.recycle(dirs)
+        if kept:
+            assert hd.new_task("t") == dirs
+        return kept
+
+    assert not spoiled(lambda d: (d.work / "left.txt").write_text("x"))
+    assert not spoiled(lambda d: (d.work / "sub").mkdir())
+    assert not spoiled(lambda d: (d.work / "link").symlink_to("/etc"))
+    assert not spoiled(lambda d: (d.inbox / "staged").write_text("x"))
+    assert not spoiled(lambda d: d.work.chmod(0o777))
+
+    a, b = hd.new_task("a"), hd.new_task("b")
+    assert hd.recycle(a) and not hd.recycle(b)  # one kept set at most
+    assert hd.new_task("c") == a and hd.new_task("d") != b

@@ -124,6 +124,10 @@ class OperatorHost:
         assert self.dir is not None
         return self.dir.new_task(f"{task.task_id}-{task.attempt}")
 
+    def recycle(self, dirs: TaskDirs) -> bool:
+        """See HostDir.recycle; False when this host has since been restarted or killed."""
+        return self.dir is not None and self.dir.recycle(dirs)
+
     def listen(self) -> socket.socket:
         """A loopback listener inside the host's network namespace (sandboxed hosts only)."""
         assert self.proc is not None and self.policy.isolated

@@ -56,6 +56,7 @@ class ScopedStore:
         self.writable = [_prefix(o.location) for o in task.outputs if o.location]
         self.readable = self.writable + [_prefix(i.location) for i in task.inputs if i.location]
         self._names = itertools.count()
+        self.used = False  # set by the wrapper once the host asks anything of it
 
     def _scope(self, key: str, prefixes: list[str], what: str, *, prefix: bool = False) -> str:
         check_key(key, prefix=prefix)

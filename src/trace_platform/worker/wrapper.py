@@ -478,7 +478,10 @@ class Wrapper:
         try:
             self._supervise(claim, msg, stop, task, host, scoped)
         finally:
-            self._close(gateways, dirs)
+            # A run that never asked the store anything (a late answer could still write into
+            # its inbox) and left its directories as made: they serve the host's next run.
+            kept = dirs is not None and not scoped.used and host.recycle(dirs)
+            self._close(gateways, None if kept else dirs)
 
     def _egress(
         self,
@@ -627,6 +630,7 @@ class Wrapper:
             if kind == "store" and not store_busy:
                 # Served off this loop (heartbeats go on during an upload), one at a time.
                 store_busy = True
+                scoped.used = True
                 threading.Thread(
                     target=self._serve_store,
                     args=(host.proc, host.messages, scoped, out),
