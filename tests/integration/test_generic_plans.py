@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from tests.support.tasks import queue_tasks
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.services import Services
 from trace_platform.store.task_views import TaskViewStore
@@ -74,27 +75,6 @@ def test_the_task_listings_read_only_the_newest_tasks(services: Services) -> Non
         assert read < 1_000, f"{name} read {read} task rows for 50"
 
 
-def _queue_tasks(conn: Any, n: int) -> list[Any]:
-    """`n` new queued tasks (no statistics are taken), their ids."""
-    rows = conn.execute(
-        """
-        INSERT INTO task_registry (task_id, start_day, org_id, job, operator, runtime,
-          timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds)
-        SELECT gen_random_uuid(), trace_start_day(now()), %s, 'j', 'noop', 'ecs_platform',
-               3600, 3, 2, 300
-        FROM generate_series(1, %s)
-        RETURNING task_id, start_day
-        """,
-        [LITE_ORG_ID, n],
-    ).fetchall()
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO task_status (task_id, start_day) VALUES (%(task_id)s, %(start_day)s)",
-            rows,
-        )
-    return [r["task_id"] for r in rows]
-
-
 def _flow(conn: Any, ids: list[Any]) -> dict[str, int]:
     """Claims ids[1:] together and ids[0] alone (its lease expired at once), looks for expired
     leases, then completes them the same way, each statement in the Dispatcher's plan mode:
@@ -144,11 +124,11 @@ def test_claims_and_completions_read_their_tasks_by_key(dsn: str) -> None:
         early.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         assert PostgresTx(early).expired_leases(100) == []  # a new install's first tick
         early.commit()
-        _flow(early, _queue_tasks(early, 6))  # its other plans made now, over a handful
-        _queue_tasks(early, 20_000)  # a burst the statistics have not seen
+        _flow(early, queue_tasks(early, 6))  # its other plans made now, over a handful
+        queue_tasks(early, 20_000)  # a burst the statistics have not seen
         early.commit()
         read = {
-            "planned before the burst": _flow(early, _queue_tasks(early, 6)),
-            "planned over it": _flow(late, _queue_tasks(late, 6)),
+            "planned before the burst": _flow(early, queue_tasks(early, 6)),
+            "planned over it": _flow(late, queue_tasks(late, 6)),
         }
     assert all(n < 100 for r in read.values() for n in r.values()), f"task rows read: {read}"

@@ -62,9 +62,8 @@ def test_a_lone_caller_does_not_wait_for_company() -> None:
 
 
 def test_no_caller_is_left_waiting_under_contention() -> None:
-    """Each batch's end wakes only its own callers and the next batch's runner: under
-    contention (more callers than a batch holds, batches back to back) every caller must
-    still be answered, with its own answer, and none left asleep."""
+    """Under contention (more callers than a batch holds, batches back to back) every
+    caller is answered, with its own answer, and none is left asleep."""
     b: Batcher[tuple[int, int], tuple[int, int]] = Batcher(
         lambda items: [(t, n + 1) for t, n in items], limit=3
     )

@@ -215,7 +215,7 @@ def worker(
             f"{internal_token_file(settings)})"
         )
     url = api_url or settings.resolved_api_url
-    client = DispatcherClient(url, internal_token=token)
+    client = DispatcherClient(url, internal_token=token, wrappers=concurrency)
     store = make_store(settings)
     store.ensure_bucket()
     stop, abort = _drain_on_signals(settings.worker_drain_seconds)

@@ -144,9 +144,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @functools.cache
-def _tls() -> ssl.SSLContext:
-    """httpx's default verification context, built once (25 ms each) and shared by every
-    gateway's client."""
+def verified_tls() -> ssl.SSLContext:
+    """httpx's default verification context (certifi's CAs), built once (25 ms each) and
+    shared by every gateway's client and the worker's client of the internal API."""
     return httpx.create_ssl_context()
 
 
@@ -159,7 +159,9 @@ class _Server(ThreadingHTTPServer):
         self.socket = sock
         self.upstream = upstream
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.client = httpx.Client(verify=_tls(), timeout=httpx.Timeout(120.0, connect=10.0))
+        self.client = httpx.Client(
+            verify=verified_tls(), timeout=httpx.Timeout(120.0, connect=10.0)
+        )
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], ConnectionError):  # gone mid-reply: its own doing

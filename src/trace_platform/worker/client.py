@@ -37,7 +37,7 @@ from trace_platform.contract import (
     lease_params,
 )
 from trace_platform.worker.batching import Batcher
-from trace_platform.worker.http import Response, Transport, TransportError
+from trace_platform.worker.http import Response, Transport, TransportError, pool_size
 
 # A completion larger than this (events, outputs, state) goes alone: a batch stays far below
 # the API's body limit whatever it holds.
@@ -68,11 +68,13 @@ class DispatcherClient:
         internal_token: str | None = None,
         timeout: float = 30.0,
         retries: int = 5,
+        wrappers: int = 8,
     ) -> None:
+        """`wrappers`: how many wrapper threads share this client (sizes its connections)."""
         headers = {"Content-Type": "application/json"}
         if internal_token:
             headers["X-Internal-Token"] = internal_token
-        self.http = Transport(base_url, headers, timeout)
+        self.http = Transport(base_url, headers, timeout, pool_size(wrappers))
         self.retries = retries
         # Off when the API answers a batch route 404/405 (an older API): one call per task.
         self.batches = True
@@ -132,9 +134,9 @@ class DispatcherClient:
         r = self.http.request("GET", "/internal/task-secrets", **_lease(claim))
         _raise_for_status(r)
         got = json.loads(r.content)
-        if not isinstance(got, dict):
-            raise ApiError(502, "bad_gateway", "task-secrets answered something not an object")
-        return {str(k): str(v) for k, v in got.items()}
+        if not isinstance(got, dict) or not all(isinstance(v, str) for v in got.values()):
+            raise ApiError(502, "bad_gateway", "task-secrets answered something not names to text")
+        return got
 
     def heartbeat(
         self, claim: Claim, progress: dict[str, Any] | None = None, timeout: float = 5.0

@@ -5,7 +5,9 @@ Not httpx, which the rest of Trace uses: on the worker's hot path (a claim and a
 task) httpx cost about 510 us of CPU per request on this 2-core machine, urllib3 about 160 us
 (bench: one loopback request after another, same body, same answer). Every failure below HTTP
 (refused, reset, timed out, a dropped keep-alive connection) is a `TransportError`: the
-caller's to retry, since every internal call is idempotent or fenced."""
+caller's to retry, since every internal call is idempotent or fenced. The API is reached
+directly: proxy variables in the environment are not used for it (its requests carry the
+internal token), and an https URL is verified as the rest of Trace verifies (certifi's CAs)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,15 @@ from urllib.parse import urlencode, urlsplit
 import urllib3
 from urllib3.exceptions import HTTPError as _Urllib3Error
 
-# Connections kept per worker: its wrapper threads' heartbeats and events, the claim and
-# completion batches and the report threads each hold one while a request is in flight. More
-# are opened when needed and closed after (never a wait for one).
-POOL_SIZE = 32
+from trace_platform.sandbox.gateway import verified_tls
+
+
+def pool_size(wrappers: int) -> int:
+    """Connections kept for a worker of `wrappers` wrapper threads: each one's heartbeats and
+    events, and its report thread's completion, may be in flight at once, and the claim
+    batches besides. A request past them opens a connection of its own (never a wait), which
+    urllib3 then closes with a warning."""
+    return 2 * wrappers + 4
 
 
 class TransportError(Exception):
@@ -38,19 +45,23 @@ class Response:
 
 
 class Transport:
-    def __init__(self, base_url: str, headers: dict[str, str], timeout: float) -> None:
+    def __init__(
+        self, base_url: str, headers: dict[str, str], timeout: float, connections: int
+    ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
             raise ValueError(f"the API URL must be http(s)://host[:port][/path]: {base_url!r}")
         self.prefix = parts.path.rstrip("/")  # a path the API is mounted under, if any
         self.headers = headers
         self.timeout = timeout
+        tls = {"ssl_context": verified_tls()} if parts.scheme == "https" else {}
         self.pool = urllib3.connection_from_url(
             f"{parts.scheme}://{parts.netloc}",
-            maxsize=POOL_SIZE,
+            maxsize=connections,
             block=False,
             retries=False,  # retried by the caller, which knows what is safe to retry
             timeout=urllib3.Timeout(timeout),
+            **tls,
         )
 
     def request(

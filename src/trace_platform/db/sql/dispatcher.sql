@@ -389,19 +389,26 @@ WITH req AS (
       AND k.status = 'queued'
       AND k.next_attempt_at <= now()
       AND NOT k.cancel_requested
+      -- The registry's conditions too (a scalar sub-select: a SubPlan by key, never a join),
+      -- so a row the batch does not claim is never locked.
+      AND coalesce((
+        SELECT r.worker_pool IS NULL
+           AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
+           AND NOT EXISTS (
+             SELECT 1
+             FROM jsonb_array_elements(r.input_versions) AS i(ref)
+             JOIN datasets ds ON ds.dataset_uuid = (i.ref ->> 'dataset_uuid')::uuid
+             JOIN dags p ON p.dag_id = ds.producer_dag_id
+             WHERE ds.producer_dag_id IS DISTINCT FROM r.dag_id
+           )
+        FROM task_registry r
+        WHERE r.task_id = k.task_id AND r.start_day = k.start_day
+      ), false)
     LIMIT 1
   ) s
   JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
-  WHERE r.worker_pool IS NULL
-    AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
-    AND NOT EXISTS (
-      SELECT 1
-      FROM jsonb_array_elements(r.input_versions) AS i(ref)
-      JOIN datasets ds ON ds.dataset_uuid = (i.ref ->> 'dataset_uuid')::uuid
-      JOIN dags p ON p.dag_id = ds.producer_dag_id
-      WHERE ds.producer_dag_id IS DISTINCT FROM r.dag_id
-    )
-  ORDER BY s.task_id
+  -- Each row is locked inside its LATERAL lookup, as the loop reaches it; SKIP LOCKED never
+  -- waits, so the order cannot deadlock.
   FOR UPDATE OF s SKIP LOCKED
 ), c AS (
   UPDATE task_status s
@@ -443,7 +450,9 @@ WITH req AS (
     AS q(task_id, attempt, lease_token)
 ), st AS (
   SELECT s.task_id, s.start_day, s.attempt
-  FROM req q
+  -- In task_id order: each row is locked as the nested loop reaches it (a LockRows under
+  -- the LATERAL's LIMIT), so the requests' order is the lock order.
+  FROM (SELECT * FROM req ORDER BY task_id) q
   -- Each requested task by key (see claim_many).
   CROSS JOIN LATERAL (
     SELECT k.task_id, k.start_day, k.attempt

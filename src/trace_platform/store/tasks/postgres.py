@@ -115,6 +115,9 @@ class PostgresTx:
     def complete_fast_many(self, checks: list[LeaseCheck]) -> set[UUID]:
         if not checks:
             return set()
+        # Sent in task_id order too (the statement locks rows in its input's order): Python
+        # orders UUIDs as Postgres does, by their bytes.
+        checks = sorted(checks, key=lambda c: c.task_id)
         rows = self._all(
             _Q.complete_fast_many,
             {

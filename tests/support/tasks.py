@@ -1,0 +1,29 @@
+"""Tasks written straight into the state tables, for tests of the Dispatcher's statements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trace_platform.contract import LITE_ORG_ID
+
+
+def queue_tasks(conn: Any, n: int, *, worker_pool: str | None = None) -> list[Any]:
+    """`n` new queued tasks (no statistics are taken), their ids in creation order."""
+    rows = conn.execute(
+        """
+        INSERT INTO task_registry (task_id, start_day, org_id, job, operator, runtime,
+          timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds,
+          worker_pool)
+        SELECT gen_random_uuid(), trace_start_day(now()), %s, 'j', 'noop', 'ecs_platform',
+               3600, 3, 2, 300, %s
+        FROM generate_series(1, %s)
+        RETURNING task_id, start_day
+        """,
+        [LITE_ORG_ID, worker_pool, n],
+    ).fetchall()
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO task_status (task_id, start_day) VALUES (%(task_id)s, %(start_day)s)",
+            rows,
+        )
+    return [r["task_id"] for r in rows]
