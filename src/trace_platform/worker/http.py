@@ -49,8 +49,9 @@ class Transport:
         self, base_url: str, headers: dict[str, str], timeout: float, connections: int
     ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
-            raise ValueError(f"the API URL must be http(s)://host[:port][/path]: {base_url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+            # Not echoed: it may hold a password.
+            raise ValueError("the API URL must be http(s)://host[:port][/path], no credentials")
         self.prefix = parts.path.rstrip("/")  # a path the API is mounted under, if any
         self.headers = headers
         self.timeout = timeout
