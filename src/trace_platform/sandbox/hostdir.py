@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -51,7 +50,7 @@ class TaskDirs:
         in them and changed nothing about them (it cannot replace them: their parent is
         root's)."""
         try:
-            if tuple(_identity(p) for p in (self.work, self.inbox)) != self.made:
+            if not self.made or tuple(_identity(p) for p in (self.work, self.inbox)) != self.made:
                 return False
             for path in (self.work, self.inbox):
                 with os.scandir(path) as entries:
@@ -59,7 +58,7 @@ class TaskDirs:
                         return False
         except OSError:
             return False
-        return bool(self.made) and all(stat.S_ISDIR(m) for _, m, _ in self.made)
+        return True
 
     def remove(self) -> None:
         # Most tasks leave both empty: three rmdirs (which never follow a symlink, and fail on

@@ -54,7 +54,6 @@ class Transport:
             raise ValueError("the API URL must be http(s)://host[:port][/path], no credentials")
         self.prefix = parts.path.rstrip("/")  # a path the API is mounted under, if any
         self.headers = headers
-        self.timeout = timeout
         tls = {"ssl_context": verified_tls()} if parts.scheme == "https" else {}
         self.pool = urllib3.connection_from_url(
             f"{parts.scheme}://{parts.netloc}",
