@@ -358,6 +358,26 @@ class CompleteBatchResponse(BaseModel):
     results: list[CompleteResult]  # one per completion, in the body's order
 
 
+class ExchangeBody(_Body):
+    """A worker's finished attempts and its next wake-ups in one request (`/internal/exchange`):
+    the completions land first, then the claims are leased, in one commit when every item
+    takes the batch path. The completions' lease tokens travel in LEASE_TOKENS_HEADER."""
+
+    completions: list[CompleteItem] = Field(default_factory=list, max_length=MAX_BATCH)
+    claims: list[ClaimRequest] = Field(default_factory=list, max_length=MAX_BATCH)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ExchangeBody:
+        if not self.completions and not self.claims:
+            raise ValueError("an exchange carries at least one completion or claim")
+        return self
+
+
+class ExchangeResponse(BaseModel):
+    completions: list[CompleteResult]  # one per completion, in the body's order
+    claims: list[ClaimResult]  # one per claim, in the body's order
+
+
 class IdempotencyContext(BaseModel):
     """What an operator needs to make its writes idempotent across retries."""
 

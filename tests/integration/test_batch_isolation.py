@@ -69,7 +69,7 @@ def test_a_refused_completion_does_not_fail_the_others_in_its_batch(
     reporter = _reporter(client)
     kwargs = [bad, {}, {}]
     # Hold the batcher busy so the three completions leave together, as eight wrappers' do.
-    batcher = client._completions
+    batcher = client._exchange
     with batcher._cond:
         batcher._busy = True
     threads = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -204,3 +205,22 @@ def test_a_runs_directories_are_reused_only_as_they_were_made(tmp_path: Path) ->
     a, b = hd.new_task("a"), hd.new_task("b")
     assert hd.recycle(a) and not hd.recycle(b)  # one kept set at most
     assert hd.new_task("c") == a and hd.new_task("d") != b
+
+
+def test_what_a_task_does_to_the_environment_ends_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host undoes a task's variables: added, changed and removed, bytes included."""
+    from trace_platform.worker.host_main import _restore_environ
+
+    monkeypatch.setenv("KEPT", "same")
+    monkeypatch.setenv("CHANGED", "before")
+    monkeypatch.setenv("REMOVED", "there")
+    saved = dict(os.environb)
+    os.environ["ADDED"] = "x"
+    os.environ["CHANGED"] = "after"
+    del os.environ["REMOVED"]
+    os.environb[b"RAW"] = b"\xff"
+    _restore_environ(saved)
+    assert dict(os.environb) == saved
+    assert "ADDED" not in os.environ and "RAW" not in os.environ
+    assert os.environ["CHANGED"] == "before" and os.environ["REMOVED"] == "there"
+    assert os.getenv("KEPT") == "same"

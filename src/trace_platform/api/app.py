@@ -46,9 +46,10 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.add_middleware(LastResort)
     install_error_handlers(app)
 
-    app.include_router(health.router(services))
-    # internal: the worker wrapper only (the InternalToken middleware)
+    # internal: the worker wrapper only (the InternalToken middleware); first, as the most
+    # called (routes are matched in order)
     app.include_router(internal.router(services))
+    app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
     for routes in (tasks, dags, runs, datasets, query, secrets):

@@ -124,26 +124,59 @@ class Lifecycle:
         the one-task way (`_claim_one`), each in its own transaction, so a refusal commits
         nothing but its own outcome."""
         _unique([r.task_id for r in reqs], "claim")
+        with self.store.transaction() as tx:
+            leased = self._lease_plain(tx, reqs, payload)
+        return self._claimed(reqs, leased, payload)
+
+    def exchange(
+        self, completions: list[CompleteRequest], claims: list[ClaimRequest]
+    ) -> tuple[list[CompleteResponse | TraceError], list[Claim | TraceError]]:
+        """A worker's finished attempts and its next wake-ups: the plain completions land and
+        the plain claims are leased in one transaction (one commit for both, the completions
+        first, so what they free is free for the claims); every other item goes the one-task
+        way, answered as `complete_many` and `claim_many` answer it. The claim's statement
+        never waits (SKIP LOCKED), so the completions' row locks, taken in task_id order, are
+        the only ones this transaction waits for: no lock-order deadlock is added."""
+        _unique([r.task_id for r in completions], "completion")
+        _unique([r.task_id for r in claims], "claim")
+        plain = self._plain_completions(completions)
+        with self.store.transaction() as tx:
+            done = self._complete_plain(tx, plain)
+            leased = self._lease_plain(tx, claims, True)
+        return self._completed(completions, done), self._claimed(claims, leased, True)
+
+    def _lease_plain(
+        self, tx: StoreTx, reqs: list[ClaimRequest], payload: bool
+    ) -> dict[UUID, Claim]:
+        """The batch statement's claims (the plain claimable tasks among `reqs`), by task."""
+        if not reqs:
+            return {}
         params = ClaimManyParams(
             task_ids=[r.task_id for r in reqs],
             worker_ids=[r.worker_id for r in reqs],
             lease=self.settings.lease_seconds,
         )
         leased: dict[UUID, Claim] = {}
-        with self.store.transaction() as tx:
-            views = tx.claim_many(params)
-            strategies = reads.strategy_rows(tx, [v["outputs"] for v in views]) if payload else {}
-            for view in views:
-                task = self._payload_of(tx, view, None, strategies) if payload else None
-                leased[view["task_id"]] = Claim(
-                    task_id=view["task_id"],
-                    start_day=view["start_day"],
-                    attempt=view["attempt"],
-                    lease_token=view["lease_token"],
-                    lease_until=view["lease_until"],
-                    heartbeat_seconds=self.settings.heartbeat_seconds,
-                    task=task,
-                )
+        views = tx.claim_many(params)
+        strategies = reads.strategy_rows(tx, [v["outputs"] for v in views]) if payload else {}
+        for view in views:
+            task = self._payload_of(tx, view, None, strategies) if payload else None
+            leased[view["task_id"]] = Claim(
+                task_id=view["task_id"],
+                start_day=view["start_day"],
+                attempt=view["attempt"],
+                lease_token=view["lease_token"],
+                lease_until=view["lease_until"],
+                heartbeat_seconds=self.settings.heartbeat_seconds,
+                task=task,
+            )
+        return leased
+
+    def _claimed(
+        self, reqs: list[ClaimRequest], leased: dict[UUID, Claim], payload: bool
+    ) -> list[Claim | TraceError]:
+        """Each request's answer: its batch claim, else the one-task way's (after the batch's
+        commit)."""
         out: list[Claim | TraceError] = []
         for req in reqs:
             if req.task_id in leased:
@@ -308,17 +341,34 @@ class Lifecycle:
         and any plain one that statement did not take (stale, wrong lease, a slot held),
         goes the one-task way, each in its own transaction, so a refused one commits nothing."""
         _unique([r.task_id for r in reqs], "completion")
-        # An attempt number past the column's range names no attempt: the full path refuses it.
-        plain = [r for r in reqs if self._plain_success(r) and r.attempt < 2**31]
+        plain = self._plain_completions(reqs)
         done: set[UUID] = set()
         if plain:
-            checks = [
-                LeaseCheck(task_id=r.task_id, attempt=r.attempt, lease_token=r.lease_token)
-                for r in plain
-            ]
             with self.store.transaction() as tx:
-                done = tx.complete_fast_many(checks)
-                faults.point("complete.before_commit")
+                done = self._complete_plain(tx, plain)
+        return self._completed(reqs, done)
+
+    def _plain_completions(self, reqs: list[CompleteRequest]) -> list[CompleteRequest]:
+        # An attempt number past the column's range names no attempt: the full path refuses it.
+        return [r for r in reqs if self._plain_success(r) and r.attempt < 2**31]
+
+    @staticmethod
+    def _complete_plain(tx: StoreTx, plain: list[CompleteRequest]) -> set[UUID]:
+        """The batch statement's completions (fenced, each by its own lease): the ids it took."""
+        if not plain:
+            return set()
+        checks = [
+            LeaseCheck(task_id=r.task_id, attempt=r.attempt, lease_token=r.lease_token)
+            for r in plain
+        ]
+        done = tx.complete_fast_many(checks)
+        faults.point("complete.before_commit")
+        return done
+
+    def _completed(
+        self, reqs: list[CompleteRequest], done: set[UUID]
+    ) -> list[CompleteResponse | TraceError]:
+        """Each report's answer: landed by the batch statement, else the one-task way's."""
         out: list[CompleteResponse | TraceError] = []
         for req in reqs:
             if req.task_id in done and self._plain_success(req):

@@ -1,15 +1,17 @@
 """HTTP client of the Dispatcher's internal API, held by the wrapper only (never the operator).
 
 One client serves all of a worker's wrapper threads: their claims and completions are
-coalesced (`worker/batching.py`) into `/internal/claim-batch` and `/internal/complete-batch`
-requests when more than one is waiting, so eight wrappers share one request and one commit."""
+coalesced (`worker/batching.py`) into one request when more than one is waiting, so eight
+wrappers share one request and one commit: `/internal/exchange` when it holds both (one
+wrapper's finished attempt and another's next wake-up), else `/internal/claim-batch` or
+`/internal/complete-batch` (a lone item: its one-task route)."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -29,6 +31,8 @@ from trace_platform.contract import (
     EventIn,
     EventsBody,
     EventsResponse,
+    ExchangeBody,
+    ExchangeResponse,
     HeartbeatBody,
     HeartbeatResponse,
     LeaseRef,
@@ -44,6 +48,8 @@ from trace_platform.worker.http import Response, Transport, TransportError, pool
 MAX_BATCHED_COMPLETION_BYTES = 16 * 1024
 
 T = TypeVar("T", bound=BaseModel)
+# One item of a worker's exchange with the API: a wake-up to claim, or an attempt's report.
+Ask = ClaimRequest | tuple[Claim, CompleteItem]
 
 
 class ApiError(Exception):
@@ -76,11 +82,12 @@ class DispatcherClient:
             headers["X-Internal-Token"] = internal_token
         self.http = Transport(base_url, headers, timeout, pool_size(wrappers))
         self.retries = retries
-        # Off when the API answers a batch route 404/405 (an older API): one call per task.
+        # Off when the API answers a batch route 404/405 (an older API): one call per task;
+        # `exchanges` likewise for `/internal/exchange` (then claims and completions apart).
         self.batches = True
-        self._claims: Batcher[ClaimRequest, Claim] = Batcher(self._claim_batch, MAX_BATCH)
-        self._completions: Batcher[tuple[Claim, CompleteItem], CompleteResponse] = Batcher(
-            self._complete_batch, MAX_BATCH
+        self.exchanges = True
+        self._exchange: Batcher[Ask, Claim | CompleteResponse] = Batcher(
+            self._exchange_batch, MAX_BATCH
         )
 
     def _call(
@@ -102,7 +109,57 @@ class DispatcherClient:
 
     def claim(self, task_id: UUID, worker_id: str) -> Claim:
         """Leases the task (with its payload); raises ApiError when it is not claimable."""
-        return self._claims.submit(ClaimRequest(task_id=task_id, worker_id=worker_id))
+        return cast(
+            Claim, self._exchange.submit(ClaimRequest(task_id=task_id, worker_id=worker_id))
+        )
+
+    def _exchange_batch(self, asks: list[Ask]) -> list[Claim | CompleteResponse | BaseException]:
+        """The claims and completions waiting together, answered in their order: both kinds
+        in one `/internal/exchange`, one kind alone on its own batch route."""
+        claims = [a for a in asks if isinstance(a, ClaimRequest)]
+        completions = [a for a in asks if not isinstance(a, ClaimRequest)]
+        claimed: list[Claim | BaseException] | None = None
+        completed: list[CompleteResponse | BaseException] | None = None
+        if claims and completions and self.exchanges:
+            try:
+                completed, claimed = self._exchange_call(completions, claims)
+            except ApiError as e:
+                if e.status in (404, 405):
+                    self.exchanges = False  # an older API: claims and completions apart
+                elif not _whole_batch_refused(e):
+                    raise
+                # Refused as a whole (one item's body fault, a task twice): each kind on its
+                # own batch route, where a refusal falls back to one item at a time.
+        if claimed is None:
+            claimed = self._claim_batch(claims) if claims else []
+        if completed is None:
+            completed = self._complete_batch(completions) if completions else []
+        next_claim, next_completion = iter(claimed), iter(completed)
+        return [
+            next(next_claim) if isinstance(a, ClaimRequest) else next(next_completion) for a in asks
+        ]
+
+    def _exchange_call(
+        self, completions: list[tuple[Claim, CompleteItem]], claims: list[ClaimRequest]
+    ) -> tuple[list[CompleteResponse | BaseException], list[Claim | BaseException]]:
+        body = ExchangeBody(completions=[i for _, i in completions], claims=claims)
+        tokens = ",".join(str(c.lease_token) for c, _ in completions)
+        got = self._call(
+            "POST",
+            "/internal/exchange",
+            ExchangeResponse,
+            content=body.model_dump_json(),
+            headers={LEASE_TOKENS_HEADER: tokens},
+        )
+        if len(got.completions) != len(completions) or len(got.claims) != len(claims):
+            raise ApiError(502, "bad_gateway", "the exchange's answer does not match its request")
+        return (
+            [
+                r.response if r.response is not None else _item_error(r.error)
+                for r in got.completions
+            ],
+            [r.claim if r.claim is not None else _item_error(r.error) for r in got.claims],
+        )
 
     def _claim_one(self, body: ClaimRequest) -> Claim:
         return self._call("POST", "/internal/claim", Claim, content=body.model_dump_json())
@@ -189,7 +246,7 @@ class DispatcherClient:
         )
         if len(item.model_dump_json().encode()) > MAX_BATCHED_COMPLETION_BYTES:  # bytes, not chars
             return self._complete_one(claim, item)
-        return self._completions.submit((claim, item))
+        return cast(CompleteResponse, self._exchange.submit((claim, item)))
 
     def _complete_one(self, claim: Claim, item: CompleteItem) -> CompleteResponse:
         body = item.model_dump_json(exclude={"task_id", "attempt"})

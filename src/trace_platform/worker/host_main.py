@@ -80,7 +80,7 @@ def run_one(
     env: dict[str, str],
     spark_remote: str | None = None,
 ) -> None:
-    home, environ = Path.cwd(), dict(os.environ)
+    home, environ = Path.cwd(), dict(os.environb)
     os.chdir(workdir)
     ctx = OperatorContext(
         task=task,
@@ -102,15 +102,27 @@ def run_one(
             logging.getLogger("trace.operator").exception("the task's clean-up failed")
             clean = False
         os.chdir(home)
-        # Whatever the task set in the process environment ends with it, as its cwd does.
-        os.environ.clear()
-        os.environ.update(environ)
+        _restore_environ(environ)
     chan.send(outcome)
     if not clean:
         # A host whose clean-up failed may hold what the task left (a Spark session, its
         # threads): it must not take the next task, nor linger half-alive. Exiting now makes
         # the wrapper start a fresh host for the next one.
         os._exit(70)
+
+
+def _restore_environ(saved: dict[bytes, bytes]) -> None:
+    """Whatever the task set in the process environment ends with it, as its cwd does. Only
+    what changed is undone: `os.environ.clear()` pops one variable at a time, each pop a fresh
+    walk (about 0.4 ms a task, most of a no-op task's cost in the host)."""
+    env = os.environb  # bytes: no decoding, and the same variables as os.environ
+    if dict(env) == saved:
+        return
+    for key in [k for k in env if k not in saved]:
+        del env[key]
+    for key, value in saved.items():
+        if env.get(key) != value:
+            env[key] = value
 
 
 def _run(ctx: OperatorContext, task: TaskPayload) -> dict[str, Any]:

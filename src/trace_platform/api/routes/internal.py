@@ -1,5 +1,6 @@
 """`/internal/*`: the worker wrapper's side of the Dispatcher (claim, fetch, secrets,
-heartbeat, events, completion, and the batches of claims and completions). Every route needs
+heartbeat, events, completion, the batches of claims and completions, and the exchange that
+carries both). Every route needs
 the platform's internal token, checked for all of `/internal/*` before a body is read
 (`api/gateway.py` InternalToken).
 
@@ -33,6 +34,8 @@ from trace_platform.contract import (
     EventsBody,
     EventsRequest,
     EventsResponse,
+    ExchangeBody,
+    ExchangeResponse,
     HeartbeatBody,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -68,10 +71,32 @@ def _batch_error(e: TraceError) -> BatchError:
     return BatchError(status=e.status_code, error=e.code, message=e.message, detail=e.detail)
 
 
+def _claim_results(
+    reqs: list[ClaimRequest], answers: list[Claim | TraceError]
+) -> list[ClaimResult]:
+    return [
+        ClaimResult(task_id=req.task_id, error=_batch_error(got))
+        if isinstance(got, TraceError)
+        else ClaimResult(task_id=req.task_id, claim=got)
+        for req, got in zip(reqs, answers, strict=True)
+    ]
+
+
+def _complete_results(
+    reqs: list[CompleteRequest], answers: list[CompleteResponse | TraceError]
+) -> list[CompleteResult]:
+    return [
+        CompleteResult(task_id=req.task_id, error=_batch_error(got))
+        if isinstance(got, TraceError)
+        else CompleteResult(task_id=req.task_id, response=got)
+        for req, got in zip(reqs, answers, strict=True)
+    ]
+
+
 def lease_tokens(header: str, n: int) -> list[UUID]:
     """The complete-batch's `X-Lease-Tokens`: exactly one token per completion, in order.
     A refusal names the position, never a token (a token is a secret, even a wrong one)."""
-    parts = [p.strip() for p in header.split(",")]
+    parts = [p.strip() for p in header.split(",")] if header.strip() else []
     if len(parts) != n:
         raise Invalid(
             f"X-Lease-Tokens holds {len(parts)} token(s); the body has {n} completion(s) "
@@ -90,6 +115,28 @@ def router(services: Services) -> APIRouter:
     d = services.dispatcher
     r = trace_router()
 
+    # First: the route a busy worker calls most (routes are matched in order, each a regex).
+    @r.post("/internal/exchange", response_class=Response, responses=_doc(ExchangeResponse))
+    def exchange(
+        body: ExchangeBody, x_lease_tokens: Annotated[str | None, Header()] = None
+    ) -> Response:
+        """A worker's completions and its next claims in one request (and, for the plain
+        ones, one commit): each answered as `/internal/complete-batch` and
+        `/internal/claim-batch` would. The completions' lease tokens are in
+        `X-Lease-Tokens`, as for a complete-batch (no header when there is no completion)."""
+        tokens = lease_tokens(x_lease_tokens or "", len(body.completions))
+        reqs = [
+            CompleteRequest(**dict(item), lease_token=token)
+            for item, token in zip(body.completions, tokens, strict=True)
+        ]
+        completed, claimed = d.exchange(reqs, body.claims)
+        return _json(
+            ExchangeResponse(
+                completions=_complete_results(reqs, completed),
+                claims=_claim_results(body.claims, claimed),
+            )
+        )
+
     @r.post("/internal/claim", response_class=Response, responses=_doc(Claim))
     def claim(body: ClaimRequest) -> Response:
         return _json(d.claim(body, payload=True))  # the task-fetch payload rides along
@@ -98,15 +145,9 @@ def router(services: Services) -> APIRouter:
     def claim_batch(body: ClaimBatchBody) -> Response:
         """Up to MAX_BATCH wake-ups; each answered as `/internal/claim` would (a claim with
         its payload, or the error), plain ones leased in one transaction."""
-        results = [
-            ClaimResult(task_id=task_id, error=_batch_error(got))
-            if isinstance(got, TraceError)
-            else ClaimResult(task_id=task_id, claim=got)
-            for task_id, got in zip(
-                [c.task_id for c in body.claims], d.claim_many(body.claims), strict=True
-            )
-        ]
-        return _json(ClaimBatchResponse(results=results))
+        return _json(
+            ClaimBatchResponse(results=_claim_results(body.claims, d.claim_many(body.claims)))
+        )
 
     @r.get("/internal/task-fetch", response_class=Response, responses=_doc(TaskPayload))
     def task_fetch(ref: Lease) -> Response:
@@ -142,12 +183,7 @@ def router(services: Services) -> APIRouter:
             CompleteRequest(**dict(item), lease_token=token)
             for item, token in zip(body.completions, tokens, strict=True)
         ]
-        results = [
-            CompleteResult(task_id=req.task_id, error=_batch_error(got))
-            if isinstance(got, TraceError)
-            else CompleteResult(task_id=req.task_id, response=got)
-            for req, got in zip(reqs, d.complete_many(reqs), strict=True)
-        ]
+        results = _complete_results(reqs, d.complete_many(reqs))
         return _json(CompleteBatchResponse(results=results))
 
     assert MAX_BATCH * 37 < 8 * 1024  # a full X-Lease-Tokens header fits any server's limit
