@@ -76,6 +76,10 @@ class TaskRef(BaseModel):
 class ClaimRequest(_Body):
     task_id: UUID
     worker_id: str = Field(min_length=1, max_length=200)
+    # The worker's key for this claim, sent unchanged when it retries the request: it becomes
+    # the lease token, so a claim that committed but whose answer was lost is answered again
+    # (the same lease) instead of refused, and the task is not stranded until its lease ends.
+    claim_id: UUID | None = None
     start_day: int | None = None  # accepted from older workers, unused (see LeaseRef)
 
 

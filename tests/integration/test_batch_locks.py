@@ -32,7 +32,9 @@ def _locked(dsn: str, ids: list[Any]) -> set[Any]:
 
 def _claimed(dsn: str, ids: list[Any]) -> dict[Any, LeaseCheck]:
     with _connect(dsn) as conn:
-        rows = PostgresTx(conn).claim_many(ClaimManyParams(ids, ["w"] * len(ids), 600.0))
+        rows = PostgresTx(conn).claim_many(
+            ClaimManyParams(ids, ["w"] * len(ids), 600.0, [None] * len(ids))
+        )
     return {r["task_id"]: LeaseCheck(r["task_id"], r["attempt"], r["lease_token"]) for r in rows}
 
 
@@ -42,7 +44,9 @@ def test_a_batch_claim_locks_only_what_it_claims(dsn: str) -> None:
     with _connect(dsn) as conn:
         plain, pooled = queue_tasks(conn, 2), queue_tasks(conn, 2, worker_pool="gpu")
         conn.commit()
-        got = PostgresTx(conn).claim_many(ClaimManyParams(plain + pooled, ["w"] * 4, 60.0))
+        got = PostgresTx(conn).claim_many(
+            ClaimManyParams(plain + pooled, ["w"] * 4, 60.0, [None] * 4)
+        )
         assert {r["task_id"] for r in got} == set(plain)
         assert _locked(dsn, plain + pooled) == set(plain)  # the batch is still open
 

@@ -91,7 +91,10 @@ def _flow(conn: Any, ids: list[Any]) -> dict[str, int]:
     conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
     lone, batch = ids[0], ids[1:]
     claimed = counted(
-        "claim_many", lambda: tx.claim_many(ClaimManyParams(batch, ["w"] * len(batch), 60.0))
+        "claim_many",
+        lambda: tx.claim_many(
+            ClaimManyParams(batch, ["w"] * len(batch), 60.0, [None] * len(batch))
+        ),
     )
     assert sorted(r["task_id"] for r in claimed) == sorted(batch)
     # The lone one's lease runs out at once: the reaper's tick finds it.

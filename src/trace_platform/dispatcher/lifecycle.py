@@ -28,6 +28,7 @@ from trace_platform.contract import (
     HeartbeatResponse,
     IdempotencyContext,
     LeaseRef,
+    SlotLease,
     TaskPayload,
 )
 from trace_platform.dispatcher import access, reads, state
@@ -155,6 +156,7 @@ class Lifecycle:
             task_ids=[r.task_id for r in reqs],
             worker_ids=[r.worker_id for r in reqs],
             lease=self.settings.lease_seconds,
+            lease_tokens=[r.claim_id for r in reqs],
         )
         leased: dict[UUID, Claim] = {}
         views = tx.claim_many(params)
@@ -202,6 +204,7 @@ class Lifecycle:
             worker_id=req.worker_id,
             lease=self.settings.lease_seconds,
             pooled=False,
+            lease_token=req.claim_id,
         )
         task: TaskPayload | None = None
         with self.store.transaction() as tx:
@@ -216,11 +219,40 @@ class Lifecycle:
         with self.store.transaction() as tx:
             row = tx.claim(replace(params, pooled=True))
             if row is None:
+                again = self._claimed_before(tx, req, payload)
+                if again is not None:
+                    return again
                 raise self._not_claimable(tx, req.task_id)
             slot = self.slots.lease(tx, req.task_id)  # raises (rolling back the claim) if none
             if payload:
                 task = self._payload(tx, _lease_of(row))
         return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot, task=task)
+
+    def _claimed_before(self, tx: StoreTx, req: ClaimRequest, payload: bool) -> Claim | None:
+        """The claim `req` already made, answered again: its request was retried (the first
+        answer lost) with the same claim key, which its lease token is, by the same worker,
+        and the lease is still that attempt's. None for anything else (refused as before)."""
+        if req.claim_id is None:
+            return None
+        st = tx.status(req.task_id)
+        if (
+            st is None
+            or st["status"] != "running"
+            or st["lease_token"] != req.claim_id
+            or st["worker_id"] != req.worker_id
+        ):
+            return None
+        slot = tx.slot_of_task(req.task_id)
+        return Claim(
+            task_id=st["task_id"],
+            start_day=st["start_day"],
+            attempt=st["attempt"],
+            lease_token=st["lease_token"],
+            lease_until=st["lease_until"],
+            heartbeat_seconds=self.settings.heartbeat_seconds,
+            slot=SlotLease(pool=slot["pool"], slot_index=slot["slot_index"]) if slot else None,
+            task=self._payload(tx, _lease_of(st)) if payload else None,
+        )
 
     @staticmethod
     def _not_claimable(tx: StoreTx, task_id: UUID) -> Exception:

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from pydantic import BaseModel
 
@@ -108,10 +108,11 @@ class DispatcherClient:
         return out.model_validate_json(r.content)
 
     def claim(self, task_id: UUID, worker_id: str) -> Claim:
-        """Leases the task (with its payload); raises ApiError when it is not claimable."""
-        return cast(
-            Claim, self._exchange.submit(ClaimRequest(task_id=task_id, worker_id=worker_id))
-        )
+        """Leases the task (with its payload); raises ApiError when it is not claimable. The
+        claim's key goes with every try of it, so a retry after a lost answer gets the lease
+        that request took (ClaimRequest.claim_id)."""
+        req = ClaimRequest(task_id=task_id, worker_id=worker_id, claim_id=uuid4())
+        return cast(Claim, self._exchange.submit(req))
 
     def _exchange_batch(self, asks: list[Ask]) -> list[Claim | CompleteResponse | BaseException]:
         """The claims and completions waiting together, answered in their order: both kinds

@@ -59,6 +59,7 @@ class ClaimParams:
     worker_id: str
     lease: float  # seconds
     pooled: bool  # claim only a task with (True) or without (False) a worker pool
+    lease_token: UUID | None = None  # the claim's key (ClaimRequest.claim_id), else a new one
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ class ClaimManyParams:
     task_ids: list[UUID]
     worker_ids: list[str]  # who claims each task (parallel to task_ids)
     lease: float  # seconds
+    lease_tokens: list[UUID | None]  # each claim's key (parallel too; None: a new token)
 
 
 @dataclass(frozen=True, slots=True)

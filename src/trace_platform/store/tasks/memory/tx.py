@@ -246,7 +246,7 @@ class MemoryTx:
         s.update(
             status="running",
             attempt=attempt,
-            lease_token=uuid.uuid4(),  # gen_random_uuid(): a version 4 UUID
+            lease_token=p.lease_token or uuid.uuid4(),  # gen_random_uuid(): a version 4 UUID
             lease_until=self.now + timedelta(seconds=p.lease),
             heartbeat_at=self.now,
             started_at=self.now,
@@ -290,10 +290,13 @@ class MemoryTx:
 
     def claim_many(self, p: ClaimManyParams) -> list[Row]:
         rows = []
-        for task_id, worker_id in sorted(dict(zip(p.task_ids, p.worker_ids, strict=True)).items()):
+        asks = zip(p.task_ids, zip(p.worker_ids, p.lease_tokens, strict=True), strict=True)
+        for task_id, (worker_id, token) in sorted(dict(asks).items()):
             if self.foreign_inputs(task_id):
                 continue
-            one = ClaimParams(task_id=task_id, worker_id=worker_id, lease=p.lease, pooled=False)
+            one = ClaimParams(
+                task_id=task_id, worker_id=worker_id, lease=p.lease, pooled=False, lease_token=token
+            )
             if self.claim(one) is not None:
                 view = self.task_view(task_id)
                 assert view is not None

@@ -1,0 +1,117 @@
+"""A claim whose answer was lost: the worker retries the request with the same claim key
+(`ClaimRequest.claim_id`), and gets the lease that request took instead of a 409, so the task
+runs now instead of waiting, stranded, for its lease to run out. Anyone else, or any other
+claim, is refused as before."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.test_batches import new_tasks
+from trace_platform.db.embedded import free_port
+from trace_platform.lite.stack import ApiServer
+from trace_platform.services import Services
+from trace_platform.worker.client import DispatcherClient
+from trace_platform.worker.http import Response, TransportError
+
+
+def _status(services: Services, task_id: str) -> dict[str, Any]:
+    with services.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT status, attempt, lease_token::text, worker_id FROM task_status "
+            "WHERE task_id = %s",
+            [task_id],
+        ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+@pytest.mark.parametrize(
+    "route", ["/internal/claim", "/internal/claim-batch", "/internal/exchange"]
+)
+def test_a_retried_claim_gets_the_lease_its_first_try_took(
+    api: httpx.Client, services: Services, route: str
+) -> None:
+    task_id, other = new_tasks(services, 2)
+    key = str(uuid.uuid4())
+
+    def claim(task: str, worker: str, claim_id: str | None) -> dict[str, Any]:
+        one = {"task_id": task, "worker_id": worker, "claim_id": claim_id}
+        if route == "/internal/claim":
+            r = api.post(route, json=one)
+            return r.json() if r.status_code == 200 else {"error": r.json()}
+        # A batch of two (the batch statement's path), the other task claimed alongside.
+        mate = {"task_id": other, "worker_id": "mate"}
+        r = api.post(route, json={"claims": [one, mate]})
+        assert r.status_code == 200, r.text
+        got = r.json()["results" if route.endswith("batch") else "claims"][0]
+        return got["claim"] if got["claim"] is not None else {"error": got["error"]}
+
+    first = claim(task_id, "w1", key)
+    assert first["attempt"] == 1 and first["lease_token"] == key
+    assert _status(services, task_id) == {
+        "status": "running",
+        "attempt": 1,
+        "lease_token": key,
+        "worker_id": "w1",
+    }
+    again = claim(task_id, "w1", key)
+    assert again["attempt"] == 1 and again["lease_token"] == key
+    assert again["task"]["status"] == "running" and again["task"]["task_id"] == task_id
+    # Another claim of the running task (another key, no key, another worker): refused.
+    for worker, claim_id in [("w1", str(uuid.uuid4())), ("w1", None), ("w2", key)]:
+        refused = claim(task_id, worker, claim_id)
+        assert refused["error"]["error"] == "not_claimable", refused
+    assert _status(services, task_id)["attempt"] == 1  # nothing above opened an attempt
+    # Once the attempt ended, the retry is refused too.
+    done = {"outcome": "succeeded"}
+    r = api.post(
+        "/internal/task-complete",
+        params={"task_id": task_id, "attempt": 1},
+        headers={"X-Lease-Token": key},
+        json=done,
+    )
+    assert r.status_code == 200, r.text
+    assert claim(task_id, "w1", key)["error"]["error"] == "not_claimable"
+
+
+@pytest.fixture
+def client(services: Services) -> Iterator[DispatcherClient]:
+    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
+    server.start()
+    c = DispatcherClient(server.url, internal_token=services.internal_token, retries=2)
+    yield c
+    c.close()
+    server.stop()
+
+
+def test_the_worker_client_runs_a_task_whose_claim_answer_was_lost(
+    client: DispatcherClient, services: Services
+) -> None:
+    """The claim reaches the API and commits, its answer never reaches the worker (a dropped
+    connection): the client's retry is answered with that claim, and the task is the
+    worker's to run, attempt 1, not a 409 leaving it stranded until its lease runs out."""
+    (task_id,) = new_tasks(services, 1)
+    request = client.http.request
+    lost: list[str] = []
+
+    def drop_first_answer(method: str, path: str, **kw: Any) -> Response:
+        answer = request(method, path, **kw)
+        if path == "/internal/claim" and not lost:
+            lost.append(path)
+            raise TransportError("connection reset before the answer was read")
+        return answer
+
+    client.http.request = drop_first_answer  # type: ignore[method-assign]
+    got = client.claim(uuid.UUID(task_id), "w1")
+    assert lost == ["/internal/claim"]
+    assert got.attempt == 1 and got.task is not None and got.task.status == "running"
+    st = _status(services, task_id)
+    assert st["status"] == "running" and st["attempt"] == 1
+    assert st["lease_token"] == str(got.lease_token)
+    assert client.complete(got, "succeeded").status == "succeeded"
