@@ -5,6 +5,7 @@ client sends both kinds together and falls back when the API has no exchange."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -248,3 +249,73 @@ def test_a_completion_the_api_refuses_as_a_body_does_not_fail_the_claims_beside_
     assert isinstance(got[0], Exception) and "422" in str(got[0]), got
     state = rows(services, [str(t) for t in ids])
     assert [state[str(t)]["status"] for t in ids] == ["running"] * 3
+
+
+def test_a_fault_in_the_claims_half_does_not_fail_the_completions(
+    api: httpx.Client, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trace_platform.dispatcher.lifecycle import Lifecycle
+
+    running = [r["claim"] for r in claim_batch(api, new_tasks(services, 2))]
+    good, bad = new_tasks(services, 2)
+    build = Lifecycle._payload_of
+
+    def faulty(self: Any, tx: Any, view: Any, *a: Any, **k: Any) -> Any:
+        if str(view["task_id"]) == bad:
+            raise RuntimeError("a bug while building one claim's payload")
+        return build(self, tx, view, *a, **k)
+
+    monkeypatch.setattr(Lifecycle, "_payload_of", faulty)
+    items = [{"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"} for c in running]
+    r = exchange(api, items, [good, bad], [c["lease_token"] for c in running])
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [x["response"]["status"] for x in got["completions"]] == ["succeeded"] * 2
+    assert got["claims"][0]["claim"]["attempt"] == 1
+    assert got["claims"][1]["error"]["status"] == 500 and "a bug" not in r.text
+    state = rows(services, [c["task_id"] for c in running] + [good, bad])
+    assert [state[c["task_id"]]["status"] for c in running] == ["succeeded"] * 2
+    assert state[good]["status"] == "running" and state[bad]["status"] == "queued"
+
+
+def test_reports_with_more_than_their_success_land_before_the_claims_are_leased(
+    api: httpx.Client, services: Services
+) -> None:
+    """A failure report (the full path) is done before the shared transaction starts, so no
+    claim's lease runs while it is written; the plain ones share the claims' commit."""
+    plain, failed = [r["claim"] for r in claim_batch(api, new_tasks(services, 2))]
+    (fresh,) = new_tasks(services, 1)
+    items = [
+        {"task_id": plain["task_id"], "attempt": 1, "outcome": "succeeded"},
+        {"task_id": failed["task_id"], "attempt": 1, "outcome": "failed", "error": "boom"},
+    ]
+    r = exchange(api, items, [fresh], [plain["lease_token"], failed["lease_token"]])
+    got = r.json()
+    assert [x["task_id"] for x in got["completions"]] == [plain["task_id"], failed["task_id"]]
+    assert got["completions"][1]["response"]["status"] in ("queued", "failed")
+    state = rows(services, [plain["task_id"], failed["task_id"], fresh])
+    assert state[fresh]["status"] == "running"
+    with services.pool.connection() as conn:
+        ended = conn.execute(
+            "SELECT finished_at FROM task_attempts WHERE task_id = %s AND attempt = 1",
+            [failed["task_id"]],
+        ).fetchone()
+    assert ended is not None and ended["finished_at"] < state[fresh]["started_at"]
+    assert state[plain["task_id"]]["finished_at"] == state[fresh]["started_at"]
+
+
+def test_an_answer_short_of_its_items_fails_them_all_clearly(
+    client: DispatcherClient, services: Services
+) -> None:
+    ids = [uuid.UUID(t) for t in new_tasks(services, 2)]
+    request = client.http.request
+
+    def truncate(method: str, path: str, **kw: Any) -> Response:
+        answer = request(method, path, **kw)
+        doc = json.loads(answer.content)
+        doc["results"] = doc["results"][:1]
+        return Response(answer.status, json.dumps(doc).encode())
+
+    client.http.request = truncate  # type: ignore[method-assign]
+    got = _together(client, [lambda t=t: client.claim(t, "w") for t in ids])
+    assert all(isinstance(g, Exception) and "2 item(s) sent, 1 answered" in str(g) for g in got)

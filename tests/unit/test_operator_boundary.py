@@ -208,19 +208,40 @@ def test_a_runs_directories_are_reused_only_as_they_were_made(tmp_path: Path) ->
 
 
 def test_what_a_task_does_to_the_environment_ends_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The host undoes a task's variables: added, changed and removed, bytes included."""
+    """The host undoes a task's variables: added, changed and removed, bytes included, set
+    under the mapping (os.putenv, a native setenv), or the mapping itself rebound."""
+    import subprocess
+    import sys
+
     from trace_platform.worker.host_main import _restore_environ
 
     monkeypatch.setenv("KEPT", "same")
     monkeypatch.setenv("CHANGED", "before")
     monkeypatch.setenv("REMOVED", "there")
-    saved = dict(os.environb)
+    monkeypatch.setenv("UNDER", "mine")
+    environ, environb = os.environ, os.environb
+    saved = (environ, environb, dict(os.environb))
     os.environ["ADDED"] = "x"
     os.environ["CHANGED"] = "after"
     del os.environ["REMOVED"]
     os.environb[b"RAW"] = b"\xff"
-    _restore_environ(saved)
-    assert dict(os.environb) == saved
+    os.putenv("UNDER", "planted")
+    os.environ = {"ONLY": "this"}  # type: ignore[assignment]
+    try:
+        _restore_environ(saved)
+    finally:
+        os.environ, os.environb = environ, environb
+    assert os.environ is environ and os.environb is environb
+    assert dict(os.environb) == saved[2]
     assert "ADDED" not in os.environ and "RAW" not in os.environ
     assert os.environ["CHANGED"] == "before" and os.environ["REMOVED"] == "there"
     assert os.getenv("KEPT") == "same"
+    # What a child process inherits is the real environment, not the mapping.
+    seen = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ.get('UNDER'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=None,
+    ).stdout.strip()
+    assert seen == "mine"

@@ -132,19 +132,43 @@ class Lifecycle:
     def exchange(
         self, completions: list[CompleteRequest], claims: list[ClaimRequest]
     ) -> tuple[list[CompleteResponse | TraceError], list[Claim | TraceError]]:
-        """A worker's finished attempts and its next wake-ups: the plain completions land and
-        the plain claims are leased in one transaction (one commit for both, the completions
-        first, so what they free is free for the claims); every other item goes the one-task
-        way, answered as `complete_many` and `claim_many` answer it. The claim's statement
-        never waits (SKIP LOCKED), so the completions' row locks, taken in task_id order, are
-        the only ones this transaction waits for: no lock-order deadlock is added."""
+        """A worker's finished attempts and its next wake-ups, answered as `complete_many` and
+        `claim_many` answer them. Reports with more to land than their success (events,
+        outputs, state, a failure) go first, each the one-task way, so no claim's lease
+        ticks while they run. Then the plain completions land and the plain claims are
+        leased in one transaction (one commit for both, the completions first, so what they
+        free is free for the claims); what that statement does not take goes the one-task
+        way after it. The claim's statement never waits (SKIP LOCKED), so the completions'
+        row locks, taken in task_id order, are the only ones it waits for: no lock-order
+        deadlock is added. A failure of the claims' half is not the completions': they land
+        on their own and each claim is answered for itself."""
         _unique([r.task_id for r in completions], "completion")
         _unique([r.task_id for r in claims], "claim")
         plain = self._plain_completions(completions)
-        with self.store.transaction() as tx:
-            done = self._complete_plain(tx, plain)
-            leased = self._lease_plain(tx, claims, True)
-        return self._completed(completions, done), self._claimed(claims, leased, True)
+        plain_ids = {r.task_id for r in plain}
+        answers: dict[UUID, CompleteResponse | TraceError] = {
+            r.task_id: _alone(r.task_id, lambda r=r: self._complete_full(r))
+            for r in completions
+            if r.task_id not in plain_ids
+        }
+        claim_fault: Exception | None = None
+        try:
+            with self.store.transaction() as tx:
+                done = self._complete_plain(tx, plain)
+                try:
+                    leased = self._lease_plain(tx, claims, True)
+                except Exception as e:
+                    claim_fault = e
+                    raise
+        except Exception:
+            if claim_fault is None:
+                raise
+            log.warning("an exchange's claims failed (%r): each is claimed alone", claim_fault)
+            with self.store.transaction() as tx:
+                done = self._complete_plain(tx, plain)
+            leased = {}
+        answers.update(zip([r.task_id for r in plain], self._completed(plain, done), strict=True))
+        return [answers[r.task_id] for r in completions], self._claimed(claims, leased, True)
 
     def _lease_plain(
         self, tx: StoreTx, reqs: list[ClaimRequest], payload: bool

@@ -131,10 +131,11 @@ class DispatcherClient:
                     raise
                 # Refused as a whole (one item's body fault, a task twice): each kind on its
                 # own batch route, where a refusal falls back to one item at a time.
-        if claimed is None:
-            claimed = self._claim_batch(claims) if claims else []
+        # Apart: the completions first, as the exchange lands them.
         if completed is None:
             completed = self._complete_batch(completions) if completions else []
+        if claimed is None:
+            claimed = self._claim_batch(claims) if claims else []
         next_claim, next_completion = iter(claimed), iter(completed)
         return [
             next(next_claim) if isinstance(a, ClaimRequest) else next(next_completion) for a in asks
@@ -152,8 +153,8 @@ class DispatcherClient:
             content=body.model_dump_json(),
             headers={LEASE_TOKENS_HEADER: tokens},
         )
-        if len(got.completions) != len(completions) or len(got.claims) != len(claims):
-            raise ApiError(502, "bad_gateway", "the exchange's answer does not match its request")
+        _check_answers(len(got.completions), len(completions))
+        _check_answers(len(got.claims), len(claims))
         return (
             [
                 r.response if r.response is not None else _item_error(r.error)
@@ -178,6 +179,7 @@ class DispatcherClient:
             if _whole_batch_refused(e):  # one item's fault: each answered on its own
                 return [_answer(lambda r=r: self._claim_one(r)) for r in reqs]
             raise
+        _check_answers(len(got.results), len(reqs))
         return [r.claim if r.claim is not None else _item_error(r.error) for r in got.results]
 
     def fetch(self, claim: Claim) -> TaskPayload:
@@ -282,6 +284,7 @@ class DispatcherClient:
                 # so one operator's bad report never fails its neighbours' attempts.
                 return [_answer(lambda c=c, i=i: self._complete_one(c, i)) for c, i in items]
             raise
+        _check_answers(len(got.results), len(items))
         return [r.response if r.response is not None else _item_error(r.error) for r in got.results]
 
     def close(self) -> None:
@@ -299,6 +302,12 @@ def _raise_for_status(r: Response) -> None:
     if not isinstance(body, dict):
         raise ApiError(r.status, "error", r.text)
     raise ApiError(r.status, str(body.get("error", "error")), str(body.get("message", r.text)))
+
+
+def _check_answers(got: int, sent: int) -> None:
+    """A batch answer holds one result per item sent, or it answers none of them."""
+    if got != sent:
+        raise ApiError(502, "bad_gateway", f"{sent} item(s) sent, {got} answered")
 
 
 def _answer(call: Callable[[], T]) -> T | BaseException:

@@ -80,7 +80,7 @@ def run_one(
     env: dict[str, str],
     spark_remote: str | None = None,
 ) -> None:
-    home, environ = Path.cwd(), dict(os.environb)
+    home, environ = Path.cwd(), (os.environ, os.environb, dict(os.environb))
     os.chdir(workdir)
     ctx = OperatorContext(
         task=task,
@@ -111,18 +111,24 @@ def run_one(
         os._exit(70)
 
 
-def _restore_environ(saved: dict[bytes, bytes]) -> None:
+def _restore_environ(
+    saved: tuple[os._Environ[str], os._Environ[bytes], dict[bytes, bytes]],
+) -> None:
     """Whatever the task set in the process environment ends with it, as its cwd does. Only
-    what changed is undone: `os.environ.clear()` pops one variable at a time, each pop a fresh
-    walk (about 0.4 ms a task, most of a no-op task's cost in the host)."""
-    env = os.environb  # bytes: no decoding, and the same variables as os.environ
-    if dict(env) == saved:
-        return
-    for key in [k for k in env if k not in saved]:
-        del env[key]
-    for key, value in saved.items():
-        if env.get(key) != value:
-            env[key] = value
+    what changed in the mapping is undone: `os.environ.clear()` pops one variable at a time,
+    each pop a fresh walk (about 0.4 ms a task, most of a no-op task's cost in the host)."""
+    environ, environb, variables = saved
+    os.environ, os.environb = environ, environb  # a task may have rebound them
+    if dict(environb) != variables:  # bytes: no decoding, and the same data as os.environ
+        for key in [k for k in environb if k not in variables]:
+            del environb[key]
+        for key, value in variables.items():
+            if environb.get(key) != value:
+                environb[key] = value
+    # Under the mapping (os.putenv, a native library's setenv) too: each variable set again,
+    # one C call each.
+    for key, value in variables.items():
+        os.putenv(key, value)
 
 
 def _run(ctx: OperatorContext, task: TaskPayload) -> dict[str, Any]:
