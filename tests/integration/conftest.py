@@ -10,6 +10,7 @@ import pytest
 from trace_platform.db.embedded import free_port
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
+from trace_platform.worker.client import DispatcherClient
 
 
 @pytest.fixture
@@ -22,4 +23,16 @@ def api(services: Services) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=10, headers=headers) as client:
         client.services = services  # type: ignore[attr-defined]
         yield client
+    server.stop()
+
+
+@pytest.fixture
+def client(services: Services) -> Iterator[DispatcherClient]:
+    """A worker's client of the internal API over a real socket (retrying transport errors
+    twice, as a worker does), this test's services behind it."""
+    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
+    server.start()
+    c = DispatcherClient(server.url, internal_token=services.internal_token, retries=2)
+    yield c
+    c.close()
     server.stop()

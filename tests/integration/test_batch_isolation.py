@@ -7,27 +7,14 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from trace_platform.contract import EventIn, TaskSpec
-from trace_platform.db.embedded import free_port
-from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.wrapper import Wrapper
-
-
-@pytest.fixture
-def client(services: Services) -> Iterator[DispatcherClient]:
-    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
-    server.start()
-    c = DispatcherClient(server.url, internal_token=services.internal_token, retries=0)
-    yield c
-    c.close()
-    server.stop()
 
 
 def _reporter(client: DispatcherClient) -> Any:

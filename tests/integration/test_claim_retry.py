@@ -6,15 +6,12 @@ claim, is refused as before."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.integration.test_batches import new_tasks
-from trace_platform.db.embedded import free_port
-from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.http import Response, TransportError
@@ -78,16 +75,6 @@ def test_a_retried_claim_gets_the_lease_its_first_try_took(
     )
     assert r.status_code == 200, r.text
     assert claim(task_id, "w1", key)["error"]["error"] == "not_claimable"
-
-
-@pytest.fixture
-def client(services: Services) -> Iterator[DispatcherClient]:
-    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
-    server.start()
-    c = DispatcherClient(server.url, internal_token=services.internal_token, retries=2)
-    yield c
-    c.close()
-    server.stop()
 
 
 def test_the_worker_client_runs_a_task_whose_claim_answer_was_lost(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,8 +15,6 @@ import pytest
 
 from tests.integration.test_batches import claim_batch, new_tasks
 from trace_platform.contract import MAX_BATCH, ClaimRequest, CompleteItem
-from trace_platform.db.embedded import free_port
-from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.http import Response
@@ -144,16 +141,6 @@ def test_a_bad_exchange_is_a_clear_422_and_changes_nothing(
     state = rows(services, [running[0]["task_id"], fresh])
     assert state[running[0]["task_id"]]["status"] == "running"
     assert state[fresh]["status"] == "queued"
-
-
-@pytest.fixture
-def client(services: Services) -> Iterator[DispatcherClient]:
-    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
-    server.start()
-    c = DispatcherClient(server.url, internal_token=services.internal_token, retries=0)
-    yield c
-    c.close()
-    server.stop()
 
 
 def _sent(client: DispatcherClient, refuse: str | None = None) -> list[str]:

@@ -187,16 +187,19 @@ class Lifecycle:
         strategies = reads.strategy_rows(tx, [v["outputs"] for v in views]) if payload else {}
         for view in views:
             task = self._payload_of(tx, view, None, strategies) if payload else None
-            leased[view["task_id"]] = Claim(
-                task_id=view["task_id"],
-                start_day=view["start_day"],
-                attempt=view["attempt"],
-                lease_token=view["lease_token"],
-                lease_until=view["lease_until"],
-                heartbeat_seconds=self.settings.heartbeat_seconds,
-                task=task,
-            )
+            leased[view["task_id"]] = self._claim_of(view, task=task)
         return leased
+
+    def _claim_of(
+        self, row: dict[str, Any], slot: SlotLease | None = None, task: TaskPayload | None = None
+    ) -> Claim:
+        """The Claim of the lease `row` holds (a claim's, task_view's or task_status's row)."""
+        lease = {
+            k: row[k] for k in ("task_id", "start_day", "attempt", "lease_token", "lease_until")
+        }
+        return Claim(
+            **lease, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot, task=task
+        )
 
     def _claimed(
         self, reqs: list[ClaimRequest], leased: dict[UUID, Claim], payload: bool
@@ -239,7 +242,7 @@ class Lifecycle:
         if refused is not None:  # raised once the failure is committed
             raise Forbidden(f"task {req.task_id} cannot run: {refused}")
         if row is not None:
-            return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, task=task)
+            return self._claim_of(row, task=task)
         with self.store.transaction() as tx:
             row = tx.claim(replace(params, pooled=True))
             if row is None:
@@ -250,7 +253,7 @@ class Lifecycle:
             slot = self.slots.lease(tx, req.task_id)  # raises (rolling back the claim) if none
             if payload:
                 task = self._payload(tx, _lease_of(row))
-        return Claim(**row, heartbeat_seconds=self.settings.heartbeat_seconds, slot=slot, task=task)
+        return self._claim_of(row, slot=slot, task=task)
 
     def _claimed_before(self, tx: StoreTx, req: ClaimRequest, payload: bool) -> Claim | None:
         """The claim `req` already made, answered again: its request was retried (the first
@@ -267,13 +270,8 @@ class Lifecycle:
         ):
             return None
         slot = tx.slot_of_task(req.task_id)
-        return Claim(
-            task_id=st["task_id"],
-            start_day=st["start_day"],
-            attempt=st["attempt"],
-            lease_token=st["lease_token"],
-            lease_until=st["lease_until"],
-            heartbeat_seconds=self.settings.heartbeat_seconds,
+        return self._claim_of(
+            st,
             slot=SlotLease(pool=slot["pool"], slot_index=slot["slot_index"]) if slot else None,
             task=self._payload(tx, _lease_of(st)) if payload else None,
         )
