@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Literal, Self
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import UUID4, BaseModel, ConfigDict, Field, model_validator
 
 LITE_ORG_ID = UUID("00000000-0000-0000-0000-000000000001")
 
@@ -79,7 +79,8 @@ class ClaimRequest(_Body):
     # The worker's key for this claim, sent unchanged when it retries the request: it becomes
     # the lease token, so a claim that committed but whose answer was lost is answered again
     # (the same lease) instead of refused, and the task is not stranded until its lease ends.
-    claim_id: UUID | None = None
+    # A secret as a lease token is: a random (version 4) UUID, never derived from anything.
+    claim_id: UUID4 | None = None
     start_day: int | None = None  # accepted from older workers, unused (see LeaseRef)
 
 
@@ -105,7 +106,8 @@ class Claim(BaseModel):
 class LeaseRef(_Body):
     """Every fenced call names the attempt it speaks for and proves it holds that lease. On
     the wire it travels one way on every call: `task_id` and `attempt` in the query string,
-    the token in the `X-Lease-Token` header (never in a URL or a body, so never logged)."""
+    the token in the `X-Lease-Token` header (never in a URL or a body, so never logged; the
+    one exception is a claim's `claim_id`, which becomes the token, in the claim's body)."""
 
     task_id: UUID
     attempt: int = Field(gt=0)

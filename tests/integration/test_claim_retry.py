@@ -6,6 +6,7 @@ claim, is refused as before."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -102,3 +103,92 @@ def test_the_worker_client_runs_a_task_whose_claim_answer_was_lost(
     assert st["status"] == "running" and st["attempt"] == 1
     assert st["lease_token"] == str(got.lease_token)
     assert client.complete(got, "succeeded").status == "succeeded"
+
+
+@pytest.mark.parametrize("key", ["00000000-0000-0000-0000-000000000000", str(uuid.uuid1())])
+def test_a_claim_key_that_is_not_random_is_refused(
+    api: httpx.Client, services: Services, key: str
+) -> None:
+    """The key becomes the lease token: a nil or time-based UUID is not a secret."""
+    (task_id,) = new_tasks(services, 1)
+    r = api.post("/internal/claim", json={"task_id": task_id, "worker_id": "w", "claim_id": key})
+    assert r.status_code == 422 and "claim_id" in r.json()["message"], r.text
+    assert _status(services, task_id)["status"] == "queued"
+
+
+def test_a_retry_renews_a_lease_that_ran_on_while_its_answer_was_lost(
+    api: httpx.Client, services: Services
+) -> None:
+    (task_id,) = new_tasks(services, 1)
+    key = str(uuid.uuid4())
+    body = {"task_id": task_id, "worker_id": "w1", "claim_id": key}
+    assert api.post("/internal/claim", json=body).status_code == 200
+    with services.pool.connection() as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 second' WHERE task_id = %s",
+            [task_id],
+        )
+    again = api.post("/internal/claim", json=body).json()
+    with services.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT lease_until > now() AS held, lease_until FROM task_status WHERE task_id = %s",
+            [task_id],
+        ).fetchone()
+    assert row is not None and row["held"], row
+    answered = datetime.fromisoformat(again["lease_until"].replace("Z", "+00:00"))
+    assert again["attempt"] == 1 and answered == row["lease_until"]
+
+
+def test_a_wrapper_tries_its_claim_again_after_a_server_error_with_the_same_key(
+    client: DispatcherClient, services: Services
+) -> None:
+    """The claim commits, then a proxy answers 502: the wrapper tries again with the same key
+    and runs the task now (before, a new key got a 409 and the task waited out its lease)."""
+    import types
+
+    from trace_platform.worker.wrapper import Wrapper
+
+    (task_id,) = new_tasks(services, 1)
+    request = client.http.request
+    failed: list[str] = []
+
+    def bad_gateway_once(method: str, path: str, **kw: Any) -> Response:
+        answer = request(method, path, **kw)
+        if path == "/internal/claim" and not failed:
+            failed.append(path)
+            return Response(502, b'{"error": "bad_gateway", "message": "upstream reset"}')
+        return answer
+
+    client.http.request = bad_gateway_once  # type: ignore[method-assign]
+    wrapper = types.SimpleNamespace(client=client, worker_id="w1")
+    got = Wrapper._claim(wrapper, uuid.UUID(task_id), None)  # type: ignore[arg-type]
+    assert failed and got.attempt == 1
+    assert _status(services, task_id)["lease_token"] == str(got.lease_token)
+
+
+def test_a_client_claims_from_an_api_that_knows_no_claim_key(
+    client: DispatcherClient, services: Services
+) -> None:
+    """An API from before claim keys refuses the field (422): the client claims without it
+    from then on, as it falls back from the batch routes on an older API."""
+    ids = new_tasks(services, 2)
+    request = client.http.request
+    sent: list[bytes] = []
+
+    def older_api(method: str, path: str, **kw: Any) -> Response:
+        body = kw.get("content") or b""
+        body = body.encode() if isinstance(body, str) else body
+        sent.append(body)
+        if b"claim_id" in body:
+            return Response(
+                422,
+                b'{"error": "invalid_request", "message": '
+                b'"body.claim_id: Extra inputs are not permitted"}',
+            )
+        return request(method, path, **kw)
+
+    client.http.request = older_api  # type: ignore[method-assign]
+    first = client.claim(uuid.UUID(ids[0]), "w1")
+    second = client.claim(uuid.UUID(ids[1]), "w1")
+    assert first.attempt == 1 and second.attempt == 1 and not client.claim_keys
+    assert [b"claim_id" in b for b in sent] == [True, False, False]

@@ -159,6 +159,36 @@ class StateStoreConformance:
             (1, "w1", "running")
         ]
 
+    def test_a_claim_retried_with_its_key_is_answered_with_its_lease(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """The key becomes the lease token; the same claim again (its answer lost) gets that
+        lease, renewed; any other claim, or the same after the attempt ended, is refused."""
+        ids = [d.create_task(spec()).task_id for _ in range(3)]
+        keys = [uuid.uuid4() for _ in ids]
+        reqs = [
+            ClaimRequest(task_id=t, worker_id="w1", claim_id=k)
+            for t, k in zip(ids, keys, strict=True)
+        ]
+        one = d.claim(reqs[0], payload=True)
+        many = d.claim_many(reqs[1:])
+        assert [c.lease_token for c in [one, *many] if isinstance(c, Claim)] == keys
+        harness.expire_lease(ids[0])
+        again = d.claim(reqs[0], payload=True)
+        assert (again.attempt, again.lease_token) == (1, keys[0])
+        assert again.lease_until > one.lease_until and again.task is not None
+        assert [c.attempt for c in d.claim_many(reqs[1:]) if isinstance(c, Claim)] == [1, 1]
+        for other in (
+            ClaimRequest(task_id=ids[0], worker_id="w2", claim_id=keys[0]),
+            ClaimRequest(task_id=ids[0], worker_id="w1", claim_id=uuid.uuid4()),
+            ClaimRequest(task_id=ids[0], worker_id="w1"),
+        ):
+            with pytest.raises(Conflict):
+                d.claim(other)
+        complete(d, again)
+        with pytest.raises(Conflict):
+            d.claim(reqs[0])
+
     def test_heartbeat_extends_the_lease_and_keeps_progress(self, d: Dispatcher) -> None:
         c = claim(d, d.create_task(spec()).task_id)
         first = d.heartbeat(HeartbeatRequest(**lease(c)))

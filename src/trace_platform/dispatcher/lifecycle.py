@@ -269,6 +269,18 @@ class Lifecycle:
             or st["worker_id"] != req.worker_id
         ):
             return None
+        # Renewed as a heartbeat would (the first answer's lease may have run on meanwhile).
+        lease = HeartbeatParams(
+            task_id=st["task_id"],
+            attempt=st["attempt"],
+            lease_token=st["lease_token"],
+            lease=self.settings.lease_seconds,
+            progress=None,
+        )
+        renewed = tx.heartbeat(lease)
+        if renewed is None:
+            return None
+        st = {**st, "lease_until": renewed["lease_until"]}
         slot = tx.slot_of_task(req.task_id)
         return self._claim_of(
             st,

@@ -86,6 +86,8 @@ class DispatcherClient:
         # `exchanges` likewise for `/internal/exchange` (then claims and completions apart).
         self.batches = True
         self.exchanges = True
+        # Off when the API refuses a claim's key as an unknown field (an older API).
+        self.claim_keys = True
         self._exchange: Batcher[Ask, Claim | CompleteResponse] = Batcher(
             self._exchange_batch, MAX_BATCH
         )
@@ -107,11 +109,13 @@ class DispatcherClient:
         _raise_for_status(r)
         return out.model_validate_json(r.content)
 
-    def claim(self, task_id: UUID, worker_id: str) -> Claim:
+    def claim(self, task_id: UUID, worker_id: str, claim_id: UUID | None = None) -> Claim:
         """Leases the task (with its payload); raises ApiError when it is not claimable. The
-        claim's key goes with every try of it, so a retry after a lost answer gets the lease
-        that request took (ClaimRequest.claim_id)."""
-        req = ClaimRequest(task_id=task_id, worker_id=worker_id, claim_id=uuid4())
+        claim's key (`claim_id`, a new random one by default) goes with every try of it, so a
+        retry after a lost answer gets the lease that request took (ClaimRequest.claim_id);
+        the caller passes the same key again to retry it itself."""
+        key = (claim_id or uuid4()) if self.claim_keys else None
+        req = ClaimRequest(task_id=task_id, worker_id=worker_id, claim_id=key)
         return cast(Claim, self._exchange.submit(req))
 
     def _exchange_batch(self, asks: list[Ask]) -> list[Claim | CompleteResponse | BaseException]:
@@ -164,13 +168,21 @@ class DispatcherClient:
         )
 
     def _claim_one(self, body: ClaimRequest) -> Claim:
-        return self._call("POST", "/internal/claim", Claim, content=body.model_dump_json())
+        try:
+            return self._call(
+                "POST", "/internal/claim", Claim, content=body.model_dump_json(exclude_none=True)
+            )
+        except ApiError as e:
+            if body.claim_id is not None and _refuses_claim_keys(e):
+                self.claim_keys = False  # an older API: claims without a key from now on
+                return self._claim_one(body.model_copy(update={"claim_id": None}))
+            raise
 
     def _claim_batch(self, reqs: list[ClaimRequest]) -> list[Claim | BaseException]:
         if len(reqs) == 1 or not self.batches:
             return [_answer(lambda r=r: self._claim_one(r)) for r in reqs]
         try:
-            body = ClaimBatchBody(claims=reqs).model_dump_json()
+            body = ClaimBatchBody(claims=reqs).model_dump_json(exclude_none=True)
             got = self._call("POST", "/internal/claim-batch", ClaimBatchResponse, content=body)
         except ApiError as e:
             if e.status in (404, 405):
@@ -302,6 +314,11 @@ def _raise_for_status(r: Response) -> None:
     if not isinstance(body, dict):
         raise ApiError(r.status, "error", r.text)
     raise ApiError(r.status, str(body.get("error", "error")), str(body.get("message", r.text)))
+
+
+def _refuses_claim_keys(e: ApiError) -> bool:
+    """An API from before claim keys: its 422 names the field as one it does not know."""
+    return e.status == 422 and "claim_id" in e.message
 
 
 def _check_answers(got: int, sent: int) -> None:

@@ -50,6 +50,8 @@ from trace_platform.worker.store_proxy import ScopedStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# How long a wrapper tries one claim again while the API is away (well within any lease).
+CLAIM_RETRY_SECONDS = 5.0
 
 
 class LeaseClock:
@@ -348,7 +350,7 @@ class Wrapper:
             self.driver.nack(self.queue_name, msg.receipt, f"not a task wake-up: kind={wake.kind}")
             return
         try:
-            claim = self.client.claim(wake.task_id, self.worker_id)
+            claim = self._claim(wake.task_id, stop)
         except ApiError as e:
             # Not claimable (the wake-up was only a hint), or it may not run (403: the
             # Dispatcher already failed it, saying why): nothing for this worker to do.
@@ -381,6 +383,25 @@ class Wrapper:
         self.acks.submit(msg.receipt)
         if not self._defer:
             self.acks.flush()
+
+    def _claim(self, task_id: uuid.UUID, stop: threading.Event | None) -> Claim:
+        """The wake-up's claim, tried again with the same key while the API is away (for up
+        to CLAIM_RETRY_SECONDS): a claim that committed before its answer was lost is then
+        answered with its lease, instead of the task waiting out that lease unrun."""
+        key = uuid.uuid4()
+        deadline = time.monotonic() + CLAIM_RETRY_SECONDS
+        pause = 0.1
+        while True:
+            try:
+                return self.client.claim(task_id, self.worker_id, claim_id=key)
+            except Exception as e:
+                if not transient(e) or time.monotonic() + pause > deadline:
+                    raise
+                if stop is not None and stop.is_set():
+                    raise
+                log.warning("claim of %s failed (%s); trying it again", task_id, e)
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
 
     # -- one attempt ---------------------------------------------------------------------
     def _extend(self, msg: Message) -> None:
