@@ -375,17 +375,22 @@ SELECT task_id FROM upd;
 -- Each requested task is read by key in a LATERAL subquery with LIMIT 1 (planned on its own,
 -- never flattened into the join): as a plain join, a plan made from statistics older than a
 -- burst of new tasks (a generic plan, or autovacuum not yet run) read every queued task
--- through task_status_status_idx and kept the requested ones: 5.5 ms for a claim of 5 among
--- 20,000 queued tasks, against 1.6 ms by key.
+-- through the status index and kept the requested ones: 5.5 ms for a claim of 5 among
+-- 20,000 queued tasks, against 1.6 ms by key. Every other table is reached by key too: the
+-- registry by scalar sub-selects and a LATERAL subquery, the rows to update through
+-- `= ANY(ARRAY(...))` of the ids (a join with the requests was hash-joined with a scan of
+-- every task by a plan made while the tables held a handful of rows).
 WITH req AS (
   SELECT * FROM unnest(%(task_ids)s::uuid[], %(worker_ids)s::text[], %(lease_tokens)s::uuid[])
     AS q(task_id, worker_id, lease_token)
 ), cand AS (
-  SELECT s.task_id, s.start_day, r.timeout_seconds, q.worker_id, q.lease_token
+  SELECT s.task_id, s.start_day, s.timeout_seconds, q.worker_id, q.lease_token
   FROM req q
   -- Each requested task by key (see above).
   CROSS JOIN LATERAL (
-    SELECT k.task_id, k.start_day
+    SELECT k.task_id, k.start_day,
+           (SELECT r.timeout_seconds FROM task_registry r
+            WHERE r.task_id = k.task_id AND r.start_day = k.start_day) AS timeout_seconds
     FROM task_status k
     WHERE k.task_id = q.task_id
       AND k.status = 'queued'
@@ -408,7 +413,6 @@ WITH req AS (
       ), false)
     LIMIT 1
   ) s
-  JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
   -- Each row is locked inside its LATERAL lookup, as the loop reaches it; SKIP LOCKED never
   -- waits, so the order cannot deadlock.
   FOR UPDATE OF s SKIP LOCKED
@@ -427,7 +431,8 @@ WITH req AS (
       progress = NULL,
       progress_at = NULL
   FROM cand
-  WHERE s.task_id = cand.task_id AND s.start_day = cand.start_day
+  WHERE s.task_id = ANY(ARRAY(SELECT task_id FROM cand))
+    AND s.task_id = cand.task_id AND s.start_day = cand.start_day
   RETURNING s.task_id, s.start_day, s.status, s.attempt, s.cancel_requested, s.lease_token,
             s.lease_until, s.heartbeat_at, s.deadline_at, s.next_attempt_at, s.last_error,
             s.finished_at, s.worker_id
@@ -441,7 +446,9 @@ SELECT r.task_id, r.start_day, r.org_id, r.dag_id, r.dag_version, r.job, r.opera
        c.status, c.attempt, c.cancel_requested, c.lease_token, c.lease_until, c.heartbeat_at,
        c.deadline_at, c.next_attempt_at, c.last_error, c.finished_at
 FROM c
-JOIN task_registry r ON r.task_id = c.task_id AND r.start_day = c.start_day;
+CROSS JOIN LATERAL (
+  SELECT * FROM task_registry k WHERE k.task_id = c.task_id AND k.start_day = c.start_day LIMIT 1
+) r;
 
 -- name: complete_fast_many
 -- complete_fast for a batch, in one round trip: each row is fenced by its own attempt and
@@ -467,11 +474,13 @@ WITH req AS (
   ORDER BY s.task_id
   FOR UPDATE OF s
 ), upd AS (
+  -- The rows by key, through `= ANY(ARRAY(...))` of the locked ids (see claim_many).
   UPDATE task_status s
   SET status = 'succeeded', lease_until = NULL, finished_at = now(), updated_at = now(),
       last_error = NULL
   FROM st
-  WHERE s.task_id = st.task_id AND s.start_day = st.start_day
+  WHERE s.task_id = ANY(ARRAY(SELECT task_id FROM st))
+    AND s.task_id = st.task_id AND s.start_day = st.start_day
   RETURNING s.task_id, s.start_day, s.attempt
 ), att AS (
   UPDATE task_attempts a

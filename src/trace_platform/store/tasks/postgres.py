@@ -38,7 +38,20 @@ from trace_platform.store.tasks.params import (
 from trace_platform.store.tasks.protocol import Row
 
 _Q = Queries("dispatcher")
-_GENERIC_HERE = "SET LOCAL plan_cache_mode = force_generic_plan"
+# The plan settings of the Dispatcher's store transactions (see PostgresStore.transaction), in
+# one statement. A generic plan is kept for the connection, so:
+#  * no sequential scans: one made while a table held a handful of rows (a new install, once
+#    autovacuum analysed it) read the whole table later, wherever it had found a seq scan
+#    cheaper than the index: every keyed statement (a heartbeat, a claim, a completion) read
+#    all of its partition's tasks until the next ANALYZE replaced the plan. Every statement
+#    here reads by key or off an index.
+#  * no JIT: a generic plan prices each unnest()ed array at 10 elements, and a statement over
+#    a few large dataset versions (committed_reads) crossed jit_above_cost: 250 ms of
+#    compiling, on every run, for a read of two rows.
+DISPATCHER_PLANS = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
+    " set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
+)
 _OUTBOX = Queries("outbox")
 _READS = Queries("reads")
 
@@ -303,8 +316,8 @@ class PostgresStore:
             # are planned once: Postgres otherwise re-plans each prepared one on every run
             # (see db.pool.GENERIC_PLANS; measured: the in-process lifecycle 1.3-1.6x faster).
             # Only here, not pool-wide: elsewhere (listings, ad hoc reads) a generic plan may
-            # be far worse than a custom one.
-            conn.execute(_GENERIC_HERE)
+            # be far worse than a custom one. No sequential scans either (DISPATCHER_PLANS).
+            conn.execute(DISPATCHER_PLANS)
             yield PostgresTx(conn)
 
     def adopt(self, conn: Any) -> PostgresTx:
