@@ -4,10 +4,12 @@ it and an operator may set server-wide) takes `LIMIT $1` for a tenth of the rows
 newest-first listing, whose custom plan reads the first rows off the created_at index, became
 a hash join of every task and a sort (about 300 ms at 400,000 tasks instead of 3, growing with
 the table). And the Dispatcher's statements read each task by key, whatever the statistics
-their plan was made from: a handful of tasks, analysed or not."""
+their plan was made from: a handful of tasks, analysed or not; a long history of finished
+tasks beside a burst of new ones not yet analysed."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
@@ -22,6 +24,7 @@ from trace_platform.store.tasks.params import (
     ClaimParams,
     HeartbeatParams,
     LeaseCheck,
+    PoolKey,
 )
 from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
 
@@ -172,3 +175,97 @@ def test_plans_made_over_a_handful_of_analysed_tasks_read_by_key(dsn: str) -> No
             "planned over it": _flow(late, queue_tasks(late, 6)),
         }
     assert all(n < 100 for r in read.values() for n in r.values()), f"task rows read: {read}"
+
+
+def _running(conn: Any, n: int) -> list[Any]:
+    """`n` new running tasks (leased for an hour, no statistics taken): their status rows."""
+    ids = queue_tasks(conn, n)
+    return conn.execute(
+        """
+        UPDATE task_status
+        SET status = 'running', attempt = 1, lease_token = gen_random_uuid(),
+            lease_until = now() + interval '1 hour', deadline_at = now() + interval '1 hour',
+            started_at = now(), heartbeat_at = now()
+        WHERE task_id = ANY(%s)
+        RETURNING task_id, attempt, lease_token
+        """,
+        [ids],
+    ).fetchall()
+
+
+def test_a_heartbeat_reads_its_task_by_key(dsn: str) -> None:
+    """A heartbeat names its task, attempt and lease, and that the task runs. Planned from
+    statistics in which running tasks were a handful, `status = 'running'` made a scan of a
+    whole partial index of running rows (task_status_deadline_idx) look cheaper than the key:
+    it read every running task of the partition (500 of 2,000), on every heartbeat."""
+    with psycopg.connect(dsn, row_factory=dict_row, autocommit=True) as conn:
+        queue_tasks(conn, 6)
+        _running(conn, 2)
+        conn.execute("ANALYZE")
+        leases = _running(conn, 2_000)  # a fleet at work, not yet analysed
+    with psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0) as conn:
+        conn.execute(DISPATCHER_PLANS)
+        before = _rows_read(conn)
+        r = leases[0]
+        beat = HeartbeatParams(r["task_id"], r["attempt"], r["lease_token"], 60.0, None)
+        assert PostgresTx(conn).heartbeat(beat) is not None
+        read = _rows_read(conn) - before
+        stale = HeartbeatParams(r["task_id"], r["attempt"], uuid.uuid4(), 60.0, None)
+        assert PostgresTx(conn).heartbeat(stale) is None  # another lease: refused
+    assert read < 10, f"task rows read: {read}"
+
+
+def test_a_burst_beside_a_long_history_is_read_by_key(services: Services, dsn: str) -> None:
+    """A long-lived install's statistics are of finished tasks: queued and running ones look
+    rare (and a burst of them goes unanalysed until autovacuum counts a tenth of the table's
+    rows changed). A lookup by key and status then took the status index over the key (it
+    reads as well correlated with the table): a lone claim read every queued task of its
+    partition (5,000 of a burst of 20,000), the batch claim as many for each task, a
+    heartbeat every running task of its partition through a partial index of running rows.
+    And a freed pool slot's wake-ups read every queued task once per task of the pool."""
+    _populate(services)  # 100,000 finished tasks
+    with services.pool.connection() as conn:
+        conn.autocommit = True
+        conn.execute("ANALYZE")  # every table, as autovacuum has
+    with services.pool.connection() as conn:
+        queue_tasks(conn, 20_000)
+        running = _running(conn, 2_000)
+        queued = queue_tasks(conn, 4)
+        dag_id = conn.execute(
+            "INSERT INTO dags (dag_id, org_id, name, owner_user_id) "
+            "SELECT gen_random_uuid(), %s, 'pooled', user_id FROM users WHERE org_id = %s "
+            "LIMIT 1 RETURNING dag_id",
+            [LITE_ORG_ID, LITE_ORG_ID],
+        ).fetchone()["dag_id"]
+        conn.execute(
+            "INSERT INTO pool_slots (dag_id, pool, slot_index) "
+            "SELECT %s, 'rpc', i FROM generate_series(0, 1) AS i",
+            [dag_id],
+        )
+        pooled = queue_tasks(conn, 6, worker_pool="rpc")
+        conn.execute(
+            "UPDATE task_registry SET dag_id = %s WHERE task_id = ANY(%s)", [dag_id, pooled]
+        )
+    read: dict[str, int] = {}
+    with psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0) as conn:
+        tx = PostgresTx(conn)
+        conn.execute(DISPATCHER_PLANS)
+
+        def counted(name: str, call: Any) -> Any:
+            before = _rows_read(conn)
+            got = call()
+            read[name] = _rows_read(conn) - before
+            return got
+
+        r = running[0]
+        beat = HeartbeatParams(r["task_id"], r["attempt"], r["lease_token"], 60.0, None)
+        assert counted("heartbeat", lambda: tx.heartbeat(beat)) is not None
+        claim = ClaimParams(queued[0], "w", 60.0, pooled=False)
+        assert counted("claim", lambda: tx.claim(claim)) is not None
+        batch = queued[1:]
+        many = ClaimManyParams(batch, ["w"] * len(batch), 60.0, [None] * len(batch))
+        assert len(counted("claim_many", lambda: tx.claim_many(many))) == len(batch)
+        woken = counted("waiting_for_pool", lambda: tx.waiting_for_pool(PoolKey(dag_id, "rpc")))
+        assert len(woken) == 1 and woken[0] in pooled  # one job, max_concurrency 1
+        conn.rollback()
+    assert all(n < 100 for n in read.values()), f"task rows read: {read}"
