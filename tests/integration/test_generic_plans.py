@@ -5,7 +5,8 @@ newest-first listing, whose custom plan reads the first rows off the created_at 
 a hash join of every task and a sort (about 300 ms at 400,000 tasks instead of 3, growing with
 the table). And the Dispatcher's statements read each task by key, whatever the statistics
 their plan was made from: a handful of tasks, analysed or not; a long history of finished
-tasks beside a burst of new ones not yet analysed."""
+tasks beside a burst of new ones not yet analysed; a few dataset versions holding many
+commits."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from trace_platform.store.tasks.params import (
     HeartbeatParams,
     LeaseCheck,
     PoolKey,
+    ReadsParams,
 )
 from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
 
@@ -269,3 +271,69 @@ def test_a_burst_beside_a_long_history_is_read_by_key(services: Services, dsn: s
         assert len(woken) == 1 and woken[0] in pooled  # one job, max_concurrency 1
         conn.rollback()
     assert all(n < 100 for n in read.values()), f"task rows read: {read}"
+
+
+def test_committed_reads_read_each_scope_by_key(services: Services) -> None:
+    """What an attempt reads of its inputs' and outputs' commits (at each claim and fetch) is
+    one scope of each version it names. As one scan filtered by an OR of its four arrays, the
+    generic plan (which cannot tell the empty arrays) read every commit of every version:
+    with two versions of 20,000 scopes, 40,000 rows for two."""
+    with services.pool.connection() as conn:
+        user = conn.execute("SELECT user_id FROM users WHERE org_id = %s LIMIT 1", [LITE_ORG_ID])
+        owner = user.fetchone()["user_id"]
+        dag_id = conn.execute(
+            "INSERT INTO dags (dag_id, org_id, name, owner_user_id) "
+            "VALUES (gen_random_uuid(), %s, 'big', %s) RETURNING dag_id",
+            [LITE_ORG_ID, owner],
+        ).fetchone()["dag_id"]
+        versions = []
+        for i in range(2):
+            ds = conn.execute(
+                "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
+                "update_strategy, producer_dag_id, producer_job, producer_output_index) "
+                "VALUES (gen_random_uuid(), %s, %s, 'parquet', 'mem://d', 'replace', %s, 'j', "
+                "%s) RETURNING dataset_uuid",
+                [LITE_ORG_ID, f"big_{i}", dag_id, i],
+            ).fetchone()["dataset_uuid"]
+            version = conn.execute(
+                "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, "
+                "dag_version, location, state, backend) VALUES (gen_random_uuid(), %s, %s, 1, "
+                "'mem://v', 'complete', 'parquet') RETURNING dataset_version",
+                [ds, dag_id],
+            ).fetchone()["dataset_version"]
+            conn.execute(
+                "INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, "
+                "attempt, scope, partition_key, location, row_count) "
+                "SELECT gen_random_uuid(), %s, %s, gen_random_uuid(), 1, 'partition:' || g, "
+                "g::text, 'mem://c/' || g, 1 FROM generate_series(1, 20000) AS g",
+                [ds, version],
+            )
+            versions.append(version)
+    with services.pool.connection() as conn:
+        conn.autocommit = True
+        conn.execute("ANALYZE dataset_commits")
+    reads = ReadsParams(
+        scoped=[versions[0]],
+        whole=[],
+        appends=[],
+        own=[versions[1]],
+        scope="partition:7",
+        range_start=None,
+        range_end=None,
+    )
+    with services.dispatcher.store.transaction() as tx:
+        before = _commits_read(tx.conn)
+        got = tx.committed_reads(reads)
+        read = _commits_read(tx.conn) - before
+    assert [(r["dataset_version"], r["scope"]) for r in got] == sorted(
+        (v, "partition:7") for v in versions
+    )
+    assert read < 10, f"commit rows read: {read}"
+
+
+def _commits_read(conn: Any) -> int:
+    row = conn.execute(
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) AS n "
+        "FROM pg_stat_xact_user_tables WHERE relname = 'dataset_commits'"
+    ).fetchone()
+    return int(row["n"])

@@ -12,13 +12,42 @@ WHERE v.dataset_version = ANY(%(versions)s);
 -- scope of those it reads whole, and the scopes of its append outputs overlapping its range
 -- (the own scope excluded: a re-run replaces it), and what its outputs already hold for its
 -- own scope (`own`: a re-run can tell whether the chain under a range changed).
-SELECT dataset_uuid, dataset_version, scope, range_start, range_end, location,
-       chain_id, first_block_hash, last_block_hash, parent_hash
-FROM dataset_commits
-WHERE location IS NOT NULL
-  AND ((dataset_version = ANY(%(scoped)s) AND scope = %(scope)s)
-       OR dataset_version = ANY(%(whole)s)
-       OR (dataset_version = ANY(%(appends)s) AND scope <> %(scope)s
-           AND range_start < %(range_end)s AND range_end > %(range_start)s)
-       OR (dataset_version = ANY(%(own)s) AND scope = %(scope)s))
-ORDER BY dataset_version, scope;
+-- Each version's rows by key (a LATERAL subquery per version, the scoped ones with LIMIT 1),
+-- not one scan filtered by an OR of the four: its generic plan cannot tell which arrays are
+-- empty, and with a few versions holding many scopes it read every commit of every version
+-- through the (dataset_version, scope) index (120,000 rows, 110 ms, for a claim reading one).
+SELECT c.*
+FROM (
+  SELECT k.*
+  FROM unnest(%(scoped)s::uuid[] || %(own)s::uuid[]) AS v(version)
+  CROSS JOIN LATERAL (
+    SELECT d.dataset_uuid, d.dataset_version, d.scope, d.range_start, d.range_end, d.location,
+           d.chain_id, d.first_block_hash, d.last_block_hash, d.parent_hash
+    FROM dataset_commits d
+    WHERE d.dataset_version = v.version AND d.scope = %(scope)s
+    LIMIT 1
+  ) k
+  UNION
+  SELECT k.*
+  FROM unnest(%(whole)s::uuid[]) AS v(version)
+  CROSS JOIN LATERAL (
+    SELECT d.dataset_uuid, d.dataset_version, d.scope, d.range_start, d.range_end, d.location,
+           d.chain_id, d.first_block_hash, d.last_block_hash, d.parent_hash
+    FROM dataset_commits d
+    WHERE d.dataset_version = v.version
+    OFFSET 0
+  ) k
+  UNION
+  SELECT k.*
+  FROM unnest(%(appends)s::uuid[]) AS v(version)
+  CROSS JOIN LATERAL (
+    SELECT d.dataset_uuid, d.dataset_version, d.scope, d.range_start, d.range_end, d.location,
+           d.chain_id, d.first_block_hash, d.last_block_hash, d.parent_hash
+    FROM dataset_commits d
+    WHERE d.dataset_version = v.version AND d.scope <> %(scope)s
+      AND d.range_start < %(range_end)s AND d.range_end > %(range_start)s
+    OFFSET 0
+  ) k
+) c
+WHERE c.location IS NOT NULL
+ORDER BY c.dataset_version, c.scope;
