@@ -6,6 +6,7 @@ claim, is refused as before."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,25 @@ def _status(services: Services, task_id: str) -> dict[str, Any]:
         ).fetchone()
     assert row is not None
     return dict(row)
+
+
+def _spoil_first_answer(
+    client: DispatcherClient, path: str, spoil: Callable[[Response], Response]
+) -> list[str]:
+    """`client`'s first answer from `path`, after the API did the work, replaced by what
+    `spoil` makes of it (or raises): the paths spoiled so far."""
+    request = client.http.request
+    spoiled: list[str] = []
+
+    def spy(method: str, sent: str, **kw: Any) -> Response:
+        answer = request(method, sent, **kw)
+        if sent == path and not spoiled:
+            spoiled.append(sent)
+            return spoil(answer)
+        return answer
+
+    client.http.request = spy  # type: ignore[method-assign]
+    return spoiled
 
 
 @pytest.mark.parametrize(
@@ -85,19 +105,13 @@ def test_the_worker_client_runs_a_task_whose_claim_answer_was_lost(
     connection): the client's retry is answered with that claim, and the task is the
     worker's to run, attempt 1, not a 409 leaving it stranded until its lease runs out."""
     (task_id,) = new_tasks(services, 1)
-    request = client.http.request
-    lost: list[str] = []
 
-    def drop_first_answer(method: str, path: str, **kw: Any) -> Response:
-        answer = request(method, path, **kw)
-        if path == "/internal/claim" and not lost:
-            lost.append(path)
-            raise TransportError("connection reset before the answer was read")
-        return answer
+    def lost(answer: Response) -> Response:
+        raise TransportError("connection reset before the answer was read")
 
-    client.http.request = drop_first_answer  # type: ignore[method-assign]
+    lost_paths = _spoil_first_answer(client, "/internal/claim", lost)
     got = client.claim(uuid.UUID(task_id), "w1")
-    assert lost == ["/internal/claim"]
+    assert lost_paths == ["/internal/claim"]
     assert got.attempt == 1 and got.task is not None and got.task.status == "running"
     st = _status(services, task_id)
     assert st["status"] == "running" and st["attempt"] == 1
@@ -149,19 +163,12 @@ def test_a_wrapper_tries_its_claim_again_after_a_server_error_with_the_same_key(
     from trace_platform.worker.wrapper import Wrapper
 
     (task_id,) = new_tasks(services, 1)
-    request = client.http.request
-    failed: list[str] = []
-
-    def bad_gateway_once(method: str, path: str, **kw: Any) -> Response:
-        answer = request(method, path, **kw)
-        if path == "/internal/claim" and not failed:
-            failed.append(path)
-            return Response(502, b'{"error": "bad_gateway", "message": "upstream reset"}')
-        return answer
-
-    client.http.request = bad_gateway_once  # type: ignore[method-assign]
-    wrapper = types.SimpleNamespace(client=client, worker_id="w1")
-    got = Wrapper._claim(wrapper, uuid.UUID(task_id), None)  # type: ignore[arg-type]
+    bad_gateway = Response(502, b'{"error": "bad_gateway", "message": "upstream reset"}')
+    failed = _spoil_first_answer(client, "/internal/claim", lambda _: bad_gateway)
+    wrapper = types.SimpleNamespace(
+        client=client, worker_id="w1", _within_lease=Wrapper._within_lease
+    )
+    got = Wrapper._claim(wrapper, uuid.UUID(task_id))  # type: ignore[arg-type]
     assert failed and got.attempt == 1
     assert _status(services, task_id)["lease_token"] == str(got.lease_token)
 

@@ -91,6 +91,24 @@ def test_an_exchange_completes_then_claims_each_item_answered_for_itself(
     assert [x["response"]["status"] for x in r.json()["completions"]] == ["succeeded"] * 2
 
 
+def test_an_exchange_needs_the_internal_token(api: httpx.Client, services: Services) -> None:
+    """Refused unread without it (user keys included), as every /internal/* route."""
+    (c,) = [r["claim"] for r in claim_batch(api, new_tasks(services, 1))]
+    (fresh,) = new_tasks(services, 1)
+    item = {"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"}
+    body = {"completions": [item], "claims": [{"task_id": fresh, "worker_id": "x"}]}
+    for headers in ({"X-Internal-Token": "guess"}, {"Authorization": "Bearer guess"}, {}):
+        with httpx.Client(base_url=api.base_url, timeout=10) as caller:  # not the API's token
+            r = caller.post(
+                "/internal/exchange",
+                json=body,
+                headers={**headers, "X-Lease-Tokens": c["lease_token"]},
+            )
+        assert r.status_code == 401, r.text
+    state = rows(services, [c["task_id"], fresh])
+    assert state[c["task_id"]]["status"] == "running" and state[fresh]["status"] == "queued"
+
+
 def test_a_claim_after_its_own_completion_in_one_exchange_is_not_claimable(
     api: httpx.Client, services: Services
 ) -> None:

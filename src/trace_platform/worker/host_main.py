@@ -116,7 +116,7 @@ def _restore_environ(
 ) -> None:
     """Whatever the task set in the process environment ends with it, as its cwd does. Only
     what changed in the mapping is undone: `os.environ.clear()` pops one variable at a time,
-    each pop a fresh walk (about 0.4 ms a task, most of a no-op task's cost in the host)."""
+    each pop a fresh walk (measured alone: 552 µs of host CPU per no-op task, 217-267 after)."""
     environ, environb, variables = saved
     os.environ, os.environb = environ, environb  # a task may have rebound them
     if dict(environb) != variables:  # bytes: no decoding, and the same data as os.environ

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +50,8 @@ from trace_platform.worker.store_proxy import ScopedStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# How long a wrapper tries one claim again while the API is away (well within any lease).
+# How long a wrapper tries one claim again while the API is away (well within any lease; the
+# last try is a second before it ends, as for a lease).
 CLAIM_RETRY_SECONDS = 5.0
 
 
@@ -62,6 +63,11 @@ class LeaseClock:
     def __init__(self, lease_until: datetime) -> None:
         self.deadline = 0.0
         self.renew(lease_until)
+
+    @classmethod
+    def for_seconds(cls, seconds: float) -> LeaseClock:
+        """A clock that ends `seconds` from now: a retry budget before any lease is held."""
+        return cls(datetime.now(UTC) + timedelta(seconds=seconds))
 
     def renew(self, lease_until: datetime) -> None:
         span = (lease_until - datetime.now(UTC)).total_seconds()
@@ -350,7 +356,7 @@ class Wrapper:
             self.driver.nack(self.queue_name, msg.receipt, f"not a task wake-up: kind={wake.kind}")
             return
         try:
-            claim = self._claim(wake.task_id, stop)
+            claim = self._claim(wake.task_id)
         except ApiError as e:
             # Not claimable (the wake-up was only a hint), or it may not run (403: the
             # Dispatcher already failed it, saying why): nothing for this worker to do.
@@ -384,24 +390,16 @@ class Wrapper:
         if not self._defer:
             self.acks.flush()
 
-    def _claim(self, task_id: uuid.UUID, stop: threading.Event | None) -> Claim:
+    def _claim(self, task_id: uuid.UUID) -> Claim:
         """The wake-up's claim, tried again with the same key while the API is away (for up
         to CLAIM_RETRY_SECONDS): a claim that committed before its answer was lost is then
         answered with its lease, instead of the task waiting out that lease unrun."""
         key = uuid.uuid4()
-        deadline = time.monotonic() + CLAIM_RETRY_SECONDS
-        pause = 0.1
-        while True:
-            try:
-                return self.client.claim(task_id, self.worker_id, claim_id=key)
-            except Exception as e:
-                if not transient(e) or time.monotonic() + pause > deadline:
-                    raise
-                if stop is not None and stop.is_set():
-                    raise
-                log.warning("claim of %s failed (%s); trying it again", task_id, e)
-                time.sleep(pause)
-                pause = min(1.0, pause * 2)
+        return self._within_lease(
+            LeaseClock.for_seconds(CLAIM_RETRY_SECONDS),
+            f"claim of {task_id}",
+            lambda: self.client.claim(task_id, self.worker_id, claim_id=key),
+        )
 
     # -- one attempt ---------------------------------------------------------------------
     def _extend(self, msg: Message) -> None:
@@ -414,15 +412,15 @@ class Wrapper:
 
     @staticmethod
     def _within_lease(clock: LeaseClock | None, what: str, call: Callable[[], T]) -> T:
-        """`call`, tried again while the API is away and the lease still holds (an outage
-        shorter than the lease costs the attempt nothing)."""
+        """`call`, tried again while the API is away and `clock` still runs: the lease (an
+        outage shorter than the lease costs the attempt nothing), or a claim's retry budget."""
         while True:
             try:
                 return call()
             except Exception as e:
                 if clock is None or not transient(e) or clock.left() <= 1.0:
                     raise
-                log.warning("%s failed (%s); retrying, lease holds %.0fs", what, e, clock.left())
+                log.warning("%s failed (%s); retrying, %.0fs left", what, e, clock.left())
                 time.sleep(min(1.0, clock.left() / 4))
 
     def _report(
