@@ -118,6 +118,9 @@ def test_ack_many_fences_each_receipt(pgq: PgQueue) -> None:
         pgq.ack_many("q", [batch[0].receipt, "1:not-a-token"])
     with pytest.raises(ValueError, match="not a pgqueue receipt"):
         pgq.ack_many("q", [f"{batch[0].receipt},{batch[1].receipt}"])
+    for bad in (None, "", 7):  # the error names the bad receipt, not the batch
+        with pytest.raises(ValueError, match=f"not a pgqueue receipt: {bad!r}$"):
+            pgq.ack_many("q", [batch[0].receipt, bad, batch[1].receipt])  # type: ignore[list-item]
     assert pgq.ack_many("q", [stale.receipt, *(m.receipt for m in batch)]) == 2
     assert pgq.receive("q", 10, 30) == []
 
