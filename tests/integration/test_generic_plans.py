@@ -25,6 +25,7 @@ from trace_platform.store.tasks.params import (
     ClaimParams,
     HeartbeatParams,
     LeaseCheck,
+    NewTask,
     PoolKey,
     ReadsParams,
 )
@@ -244,10 +245,7 @@ def test_a_burst_beside_a_long_history_is_read_by_key(services: Services, dsn: s
             "SELECT %s, 'rpc', i FROM generate_series(0, 1) AS i",
             [dag_id],
         )
-        pooled = queue_tasks(conn, 6, worker_pool="rpc")
-        conn.execute(
-            "UPDATE task_registry SET dag_id = %s WHERE task_id = ANY(%s)", [dag_id, pooled]
-        )
+        pooled = queue_tasks(conn, 6, worker_pool="rpc", dag_id=dag_id)
     read: dict[str, int] = {}
     with psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0) as conn:
         tx = PostgresTx(conn)
@@ -269,6 +267,8 @@ def test_a_burst_beside_a_long_history_is_read_by_key(services: Services, dsn: s
         assert len(counted("claim_many", lambda: tx.claim_many(many))) == len(batch)
         woken = counted("waiting_for_pool", lambda: tx.waiting_for_pool(PoolKey(dag_id, "rpc")))
         assert len(woken) == 1 and woken[0] in pooled  # one job, max_concurrency 1
+        assert counted("stranded_queued", lambda: tx.stranded_queued(600, 100)) == []
+        assert counted("expired_leases", lambda: tx.expired_leases(100)) == []
         conn.rollback()
     assert all(n < 100 for n in read.values()), f"task rows read: {read}"
 
@@ -337,3 +337,211 @@ def _commits_read(conn: Any) -> int:
         "FROM pg_stat_xact_user_tables WHERE relname = 'dataset_commits'"
     ).fetchone()
     return int(row["n"])
+
+
+def _dag(conn: Any, *, paused: bool = False) -> Any:
+    return conn.execute(
+        "INSERT INTO dags (dag_id, org_id, name, owner_user_id, paused) "
+        "SELECT gen_random_uuid(), %s, 'd-' || gen_random_uuid(), user_id, %s FROM users "
+        "WHERE org_id = %s LIMIT 1 RETURNING dag_id",
+        [LITE_ORG_ID, paused, LITE_ORG_ID],
+    ).fetchone()["dag_id"]
+
+
+def _counted(conn: Any, call: Any) -> tuple[Any, int]:
+    """What `call` returned and the task rows it read, in the Dispatcher's plan settings (its
+    transaction rolled back)."""
+    conn.execute(DISPATCHER_PLANS)
+    before = _rows_read(conn)
+    got = call(PostgresTx(conn))
+    read = _rows_read(conn) - before
+    conn.rollback()
+    return got, read
+
+
+def test_the_rewake_reads_only_the_stranded_tasks(services: Services, dsn: str) -> None:
+    """The reaper's rewake (every tick) looks for queued tasks nobody touched for a while. It
+    read every queued task through the live status index and kept the stale ones: 20,000 rows
+    at a backlog of 20,000, on every tick, for none. It reads the queued tasks oldest first off
+    an index of their last update, up to the first one touched since."""
+
+    def connect() -> Any:
+        return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
+
+    with connect() as early, connect() as late:
+        assert _counted(early, lambda tx: tx.stranded_queued(600, 100))[0] == []  # a new install
+        queue_tasks(early, 20_000)  # a backlog, just woken
+        stale = queue_tasks(early, 7)
+        early.execute(
+            "UPDATE task_status SET updated_at = now() - make_interval(hours => 2, secs => n) "
+            "FROM unnest(%s::uuid[]) WITH ORDINALITY AS u(task_id, n) "
+            "WHERE task_status.task_id = u.task_id",
+            [stale],
+        )
+        # Stale but not claimable: a cancel requested, a retry waiting, a paused DAG.
+        early.execute(
+            "UPDATE task_status SET cancel_requested = true WHERE task_id = %s", [stale[0]]
+        )
+        early.execute(
+            "UPDATE task_status SET next_attempt_at = now() + interval '1 hour' WHERE task_id = %s",
+            [stale[1]],
+        )
+        early.execute(
+            "UPDATE task_registry SET dag_id = %s WHERE task_id = %s",
+            [_dag(early, paused=True), stale[2]],
+        )
+        early.commit()
+        read = {}
+        for name, conn in (("planned before the backlog", early), ("planned over it", late)):
+            got, read[name] = _counted(conn, lambda tx: tx.stranded_queued(600, 100))
+            assert sorted(r["task_id"] for r in got) == sorted(stale[3:])
+            got, _ = _counted(conn, lambda tx: tx.stranded_queued(600, 2))
+            assert [r["task_id"] for r in got] == stale[-1:-3:-1]  # the oldest first
+    assert all(n < 100 for n in read.values()), f"task rows read: {read}"
+
+
+def test_the_reaper_reads_only_the_expired_leases(dsn: str) -> None:
+    """The reaper's look for expired leases (every tick) filtered every running task by an OR
+    of its lease and its deadline, in lease order: once a lease ran out, a fleet of 20,000
+    running tasks was read whole to find it. It reads the expired leases and the passed
+    deadlines each off its own index, then locks those by key."""
+
+    def connect() -> Any:
+        return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
+
+    with connect() as early, connect() as late:
+        assert _counted(early, lambda tx: tx.expired_leases(100))[0] == []  # a new install
+        _running(early, 20_000)  # a fleet at work, leased for an hour
+        lost = [r["task_id"] for r in _running(early, 3)]
+        early.execute(
+            "UPDATE task_status SET lease_until = now() - make_interval(secs => 10 * n) "
+            "FROM unnest(%s::uuid[]) WITH ORDINALITY AS u(task_id, n) "
+            "WHERE task_status.task_id = u.task_id",
+            [lost[:2]],
+        )
+        early.execute(  # its timeout passed, its lease still held
+            "UPDATE task_status SET deadline_at = now() - interval '1 second' WHERE task_id = %s",
+            [lost[2]],
+        )
+        early.commit()
+        read = {}
+        for name, conn in (("planned before the fleet", early), ("planned over it", late)):
+            got, read[name] = _counted(conn, lambda tx: tx.expired_leases(100))
+            assert [(r["task_id"], r["timed_out"]) for r in got] == [
+                (lost[1], False),
+                (lost[0], False),
+                (lost[2], True),
+            ]
+            got, _ = _counted(conn, lambda tx: tx.expired_leases(1))
+            assert [r["task_id"] for r in got] == [lost[1]]
+    assert all(n < 100 for n in read.values()), f"task rows read: {read}"
+
+
+def test_a_freed_slot_reads_only_its_pools_queued_tasks(services: Services, dsn: str) -> None:
+    """A freed pool slot wakes the pool's queued tasks. They were found among every task the
+    pool ever ran (the registry by DAG and pool), each one's status then read by key to keep the
+    queued ones: 20,000 rows for a pool's history of 20,000, on every slot released, growing
+    with the pool's age. Now read off an index of the queued tasks of each pool."""
+    with services.pool.connection() as conn:
+        dag_id = _dag(conn)
+        conn.execute(
+            "INSERT INTO pool_slots (dag_id, pool, slot_index) "
+            "SELECT %s, 'rpc', i FROM generate_series(0, 2) AS i",
+            [dag_id],
+        )
+
+    def pooled(conn: Any, n: int, job: str = "j") -> list[Any]:
+        tasks = [
+            NewTask(
+                task_id=uuid.uuid4(), org_id=LITE_ORG_ID, dag_id=dag_id, dag_version=1, job=job,
+                operator="noop", runtime="ecs_platform", config={}, parent_task_id=None,
+                input_event_id=None, input_event=None, input_versions=[], outputs=[],
+                run_id=None, worker_pool="rpc", max_concurrency=None, timeout_seconds=3600,
+                max_attempts=3, retry_backoff_seconds=2, retry_backoff_max_seconds=300,
+            )
+            for _ in range(n)
+        ]  # fmt: skip
+        PostgresTx(conn).insert_tasks(tasks)
+        return [t.task_id for t in tasks]
+
+    def connect() -> Any:
+        return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
+
+    with connect() as early, connect() as late:
+        first = pooled(early, 2)
+        early.commit()
+        assert len(_counted(early, lambda tx: tx.waiting_for_pool(PoolKey(dag_id, "rpc")))[0]) == 1
+        history = pooled(early, 20_000)  # the pool's past: every task ran
+        early.execute(
+            "UPDATE task_status SET status = 'succeeded', finished_at = now() "
+            "WHERE task_id = ANY(%s)",
+            [[*history, *first]],
+        )
+        queue_tasks(early, 20_000)  # other work queued meanwhile
+        waiting = pooled(early, 3) + pooled(early, 2, job="k")
+        early.commit()
+        read = {}
+        for name, conn in (("planned before the history", early), ("planned over it", late)):
+            got, read[name] = _counted(conn, lambda tx: tx.waiting_for_pool(PoolKey(dag_id, "rpc")))
+            # One task of each job (max_concurrency 1), of three free slots.
+            assert len(got) == 2 and {got[0], got[1]} <= set(waiting)
+            assert (got[0] in waiting[:3]) != (got[1] in waiting[:3])
+    assert all(n < 100 for n in read.values()), f"task rows read: {read}"
+
+
+def test_an_append_reads_only_the_commits_overlapping_its_range(services: Services) -> None:
+    """An append output's committed scopes overlapping the attempt's range (for its unique key)
+    were found among every commit of the version, each filtered by its range: 20,000 rows for a
+    version of 20,000 ranges, at every claim of every range. Read by range, wherever the range
+    lies in the version."""
+    with services.pool.connection() as conn:
+        dag_id = _dag(conn)
+        ds = conn.execute(
+            "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
+            "update_strategy, producer_dag_id, producer_job, producer_output_index) "
+            "VALUES (gen_random_uuid(), %s, 'ranges', 'parquet', 'mem://d', 'append', %s, 'j', "
+            "0) RETURNING dataset_uuid",
+            [LITE_ORG_ID, dag_id],
+        ).fetchone()["dataset_uuid"]
+        versions = [
+            conn.execute(
+                "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, "
+                "dag_version, location, state, backend) VALUES (gen_random_uuid(), %s, %s, 1, "
+                "'mem://v', 'complete', 'parquet') RETURNING dataset_version",
+                [ds, dag_id],
+            ).fetchone()["dataset_version"]
+            for _ in range(2)
+        ]
+        for version in versions:  # two versions of the same ranges: [10g, 10g + 10)
+            conn.execute(
+                "INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, "
+                "attempt, scope, range_start, range_end, location, row_count) "
+                "SELECT gen_random_uuid(), %s, %s, gen_random_uuid(), 1, "
+                "'range:' || 10 * g || '-' || 10 * g + 10, 10 * g, 10 * g + 10, "
+                "'mem://c/' || g, 1 FROM generate_series(0, 19999) AS g",
+                [ds, version],
+            )
+    with services.pool.connection() as conn:
+        conn.autocommit = True
+        conn.execute("ANALYZE dataset_commits")
+    read = {}
+    for start in (15, 100_005, 199_975):  # the first ranges, the middle, the last
+        reads = ReadsParams(
+            scoped=[],
+            whole=[],
+            appends=[versions[0]],
+            own=[],
+            scope=f"range:{start + 5}-{start + 15}",  # a re-run of its own range: not read
+            range_start=start,
+            range_end=start + 20,
+        )
+        with services.dispatcher.store.transaction() as tx:
+            before = _commits_read(tx.conn)
+            got = tx.committed_reads(reads)
+            read[start] = _commits_read(tx.conn) - before
+        base = start - 5
+        assert [(r["dataset_version"], r["range_start"]) for r in got] == [
+            (versions[0], base),
+            (versions[0], base + 20),
+        ]
+    assert all(n < 10 for n in read.values()), f"commit rows read: {read}"

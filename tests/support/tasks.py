@@ -7,23 +7,28 @@ from typing import Any
 from trace_platform.contract import LITE_ORG_ID
 
 
-def queue_tasks(conn: Any, n: int, *, worker_pool: str | None = None) -> list[Any]:
-    """`n` new queued tasks (no statistics are taken), their ids in creation order."""
+def queue_tasks(
+    conn: Any, n: int, *, worker_pool: str | None = None, dag_id: Any = None
+) -> list[Any]:
+    """`n` new queued tasks (no statistics are taken), their ids in creation order. A pooled
+    task's status row carries its pool, as insert_tasks writes it."""
     rows = conn.execute(
         """
         INSERT INTO task_registry (task_id, start_day, org_id, job, operator, runtime,
           timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds,
-          worker_pool)
+          worker_pool, dag_id)
         SELECT gen_random_uuid(), trace_start_day(now()), %s, 'j', 'noop', 'ecs_platform',
-               3600, 3, 2, 300, %s
+               3600, 3, 2, 300, %s, %s::uuid
         FROM generate_series(1, %s)
-        RETURNING task_id, start_day
+        RETURNING task_id, start_day, worker_pool,
+                  CASE WHEN worker_pool IS NOT NULL THEN dag_id END AS pool_dag_id
         """,
-        [LITE_ORG_ID, worker_pool, n],
+        [LITE_ORG_ID, worker_pool, dag_id, n],
     ).fetchall()
     with conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO task_status (task_id, start_day) VALUES (%(task_id)s, %(start_day)s)",
+            "INSERT INTO task_status (task_id, start_day, pool_dag_id, worker_pool) "
+            "VALUES (%(task_id)s, %(start_day)s, %(pool_dag_id)s, %(worker_pool)s)",
             rows,
         )
     return [r["task_id"] for r in rows]

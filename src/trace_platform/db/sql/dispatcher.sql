@@ -25,8 +25,11 @@ WITH x AS (
   FROM x ORDER BY n
   RETURNING task_id, start_day
 ), st AS (
-  INSERT INTO task_status (task_id, start_day, status)
-  SELECT reg.task_id, reg.start_day, x.status FROM reg JOIN x USING (task_id) ORDER BY x.n
+  -- A pooled task's status row carries its pool (see waiting_for_pool; NULL without one).
+  INSERT INTO task_status (task_id, start_day, status, pool_dag_id, worker_pool)
+  SELECT reg.task_id, reg.start_day, x.status,
+         CASE WHEN x.worker_pool IS NOT NULL THEN x.dag_id END, x.worker_pool
+  FROM reg JOIN x USING (task_id) ORDER BY x.n
   RETURNING task_id, start_day
 )
 SELECT st.start_day FROM st JOIN x USING (task_id) ORDER BY x.n;
@@ -143,14 +146,41 @@ WHERE task_id = %(task_id)s AND status IN ('queued', 'buffered', 'running')
 RETURNING status, cancel_requested;
 
 -- name: expired_leases
--- Running attempts whose lease (missed heartbeats) or deadline (timeout_seconds) ran out.
--- Each one's registry row by key (a LATERAL subquery with LIMIT 1, never flattened): as a
--- join, a plan made while the tables were empty (the first tick of a new install) hash-joined
--- a sequential scan of every task ever registered, on every tick.
+-- Running attempts whose lease (missed heartbeats) or deadline (timeout_seconds) ran out,
+-- the lapsed leases first. Read by key, whatever the statistics the plan was made from:
+--  * the expired ids are picked first, the lapsed leases and the passed deadlines each off
+--    its own index (task_status_lease_idx, _timeout_idx: the status in collation "C" and the
+--    bounded column named, as their predicates are; see migration 0020), in lease order. As
+--    one scan filtered by the OR of the two, in lease order, a fleet of 20,000 running tasks
+--    was read whole to find one lapsed lease. All the expired ids, not `limit` of them: a row
+--    another reaper holds is skipped and the next one taken, as before.
+--  * each one's status row by its key alone (a LATERAL subquery with LIMIT 1, locked there
+--    as the loop reaches it, in the ids' order: the LIMIT stops the loop), its conditions
+--    checked outside on the locked row. With `status = 'running'` beside the key, a plan made
+--    while running tasks looked rare scanned a whole partial index of running rows instead.
+--  * its registry row by key (a LATERAL subquery with LIMIT 1, never flattened): as a join, a
+--    plan made while the tables were empty (the first tick of a new install) hash-joined a
+--    sequential scan of every task ever registered, on every tick.
 SELECT s.task_id, s.start_day, s.attempt, s.cancel_requested,
        (s.deadline_at < now()) AS timed_out,
        r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds
-FROM task_status s
+FROM unnest(ARRAY(
+       SELECT x.task_id
+       FROM (
+         SELECT e.task_id, e.lease_until FROM task_status e
+         WHERE e.status COLLATE "C" = 'running' AND e.lease_until < now()
+         UNION
+         SELECT e.task_id, e.lease_until FROM task_status e
+         WHERE e.status COLLATE "C" = 'running' AND e.deadline_at < now()
+       ) x
+       ORDER BY x.lease_until, x.task_id)) WITH ORDINALITY AS x(task_id, n)
+CROSS JOIN LATERAL (
+  SELECT k.task_id, k.start_day, k.status, k.attempt, k.cancel_requested, k.lease_until,
+         k.deadline_at
+  FROM task_status k
+  WHERE k.task_id = x.task_id
+  LIMIT 1
+) s
 CROSS JOIN LATERAL (
   SELECT k.max_attempts, k.retry_backoff_seconds, k.retry_backoff_max_seconds
   FROM task_registry k
@@ -158,7 +188,7 @@ CROSS JOIN LATERAL (
   LIMIT 1
 ) r
 WHERE s.status = 'running' AND (s.lease_until < now() OR s.deadline_at < now())
-ORDER BY s.lease_until
+ORDER BY x.n
 LIMIT %(limit)s
 FOR UPDATE OF s SKIP LOCKED;
 
@@ -192,14 +222,20 @@ LIMIT %(limit)s;
 -- name: stranded_queued
 -- Claimable tasks nobody touched for a long time: their wake-up may have been dead-lettered.
 -- (A paused DAG's tasks are not claimable; resume wakes them.)
+-- Oldest first, off task_status_queued_idx (the queued tasks by updated_at): it reads the
+-- stale ones and stops at the first touched since. Through the live status index it read
+-- every queued task (20,000 at a backlog of 20,000) on every tick, to find none. The status
+-- is compared in collation "C", as that index's predicate is (see migration 0020): no other
+-- status index serves this statement, whatever the statistics.
 SELECT s.task_id, s.start_day
 FROM task_status s
-WHERE s.status = 'queued'
+WHERE s.status COLLATE "C" = 'queued'
   AND NOT s.cancel_requested
   AND s.next_attempt_at <= now()
   AND s.updated_at < now() - make_interval(secs => %(after)s)
   AND NOT EXISTS (SELECT 1 FROM task_registry r JOIN dags d ON d.dag_id = r.dag_id
                   WHERE r.task_id = s.task_id AND r.start_day = s.start_day AND d.paused)
+ORDER BY s.updated_at
 LIMIT %(limit)s
 FOR UPDATE OF s SKIP LOCKED;
 
@@ -235,10 +271,13 @@ RETURNING dag_id, pool;
 -- Queued tasks of a pool that can run now, oldest first, as many as the pool has free slots:
 -- in each job only as many as its max_concurrency leaves room for (a job at its limit would
 -- refuse the claim, and the wake-up would be spent while another job's task waited on).
--- Each of the pool's tasks has its status row read by key (a LATERAL subquery with LIMIT 1,
--- the conditions applied outside it): as a join, a plan made from statistics older than a
--- burst of queued tasks scanned every queued task once per task of the pool (6 pool tasks
--- and 20,000 queued: 120,000 rows, 50 ms, on every slot released).
+-- The pool's queued tasks are read off task_status_pool_idx (a status row carries its pool),
+-- each one's registry row then by key (a LATERAL subquery with LIMIT 1, its conditions
+-- applied outside it; the registry stays what decides the pool). Driven by the registry's
+-- pool index, it read every task the pool ever ran and each one's status (40,000 rows for a
+-- history of 20,000, on every slot released); as a join of the two, a plan made from
+-- statistics older than a burst of queued tasks scanned every queued task once per task of
+-- the pool.
 WITH leased AS (
   SELECT leased_job AS job, count(*) AS n FROM pool_slots
   WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NOT NULL
@@ -248,16 +287,18 @@ waiting AS (
   SELECT s.task_id, s.updated_at,
          row_number() OVER (PARTITION BY r.job ORDER BY s.updated_at) AS place,
          coalesce(r.max_concurrency, 1) - coalesce(l.n, 0) AS room
-  FROM task_registry r
+  FROM task_status s
   CROSS JOIN LATERAL (
-    SELECT k.task_id, k.updated_at, k.status, k.cancel_requested, k.next_attempt_at
-    FROM task_status k
-    WHERE k.task_id = r.task_id AND k.start_day = r.start_day
+    SELECT k.dag_id, k.worker_pool, k.job, k.max_concurrency
+    FROM task_registry k
+    WHERE k.task_id = s.task_id AND k.start_day = s.start_day
     LIMIT 1
-  ) s
+  ) r
   LEFT JOIN leased l ON l.job = r.job
-  WHERE r.dag_id = %(dag_id)s AND r.worker_pool = %(pool)s
-    AND s.status = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
+  -- status in collation "C", as task_status_pool_idx's predicate (migration 0021).
+  WHERE s.pool_dag_id = %(dag_id)s AND s.worker_pool = %(pool)s
+    AND s.status COLLATE "C" = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
+    AND r.dag_id = %(dag_id)s AND r.worker_pool = %(pool)s
     AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
 )
 SELECT task_id FROM waiting

@@ -16,6 +16,10 @@ WHERE v.dataset_version = ANY(%(versions)s);
 -- not one scan filtered by an OR of the four: its generic plan cannot tell which arrays are
 -- empty, and with a few versions holding many scopes it read every commit of every version
 -- through the (dataset_version, scope) index (120,000 rows, 110 ms, for a claim reading one).
+-- An append version's overlapping scopes are found by range (dataset_commits_range_idx, a
+-- GiST index of each commit's range beside its version's hash; the inner subquery, fenced by
+-- OFFSET 0, can use no other index), the exact conditions then checked on each row: through
+-- the version's key alone it read every commit of the version (20,000 for 20,000 ranges).
 SELECT c.*
 FROM (
   SELECT k.*
@@ -43,10 +47,15 @@ FROM (
   CROSS JOIN LATERAL (
     SELECT d.dataset_uuid, d.dataset_version, d.scope, d.range_start, d.range_end, d.location,
            d.chain_id, d.first_block_hash, d.last_block_hash, d.parent_hash
-    FROM dataset_commits d
+    FROM (
+      SELECT o.* FROM dataset_commits o
+      WHERE trace_commit_span(o.dataset_version, o.range_start, o.range_end)
+            && trace_commit_span(v.version, %(range_start)s, %(range_end)s)
+        AND o.range_start IS NOT NULL AND o.range_end IS NOT NULL
+      OFFSET 0
+    ) d
     WHERE d.dataset_version = v.version AND d.scope <> %(scope)s
       AND d.range_start < %(range_end)s AND d.range_end > %(range_start)s
-    OFFSET 0
   ) k
 ) c
 WHERE c.location IS NOT NULL

@@ -414,8 +414,8 @@ class MemoryTx:
 
     def stranded_queued(self, after_seconds: float, limit: int) -> list[Row]:
         quiet_since = self.now - timedelta(seconds=after_seconds)
-        rows = [
-            _pick(s, ("task_id", "start_day"))
+        stranded = [
+            s
             for s in self._t.task_status.values()
             if s["status"] == "queued"
             and not s["cancel_requested"]
@@ -423,7 +423,8 @@ class MemoryTx:
             and s["updated_at"] < quiet_since
             and not self._registry_dag_paused(s)
         ]
-        return _limit(rows, limit)
+        stranded.sort(key=lambda s: s["updated_at"])  # oldest first, as the SQL store
+        return _limit([_pick(s, ("task_id", "start_day")) for s in stranded], limit)
 
     def _registry_dag_paused(self, s: Row) -> bool:
         r = self._t.task_registry.get(s["task_id"])
