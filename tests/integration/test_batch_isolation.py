@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.batching import one_batch
 from trace_platform.contract import EventIn, TaskSpec
 from trace_platform.services import Services
 from trace_platform.worker.client import DispatcherClient
@@ -56,21 +57,13 @@ def test_a_refused_completion_does_not_fail_the_others_in_its_batch(
     reporter = _reporter(client)
     kwargs = [bad, {}, {}]
     # Hold the batcher busy so the three completions leave together, as eight wrappers' do.
-    batcher = client._exchange
-    with batcher._cond:
-        batcher._busy = True
     threads = [
         threading.Thread(target=reporter._report, args=(c, "succeeded"), kwargs=kw)
         for c, kw in zip(claims, kwargs, strict=True)
     ]
-    for t in threads:
-        t.start()
-    while True:
-        with batcher._cond:
-            if len(batcher._pending) == 3:
-                batcher._busy = False
-                batcher._cond.notify_all()
-                break
+    with one_batch(client._exchange, len(threads)):
+        for t in threads:
+            t.start()
     for t in threads:
         t.join(30)
     got = [_status(services, t) for t in ids]

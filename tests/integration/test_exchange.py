@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.integration.test_batches import claim_batch, new_tasks
+from tests.support.batching import one_batch
 from trace_platform.contract import MAX_BATCH, ClaimRequest, CompleteItem
 from trace_platform.services import Services
 from trace_platform.worker.client import DispatcherClient
@@ -178,9 +179,6 @@ def _sent(client: DispatcherClient, refuse: str | None = None) -> list[str]:
 
 def _together(client: DispatcherClient, calls: list[Any]) -> list[Any]:
     """`calls` from as many threads, held until all wait, so they leave in one batch."""
-    batcher = client._exchange
-    with batcher._cond:
-        batcher._busy = True
     out: list[Any] = [None] * len(calls)
 
     def run(i: int) -> None:
@@ -190,14 +188,9 @@ def _together(client: DispatcherClient, calls: list[Any]) -> list[Any]:
             out[i] = e
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    while True:
-        with batcher._cond:
-            if len(batcher._pending) == len(calls):
-                batcher._busy = False
-                batcher._cond.notify_all()
-                break
+    with one_batch(client._exchange, len(calls)):
+        for t in threads:
+            t.start()
     for t in threads:
         t.join(30)
     return out

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from trace_platform.worker import batching
 from trace_platform.worker.batching import Batcher
 
 
@@ -80,3 +81,104 @@ def test_no_caller_is_left_waiting_under_contention() -> None:
     for t in threads:
         t.join(30)
     assert answered == [300] * 16
+
+
+def test_each_waiting_caller_is_woken_once() -> None:
+    """A caller sleeps until its answer is in or it is handed the next batch, never woken
+    to find itself still waiting (one condition notified to all did that at every batch)."""
+    wakes: list[int] = []
+
+    class Counted(batching._Slot[int, int]):
+        def __init__(self, item: int) -> None:
+            super().__init__(item)
+            lock = self.wake
+
+            class Wake:
+                def acquire(self, blocking: bool = True) -> bool:
+                    wakes.append(item)
+                    return lock.acquire(blocking)
+
+                def release(self) -> None:
+                    lock.release()
+
+            self.wake = Wake()  # type: ignore[assignment]
+
+    gate = threading.Event()
+
+    def run(items: list[int]) -> list[int | BaseException]:
+        gate.wait(5)
+        return [i + 1 for i in items]
+
+    b: Batcher[int, int] = Batcher(run, limit=2)
+    results: dict[int, int] = {}
+    original, batching._Slot = batching._Slot, Counted  # type: ignore[misc]
+    try:
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, b.submit(i)))
+            for i in range(7)
+        ]
+        for t in threads:
+            t.start()
+            time.sleep(0.02)  # in order: 0 runs the first batch, the others queue behind it
+        gate.set()
+        for t in threads:
+            t.join(5)
+    finally:
+        batching._Slot = original  # type: ignore[misc]
+    assert results == {i: i + 1 for i in range(7)}
+    assert sorted(wakes) == list(range(1, 7))  # each waiter slept once; the first never
+
+
+def test_a_caller_interrupted_while_waiting_leaves_the_rest_served() -> None:
+    """A waiting caller that a signal interrupts takes its item out, and if it had just
+    been handed the next batch, hands it on: the callers behind it are still answered."""
+    gate = threading.Event()
+    ran: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int | BaseException]:
+        gate.wait(5)
+        ran.append(items)
+        return [i * 2 for i in items]
+
+    class Interrupted(batching._Slot[int, int]):
+        def __init__(self, item: int) -> None:
+            super().__init__(item)
+            if item == 1:
+                lock = self.wake
+
+                class Wake:
+                    def acquire(self, blocking: bool = True) -> bool:
+                        if blocking:
+                            gate.wait(5)  # interrupted as the batch in flight ends
+                            time.sleep(0.05)
+                            raise KeyboardInterrupt
+                        return lock.acquire(False)
+
+                    def release(self) -> None:
+                        lock.release()
+
+                self.wake = Wake()  # type: ignore[assignment]
+
+    b: Batcher[int, int] = Batcher(run, limit=1)
+    results: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        try:
+            results[i] = b.submit(i)
+        except KeyboardInterrupt:
+            results[i] = "interrupted"
+
+    original, batching._Slot = batching._Slot, Interrupted  # type: ignore[misc]
+    try:
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.02)  # 0 runs; 1 is next in line (handed the next batch); then 2
+        gate.set()
+        for t in threads:
+            t.join(5)
+    finally:
+        batching._Slot = original  # type: ignore[misc]
+    assert results == {0: 0, 1: "interrupted", 2: 4}
+    assert ran == [[0], [2]]
+    assert b.submit(5) == 10  # nothing is left in flight
