@@ -1,0 +1,131 @@
+"""Migrations 0020-0022 applied to an install holding data (migrated to 0019 first): the
+pool backfill, the reaper's restated indexes and the commits' range index serve the rows
+written before them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from tests.support.servers import empty_database
+from trace_platform.contract import LITE_ORG_ID
+from trace_platform.db import migrate as mig
+from trace_platform.store.tasks.params import PoolKey, ReadsParams
+from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
+
+
+@pytest.fixture
+def db_at_0019(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    everything = mig.available()
+    with empty_database(pg_server) as db:
+        monkeypatch.setattr(
+            mig, "available", lambda: [m for m in everything if m.version <= "0019"]
+        )
+        mig.migrate(db)
+        monkeypatch.setattr(mig, "available", lambda: everything)
+        yield db
+
+
+def _task(conn: Any, status: str, *, dag_id: Any = None, pool: str | None = None, **st: Any) -> Any:
+    tid = uuid.uuid4()
+    conn.execute(
+        "INSERT INTO task_registry (task_id, start_day, org_id, dag_id, job, operator, runtime, "
+        "timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds, "
+        "worker_pool) VALUES (%s, trace_start_day(now()), %s, %s, 'j', 'noop', 'ecs_platform', "
+        "3600, 3, 2, 300, %s)",
+        [tid, LITE_ORG_ID, dag_id, pool],
+    )
+    cols = ", ".join(["task_id", "start_day", "status", *st])
+    vals = ", ".join(["%s", "trace_start_day(now())", "%s", *(f"{v}" for v in st.values())])
+    conn.execute(f"INSERT INTO task_status ({cols}) VALUES ({vals})", [tid, status])
+    return tid
+
+
+def test_0020_to_0022_on_an_install_with_data(db_at_0019: str) -> None:
+    with psycopg.connect(db_at_0019, row_factory=dict_row) as conn:
+        conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'o')", [LITE_ORG_ID])
+        conn.execute(
+            "INSERT INTO users (user_id, org_id, name) VALUES (gen_random_uuid(), %s, 'u')",
+            [LITE_ORG_ID],
+        )
+        dag_id = conn.execute(
+            "INSERT INTO dags (dag_id, org_id, name, owner_user_id) "
+            "SELECT gen_random_uuid(), %s, 'd', user_id FROM users WHERE org_id = %s LIMIT 1 "
+            "RETURNING dag_id",
+            [LITE_ORG_ID, LITE_ORG_ID],
+        ).fetchone()["dag_id"]
+        conn.execute(
+            "INSERT INTO pool_slots (dag_id, pool, slot_index) VALUES (%s, 'rpc', 0), (%s, 'rpc', 1)",
+            [dag_id, dag_id],
+        )
+        queued = _task(conn, "queued", dag_id=dag_id, pool="rpc")
+        buffered = _task(conn, "buffered", dag_id=dag_id, pool="rpc")
+        running = _task(
+            conn, "running", dag_id=dag_id, pool="rpc", attempt="1",
+            lease_token="gen_random_uuid()", lease_until="now() - interval '1 minute'",
+            deadline_at="now() + interval '1 hour'",
+        )  # fmt: skip
+        timed_out = _task(
+            conn, "running", attempt="1", lease_token="gen_random_uuid()",
+            lease_until="now() + interval '1 hour'", deadline_at="now() - interval '1 second'",
+        )  # fmt: skip
+        done = _task(conn, "succeeded", dag_id=dag_id, pool="rpc")
+        plain = _task(conn, "queued")
+        ds = conn.execute(
+            "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
+            "update_strategy, producer_dag_id, producer_job, producer_output_index) "
+            "VALUES (gen_random_uuid(), %s, 'ranges', 'parquet', 'mem://d', 'append', %s, 'j', "
+            "0) RETURNING dataset_uuid",
+            [LITE_ORG_ID, dag_id],
+        ).fetchone()["dataset_uuid"]
+        version = conn.execute(
+            "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, "
+            "location, state, backend) VALUES (gen_random_uuid(), %s, %s, 1, 'mem://v', "
+            "'complete', 'parquet') RETURNING dataset_version",
+            [ds, dag_id],
+        ).fetchone()["dataset_version"]
+        conn.execute(
+            "INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, "
+            "attempt, scope, range_start, range_end, location, row_count) "
+            "SELECT gen_random_uuid(), %s, %s, gen_random_uuid(), 1, "
+            "'range:' || 10 * g || '-' || 10 * g + 10, 10 * g, 10 * g + 10, 'mem://c/' || g, 1 "
+            "FROM generate_series(0, 99) AS g",
+            [ds, version],
+        )
+        conn.commit()
+
+    assert mig.migrate(db_at_0019) == ["0020", "0021", "0022"]
+
+    with psycopg.connect(db_at_0019, row_factory=dict_row) as conn:
+        pools = {
+            r["task_id"]: (r["pool_dag_id"], r["worker_pool"])
+            for r in conn.execute("SELECT task_id, pool_dag_id, worker_pool FROM task_status")
+        }
+        assert pools[queued] == pools[buffered] == pools[running] == (dag_id, "rpc")
+        assert pools[done] == pools[plain] == pools[timed_out] == (None, None)
+        conn.execute(DISPATCHER_PLANS)
+        tx = PostgresTx(conn)
+        assert tx.waiting_for_pool(PoolKey(dag_id, "rpc")) == [queued]
+        assert [(r["task_id"], r["timed_out"]) for r in tx.expired_leases(10)] == [
+            (running, False),
+            (timed_out, True),
+        ]
+        got = tx.committed_reads(
+            ReadsParams(
+                scoped=[], whole=[], appends=[version], own=[], scope="range:20-30",
+                range_start=15, range_end=35,
+            )
+        )  # fmt: skip
+        assert [r["range_start"] for r in got] == [10, 30]
+        conn.rollback()
+        # The buffered task, released, is found by its pool too (one per job: the queued one
+        # done first).
+        conn.execute("UPDATE task_status SET status = 'succeeded' WHERE task_id = %s", [queued])
+        conn.execute("UPDATE task_status SET status = 'queued' WHERE task_id = %s", [buffered])
+        conn.execute(DISPATCHER_PLANS)
+        assert PostgresTx(conn).waiting_for_pool(PoolKey(dag_id, "rpc")) == [buffered]
