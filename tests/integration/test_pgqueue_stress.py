@@ -15,6 +15,9 @@ import psycopg
 import pytest
 
 from tests.support.queue_conformance import wake
+from trace_platform.db.pool import make_pool
+from trace_platform.db.queries import Queries
+from trace_platform.queue.driver import Message
 from trace_platform.queue.pgqueue import PgQueue
 
 _LOG_LEASES = """
@@ -127,3 +130,47 @@ def test_concurrent_consumers_never_hold_overlapping_leases(logged_dsn: str) -> 
         drain.close()
     assert dead is not None
     assert {row[0] for row in left} == got, (left, got)
+
+
+def test_a_message_made_ready_under_a_receive_is_leased_by_it(dsn: str) -> None:
+    """A receive's pick locks the newest version of each ready row (a row changed since the
+    statement's snapshot is rechecked as it is now). A nack whose statement began before the
+    receive's but committed after its snapshot leaves the message ready by the receive's
+    clock: the pick locks it, so the lease must take it. Found by ctid, the lease looked for
+    the version the pick locked through the statement's snapshot, which cannot see it: the
+    message was locked, not leased and not returned (left for a later receive, which a
+    consumer waits up to its poll interval for: a nack sends no NOTIFY)."""
+    q = PgQueue(make_pool(dsn, max_size=2), dsn, max_attempts=5)
+    try:
+        q.publish("r", wake())
+        settled = q.receive("r", 1, 30)[0]  # acked by the receive below, whose delete we hold
+        q.publish("r", wake())
+        lapsed = q.receive("r", 1, 0.05)[0]
+        time.sleep(0.2)  # its lease ran out: ready again
+        holder = psycopg.connect(dsn)
+        holder.execute(
+            "SELECT 1 FROM queue_messages WHERE id = %s FOR UPDATE",
+            [int(settled.receipt.split(":")[0])],
+        )
+        nacker = psycopg.connect(dsn)
+        nacker.execute("SELECT now()")  # the nack's transaction (and its now()) begins here
+        got: list[Message] = []
+        receiver = threading.Thread(
+            target=lambda: got.extend(q.receive("r", 10, 30, ack=[settled.receipt]))
+        )
+        receiver.start()
+        time.sleep(0.5)  # the receive took its snapshot and waits on the held row
+        mid, token = lapsed.receipt.split(":")
+        nacked = nacker.execute(
+            Queries("queue").nack, {"id": int(mid), "token": token, "error": "e", "delay": 0}
+        ).fetchall()
+        nacker.commit()
+        assert len(nacked) == 1
+        holder.rollback()
+        receiver.join(10)
+        assert [m.delivery_count for m in got] == [2]
+        holder.close()
+        nacker.close()
+    finally:
+        q.close()
+        q.pool.close()

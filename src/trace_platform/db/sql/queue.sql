@@ -14,14 +14,15 @@ SELECT count(*) AS n,
 FROM ins;
 
 -- name: receive
--- One statement: pick the oldest ready rows (SKIP LOCKED) and lease them. The picked rows go in
--- as an array of their ctids, so the update reads each row straight off its page (a Tid scan:
--- no primary-key descent, ~7% of a batch-100 drain; a join on a CTE lets the planner hash-join
--- against a sequential scan of the whole queue: O(backlog) per receive). A ctid names the row
--- it was picked as: the pick holds the row's lock, so no one else can update or delete it
--- before the update below, and a row changed since this statement's snapshot (a lease taken
--- and committed by another consumer) fails the lease conditions, repeated here for the
--- recheck Postgres makes of a row updated under it. The lease
+-- One statement: pick the oldest ready rows (SKIP LOCKED) and lease them. The picked ids go in
+-- as an array, so the update finds each row by primary key (a join on a CTE lets the planner
+-- hash-join against a sequential scan of the whole queue: O(backlog) per receive). Not by
+-- ctid: for a row changed since this statement's snapshot, the pick locks and returns its
+-- newest version, which the update's scan (this statement's snapshot) cannot see, so a row
+-- still ready by this statement's clock (a delay-0 nack begun before it, committed after its
+-- snapshot) was locked and neither leased nor returned. By id, the update reaches the
+-- version it sees and Postgres rechecks the newest one, which the lease conditions, repeated
+-- here, must still pass. The lease
 -- token comes from the caller, one per batch: (id, token) still names exactly one lease, and
 -- the driver builds the receipts without a per-row random UUID or string concatenation here.
 -- The batch comes back as one row (ids, attempts, payloads as one JSON array): one decode for
@@ -47,8 +48,8 @@ WITH settled AS (
       -- no indexed column, so they are HOT updates.
       final_lease_until = CASE WHEN m.attempts + 1 >= m.max_attempts
                                THEN now() + make_interval(secs => %(visibility)s) END
-  WHERE m.ctid = ANY(ARRAY(
-    SELECT ctid
+  WHERE m.id = ANY(ARRAY(
+    SELECT id
     FROM queue_messages
     WHERE queue_name = %(queue)s
       AND visible_at <= now()
