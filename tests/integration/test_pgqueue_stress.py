@@ -174,3 +174,24 @@ def test_a_message_made_ready_under_a_receive_is_leased_by_it(dsn: str) -> None:
     finally:
         q.close()
         q.pool.close()
+
+
+def test_a_receipt_whose_id_is_no_bigint_is_refused_before_anything_happens(dsn: str) -> None:
+    """The receipt pattern took up to 19 digits, so an id past 2**63 - 1 passed the driver's
+    check and failed in Postgres (a DataError, not the ValueError a malformed receipt gets;
+    and `receive(ack=...)` then leased nothing)."""
+    q = PgQueue(make_pool(dsn, max_size=2), dsn, max_attempts=5)
+    try:
+        q.publish("b", wake())
+        token = "00000000-0000-4000-8000-000000000000"
+        for bad in (f"{2**63}:{token}", f"{'9' * 19}:{token}"):
+            with pytest.raises(ValueError, match="not a pgqueue receipt"):
+                q.ack_many("b", [bad])
+            with pytest.raises(ValueError, match="not a pgqueue receipt"):
+                q.receive("b", 1, 30, ack=[bad])
+            with pytest.raises(ValueError, match="not a pgqueue receipt"):
+                q.ack("b", bad)
+        assert len(q.receive("b", 1, 30, ack=[f"{2**63 - 1}:{token}"])) == 1
+    finally:
+        q.close()
+        q.pool.close()

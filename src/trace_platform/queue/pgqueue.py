@@ -44,9 +44,21 @@ QUEUE_PLANS = f"{GENERIC_PLANS} -c enable_seqscan=off -c enable_bitmapscan=off"
 _SWEEP_EVERY = 1.0  # seconds between dead-letter sweeps per queue and driver
 
 
+def _bigint_digits() -> str:
+    """A pattern of the decimal digits of a non-negative bigint (at most 2**63 - 1): any 18
+    digits, or 19 no greater than the bound, so an id Postgres cannot cast is refused here."""
+    top = str(2**63 - 1)
+    longest = [
+        f"{top[:i]}[0-{int(d) - 1}][0-9]{{{len(top) - i - 1}}}"
+        for i, d in enumerate(top)
+        if d != "0"
+    ]
+    return "(?:[0-9]{1,18}|" + "|".join([*longest, top]) + ")"
+
+
 _HEX = "[0-9a-fA-F]"
 _RECEIPT = re.compile(
-    rf"([0-9]{{1,19}}):({_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}})"
+    rf"({_bigint_digits()}):({_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}})"
 )
 
 
