@@ -1,8 +1,10 @@
 """A whole-input reader (sql_transform) rewrites its output as one scope (`all`) from what was
-committed when its attempt fetched; the last commit of that scope wins. Two runs at once can
-therefore land the older read last, so a whole reader woken more than once (an analytic per
-aggregated window) must run on a one-slot pool, which starts the next run only after the
-previous one landed (tests/chaos/test_chain_identity.py's tip DAG is such a job)."""
+committed when its attempt fetched; the last commit of that scope wins. Two runs at once could
+therefore land the older read last, so the Dispatcher runs such a job one run at a time
+(trace_platform.dag.whole): without a worker pool on an implicit one-slot pool of its own, on a
+pool only with max_concurrency 1 (refused at deploy otherwise). The next run then claims (and
+reads) only after the previous one landed, and an attempt that lost its slot to the reaper
+lands nothing when it reports late."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from trace_platform.contract import (
     RangeSpec,
     TaskPayload,
 )
+from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Conflict
 from trace_platform.services import Services
 
@@ -75,6 +78,15 @@ def _src_range(services: Services, start: int, end: int) -> Any:
     return row["task_id"]
 
 
+def _wakeups(services: Services, task_id: Any) -> int:
+    """How many wake-ups of the task the outbox holds."""
+    with services.pool.connection() as conn:
+        (row,) = conn.execute(
+            "SELECT count(*) AS n FROM outbox WHERE payload ->> 'task_id' = %s", [str(task_id)]
+        ).fetchall()
+    return int(row["n"])
+
+
 def _read(payload: TaskPayload) -> list[int]:
     return sorted(c.range.start for c in payload.committed if c.range is not None)
 
@@ -95,19 +107,66 @@ def _current_all(services: Services) -> str:
     return str(row["location"])
 
 
-def test_two_runs_of_a_whole_reader_at_once_can_land_the_older_read_last(
+def test_without_a_pool_two_runs_of_a_whole_reader_never_run_at_once(
+    services: Services,
+) -> None:
+    """Before: both ran at once and the older read landed last, losing [100, 200)."""
+    d = services.dispatcher
+    services.control.deploy(admin(services), DAG.format(pools="", pool=""))
+    first = _src_range(services, 0, 100)
+    older, older_read = _lease(d, first)
+    second = _src_range(services, 100, 200)
+    with pytest.raises(Conflict, match="rewrites its output whole") as e:
+        _lease(d, second)  # its implicit one-slot pool: waits for the first run
+    assert e.value.code == "waiting_for_slot"
+    wakeups = _wakeups(services, second)
+    _land(d, older, older_read, "older")
+    assert _wakeups(services, second) == wakeups + 1  # the released slot wakes it
+    newer, newer_read = _lease(d, second)
+    assert (_read(older_read), _read(newer_read)) == ([0], [0, 100])
+    _land(d, newer, newer_read, "newer")
+    assert _current_all(services).endswith("/newer")
+
+
+def test_a_late_success_after_the_reaper_took_the_slot_lands_nothing(
     services: Services,
 ) -> None:
     d = services.dispatcher
     services.control.deploy(admin(services), DAG.format(pools="", pool=""))
     first = _src_range(services, 0, 100)
     older, older_read = _lease(d, first)
+    with services.pool.connection() as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
+            [first],
+        )
+    assert d.reap() == 1  # the first run's slot is free again
     second = _src_range(services, 100, 200)
-    newer, newer_read = _lease(d, second)  # no pool: both run at once
-    assert (_read(older_read), _read(newer_read)) == ([0], [0, 100])
+    newer, newer_read = _lease(d, second)
+    assert _read(newer_read) == [0, 100]
     _land(d, newer, newer_read, "newer")
-    _land(d, older, older_read, "older")
-    assert _current_all(services).endswith("/older")  # the range [100, 200) is lost
+    out = older_read.outputs[0]
+    late = OutputCommit(dataset_uuid=out.dataset_uuid, location=f"{out.location}/older")
+    done = d.complete(CompleteRequest(**older, outcome="succeeded", outputs=[late]))
+    assert done.status == "queued" and done.outputs_committed == 0  # the reaper's retry stands
+    assert _current_all(services).endswith("/newer")
+    attempt = d.get_task(first).attempts[-1]
+    assert attempt.attempt == older["attempt"] and "lost its lease" in (attempt.error or "")
+    retry, retry_read = _lease(d, first)  # the retry reads again, after the newer landed
+    assert _read(retry_read) == [0, 100]
+    _land(d, retry, retry_read, "retry")
+    assert _current_all(services).endswith("/retry")
+
+
+@pytest.mark.parametrize("pools", ["", "worker_pools:\n  analytics:\n    - {}\n    - {}\n"])
+def test_a_whole_reader_above_max_concurrency_1_is_refused_at_deploy(
+    services: Services, pools: str
+) -> None:
+    pool = ("worker_pool: analytics\n    " if pools else "") + "scaling: {max_concurrency: 2}"
+    with pytest.raises(DagInvalid) as e:
+        services.control.deploy(admin(services), DAG.format(pools=pools, pool=pool))
+    assert "jobs.supply.scaling.max_concurrency" in str(e.value)
+    assert "job 'supply' (sql_transform) rewrites its output whole" in str(e.value)
 
 
 def test_on_a_one_slot_pool_the_next_run_reads_what_the_previous_ones_read(

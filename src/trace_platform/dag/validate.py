@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from trace_platform.dag.loader import MAX_DOCUMENT_BYTES, YamlRefused, load_yaml
 from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, PublishSpec, SharedRead
+from trace_platform.dag.whole import writes_whole
 from trace_platform.operators import config as op_config
 from trace_platform.operators import config_model, registry
 
@@ -202,6 +203,15 @@ def check(spec: DagSpec) -> list[DagProblem]:
                 DagProblem(
                     f"{at}.worker_pool",
                     f"worker pool '{job.worker_pool}' is not defined in worker_pools",
+                )
+            )
+        if writes_whole(job) and job.scaling.max_concurrency > 1:  # see dag/whole.py
+            add(
+                DagProblem(
+                    f"{at}.scaling.max_concurrency",
+                    f"job '{name}' ({job.operator}) rewrites its output whole as one scope "
+                    "(`all`, the last commit wins), so two runs at once could land the older "
+                    "read last and lose data: it runs one at a time (max_concurrency: 1)",
                 )
             )
         graph[name] = set()

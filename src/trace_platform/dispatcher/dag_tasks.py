@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from trace_platform.contract import DatasetRef, EventIn, TaskSpec
 from trace_platform.dag.schema import JobSpec
+from trace_platform.dag.whole import task_pool
 from trace_platform.store.dag_tasks import DagTaskStore
 
 
@@ -46,6 +47,8 @@ def job_task(
     input_event: dict[str, Any] | None = None,
 ) -> TaskSpec:
     key = {"dag_id": dag_id, "version": version, "job": job_name}
+    # A whole-scope writer without a pool of its own gets its implicit one-slot pool.
+    pool, max_concurrency = task_pool(job_name, job)
     return TaskSpec(
         job=job_name,
         operator=job.operator,
@@ -60,8 +63,8 @@ def job_task(
         input_versions=_refs(DagTaskStore(conn).job_inputs(**key).fetchall()),
         outputs=_refs(DagTaskStore(conn).job_outputs(**key).fetchall()),
         run_id=run_id,
-        worker_pool=job.worker_pool,
-        max_concurrency=job.scaling.max_concurrency if job.worker_pool else None,
+        worker_pool=pool,
+        max_concurrency=max_concurrency,
         timeout_seconds=job.timeout_seconds,
         max_attempts=job.max_attempts,
     )

@@ -45,6 +45,7 @@ from trace_platform.errors import (
     ServerFault,
     TraceError,
 )
+from trace_platform.operators import WHOLE_OUTPUT_OPERATORS
 from trace_platform.store.tasks import (
     AttemptEnd,
     ClaimManyParams,
@@ -472,6 +473,7 @@ class Lifecycle:
                 reject_finished(st, req)
             req = withdraw(st, req, purged_outputs(tx, st, req.outputs))
             req, conflict = self._compare_state(tx, st, req)
+            req = self._superseded_whole(st, req)
             # Commits first: an event for a scope they rewrote is an invalidation.
             rewritten = commit_outputs(tx, st, req.attempt, req.outputs)
             ids, dups, created = self.emitter.insert(
@@ -512,6 +514,30 @@ class Lifecycle:
             "operator_state": None,
         }
         return req.model_copy(update=lost), True
+
+    @staticmethod
+    def _superseded_whole(st: dict[str, Any], req: CompleteRequest) -> CompleteRequest:
+        """A whole-scope writer (dag/whole.py) runs one attempt at a time, holding its pool
+        slot from claim to completion; an attempt the reaper ended gave its slot up, so
+        another run may have read since and landed a newer output. Its late success lands
+        nothing (a failure report of that attempt, no events, outputs or state): the task's
+        fate stays what the reaper decided, and a retry reads again."""
+        if (
+            req.outcome != "succeeded"
+            or st["status"] == "running"
+            or st.get("operator") not in WHOLE_OUTPUT_OPERATORS
+        ):
+            return req
+        late = {
+            "outcome": "failed",
+            "error": f"attempt {req.attempt} reported success after it lost its lease: its "
+            "output (rewritten whole) is not landed, another run may have read and landed "
+            "a newer one since",
+            "final_events": [],
+            "outputs": [],
+            "operator_state": None,
+        }
+        return req.model_copy(update=late)
 
     def _settle(
         self, tx: StoreTx, st: dict[str, Any], req: CompleteRequest, conflict: bool

@@ -8,6 +8,7 @@ from uuid import UUID
 
 from trace_platform.config import Settings
 from trace_platform.contract import LeaseRef, SlotLease
+from trace_platform.dag.whole import is_implicit_pool
 from trace_platform.dispatcher.fencing import fenced
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict, Forbidden
@@ -41,7 +42,9 @@ class Slots:
         usage = tx.pool_usage(key)
         if usage["job_running"] >= (t["max_concurrency"] or 1) or usage["free_slot"] is None:
             why = (
-                f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
+                f"job '{t['job']}' rewrites its output whole and runs one at a time"
+                if is_implicit_pool(t["worker_pool"])
+                else f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
                 if usage["free_slot"] is not None
                 else f"every slot of worker pool '{t['worker_pool']}' is in use"
             )

@@ -29,6 +29,7 @@ __all__ = [
     "REGISTRY",
     "TRUSTED_OPERATORS",
     "WHOLE_INPUT_OPERATORS",
+    "WHOLE_OUTPUT_OPERATORS",
     "OperatorContext",
     "OperatorError",
     "OperatorResult",
@@ -85,6 +86,11 @@ CONFIGS: dict[str, str] = {
 # Operators that read every committed scope of every input (the rest read only the scope of the
 # event that started them): the Dispatcher sends each its committed locations accordingly.
 WHOLE_INPUT_OPERATORS = frozenset({"sql_transform"})
+
+# Operators that rewrite their output whole, as one scope (`all`), from what they read; the
+# scope's last commit wins, so two runs at once could land the older read last. The Dispatcher
+# runs a job of one only one run at a time (see trace_platform.dag.whole).
+WHOLE_OUTPUT_OPERATORS = frozenset({"sql_transform"})
 
 # Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.
 TRUSTED_OPERATORS = frozenset({"hot_window"})

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from trace_platform import faults
 from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
 from trace_platform.dag.validate import DagInvalid, DagProblem
+from trace_platform.dag.whole import implicit_pools
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
@@ -410,6 +411,13 @@ def _pool_slots(d: _Deploy, *, retire: bool = True) -> None:
             )
             pools.append(pool)
             idxs.append(i)
+    # The implicit one-slot pool of each whole-scope writer without a pool (dag/whole.py).
+    for pool in implicit_pools(d.spec):
+        RegistryStore(d.conn).upsert_slot(
+            dag_id=d.dag_id, pool=pool, slot_index=0, env=Jsonb({}), secrets=Jsonb({})
+        )
+        pools.append(pool)
+        idxs.append(0)
     if retire:
         RegistryStore(d.conn).retire_slots(dag_id=d.dag_id, pools=pools, idx=idxs)
 

@@ -57,7 +57,7 @@ WHERE task_id = %(task_id)s AND start_day = %(start_day)s AND attempt = %(attemp
 -- version_state: whether the DAG version that made the task was rolled back or abandoned since;
 -- reprocessing: the task redoes a scope upstream invalidated (its own events invalidate too).
 SELECT s.*, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds, r.org_id,
-       r.outputs, r.run_id, r.dag_id, r.dag_version, r.job,
+       r.outputs, r.run_id, r.dag_id, r.dag_version, r.job, r.operator,
        coalesce((r.input_event ->> 'invalidates')::boolean, false) AS reprocessing,
        (SELECT v.state FROM dag_versions v
         WHERE v.dag_id = r.dag_id AND v.version = r.dag_version) AS version_state,

@@ -94,6 +94,7 @@ _FOR_UPDATE_REGISTRY = (
     "dag_id",
     "dag_version",
     "job",
+    "operator",
 )
 _ATTEMPT = ("attempt", "worker_id", "started_at", "finished_at", "outcome", "error")
 _COMMITTED_READ = (

@@ -1,0 +1,55 @@
+"""A whole-scope writer (sql_transform) runs one at a time (trace_platform.dag.whole): without a
+pool on an implicit one-slot pool of its own, never above max_concurrency 1."""
+
+from __future__ import annotations
+
+import pytest
+
+from trace_platform.dag.validate import DagInvalid, parse
+from trace_platform.dag.whole import implicit_pools, is_implicit_pool, task_pool
+
+DAG = """
+name: whole
+worker_pools:
+  analytics: [{{}}, {{}}]
+jobs:
+  src:
+    operator: noop
+    outputs: [{{}}]
+  supply:
+    operator: sql_transform
+    config: {{sql: "SELECT * FROM src"}}
+    inputs: [{{job: src}}]
+    outputs: [{{}}]
+    {extra}
+"""
+
+
+def test_a_whole_writer_without_a_pool_gets_an_implicit_one_slot_pool() -> None:
+    spec = parse(DAG.format(extra=""))
+    assert task_pool("supply", spec.jobs["supply"]) == ("whole:supply", 1)
+    assert task_pool("src", spec.jobs["src"]) == (None, None)  # range writers: unchanged
+    assert implicit_pools(spec) == ["whole:supply"]
+    assert is_implicit_pool("whole:supply") and not is_implicit_pool("analytics")
+
+
+def test_a_pooled_whole_writer_keeps_its_pool() -> None:
+    spec = parse(DAG.format(extra="worker_pool: analytics"))
+    assert task_pool("supply", spec.jobs["supply"]) == ("analytics", 1)
+    assert implicit_pools(spec) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "scaling: {max_concurrency: 2}",
+        "worker_pool: analytics\n    scaling: {max_concurrency: 2}",
+    ],
+)
+def test_a_whole_writer_above_max_concurrency_1_is_refused(extra: str) -> None:
+    with pytest.raises(DagInvalid) as e:
+        parse(DAG.format(extra=extra), "whole.yaml")
+    (problem,) = e.value.problems
+    assert problem.where == "jobs.supply.scaling.max_concurrency"
+    assert "job 'supply' (sql_transform) rewrites its output whole" in problem.message
+    assert "older read last" in problem.message
