@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from tests.support.tasks import queue_tasks
+from tests.support.tasks import bare_dataset, queue_tasks
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.services import Services
 from trace_platform.store.task_views import TaskViewStore
@@ -288,19 +288,7 @@ def test_committed_reads_read_each_scope_by_key(services: Services) -> None:
         ).fetchone()["dag_id"]
         versions = []
         for i in range(2):
-            ds = conn.execute(
-                "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
-                "update_strategy, producer_dag_id, producer_job, producer_output_index) "
-                "VALUES (gen_random_uuid(), %s, %s, 'parquet', 'mem://d', 'replace', %s, 'j', "
-                "%s) RETURNING dataset_uuid",
-                [LITE_ORG_ID, f"big_{i}", dag_id, i],
-            ).fetchone()["dataset_uuid"]
-            version = conn.execute(
-                "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, "
-                "dag_version, location, state, backend) VALUES (gen_random_uuid(), %s, %s, 1, "
-                "'mem://v', 'complete', 'parquet') RETURNING dataset_version",
-                [ds, dag_id],
-            ).fetchone()["dataset_version"]
+            ds, (version,) = bare_dataset(conn, LITE_ORG_ID, dag_id, f"big_{i}", "replace", i)
             conn.execute(
                 "INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, "
                 "attempt, scope, partition_key, location, row_count) "
@@ -496,22 +484,7 @@ def test_an_append_reads_only_the_commits_overlapping_its_range(services: Servic
     lies in the version."""
     with services.pool.connection() as conn:
         dag_id = _dag(conn)
-        ds = conn.execute(
-            "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
-            "update_strategy, producer_dag_id, producer_job, producer_output_index) "
-            "VALUES (gen_random_uuid(), %s, 'ranges', 'parquet', 'mem://d', 'append', %s, 'j', "
-            "0) RETURNING dataset_uuid",
-            [LITE_ORG_ID, dag_id],
-        ).fetchone()["dataset_uuid"]
-        versions = [
-            conn.execute(
-                "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, "
-                "dag_version, location, state, backend) VALUES (gen_random_uuid(), %s, %s, 1, "
-                "'mem://v', 'complete', 'parquet') RETURNING dataset_version",
-                [ds, dag_id],
-            ).fetchone()["dataset_version"]
-            for _ in range(2)
-        ]
+        ds, versions = bare_dataset(conn, LITE_ORG_ID, dag_id, "ranges", "append", versions=2)
         for version in versions:  # two versions of the same ranges: [10g, 10g + 10)
             conn.execute(
                 "INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, "

@@ -13,6 +13,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from tests.support.servers import empty_database
+from tests.support.tasks import bare_dataset
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db import migrate as mig
 from trace_platform.store.tasks.params import PoolKey, ReadsParams
@@ -76,19 +77,7 @@ def test_0020_to_0022_on_an_install_with_data(db_at_0019: str) -> None:
         )  # fmt: skip
         done = _task(conn, "succeeded", dag_id=dag_id, pool="rpc")
         plain = _task(conn, "queued")
-        ds = conn.execute(
-            "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
-            "update_strategy, producer_dag_id, producer_job, producer_output_index) "
-            "VALUES (gen_random_uuid(), %s, 'ranges', 'parquet', 'mem://d', 'append', %s, 'j', "
-            "0) RETURNING dataset_uuid",
-            [LITE_ORG_ID, dag_id],
-        ).fetchone()["dataset_uuid"]
-        version = conn.execute(
-            "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, "
-            "location, state, backend) VALUES (gen_random_uuid(), %s, %s, 1, 'mem://v', "
-            "'complete', 'parquet') RETURNING dataset_version",
-            [ds, dag_id],
-        ).fetchone()["dataset_version"]
+        ds, (version,) = bare_dataset(conn, LITE_ORG_ID, dag_id, "ranges", "append")
         conn.execute(
             "INSERT INTO dataset_commits (commit_id, dataset_uuid, dataset_version, task_id, "
             "attempt, scope, range_start, range_end, location, row_count) "

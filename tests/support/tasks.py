@@ -32,3 +32,27 @@ def queue_tasks(
             rows,
         )
     return [r["task_id"] for r in rows]
+
+
+def bare_dataset(
+    conn: Any, org_id: Any, dag_id: Any, name: str, strategy: str, index: int = 0, versions: int = 1
+) -> tuple[Any, list[Any]]:
+    """A dataset row and `versions` complete versions of it, nothing else (plan and migration
+    tests fill their commits by SQL): (dataset_uuid, [dataset_version, ...])."""
+    ds = conn.execute(
+        "INSERT INTO datasets (dataset_uuid, org_id, dataset_name, backend, location, "
+        "update_strategy, producer_dag_id, producer_job, producer_output_index) "
+        "VALUES (gen_random_uuid(), %s, %s, 'parquet', 'mem://d', %s, %s, 'j', %s) "
+        "RETURNING dataset_uuid",
+        [org_id, name, strategy, dag_id, index],
+    ).fetchone()["dataset_uuid"]
+    made = [
+        conn.execute(
+            "INSERT INTO dataset_versions (dataset_version, dataset_uuid, dag_id, dag_version, "
+            "location, state, backend) VALUES (gen_random_uuid(), %s, %s, 1, 'mem://v', "
+            "'complete', 'parquet') RETURNING dataset_version",
+            [ds, dag_id],
+        ).fetchone()["dataset_version"]
+        for _ in range(versions)
+    ]
+    return ds, made
