@@ -18,7 +18,7 @@ import pytest
 from tests.support.invariants import assert_invariants, assert_no_dead_holders
 from tests.support.processes import alive, children
 from tests.support.sandbox import bind_env, record_dir
-from tests.support.wait import wait_for
+from tests.support.wait import exit_code, wait_for
 from trace_platform.config import Settings
 from trace_platform.contract import TERMINAL, DatasetRef, TaskSpec
 from trace_platform.lite.stack import ApiServer, LiteStack
@@ -323,7 +323,7 @@ def test_sigterm_drains_the_running_task_then_hands_back_what_outlives_the_grace
         stack.workers[0].send_signal(signal.SIGTERM)
         wait_for(lambda: status(stack, short.task_id)[0] in TERMINAL, 30, "short to end")
         assert [a.outcome for a in d.get_task(short.task_id).attempts] == ["succeeded"]
-        assert stack.workers[0].wait(timeout=30) == 0  # drained, then exited by itself
+        assert exit_code(stack.workers[0], 30) == 0  # drained, then exited by itself
 
         stack.add_worker()
         long = d.create_task(
@@ -336,7 +336,7 @@ def test_sigterm_drains_the_running_task_then_hands_back_what_outlives_the_grace
         assert 5 <= time.monotonic() - started < 20  # after the 6 s grace, not at once
         view = d.get_task(long.task_id)
         assert view.status == "queued" and [a.outcome for a in view.attempts] == ["released"]
-        assert stack.workers[1].wait(timeout=30) == 0
+        assert exit_code(stack.workers[1], 30) == 0
         stack.add_worker()  # its one try was not spent: it runs again
         wait_for(lambda: status(stack, long.task_id) == ("running", 2), 30, "attempt 2")
         d.cancel(long.task_id)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from trace_platform.contract import HeartbeatResponse
 from trace_platform.worker.client import ApiError, DispatcherClient, transient
 from trace_platform.worker.http import Transport, TransportError, pool_size
 
@@ -106,3 +107,19 @@ def test_a_workers_wrappers_fit_its_pool(api: str, caplog: pytest.LogCaptureFixt
     assert len(seen) == 2 * wrappers
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
     t.close()
+
+
+def test_a_request_that_got_no_answer_is_logged_before_it_is_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A transport failure (a refused connection here; a 30 s read timeout in the field) is
+    retried, and said in the worker's log, so a slow stall is not silent."""
+    client = DispatcherClient("http://127.0.0.1:9", retries=1)  # port 9: nothing listens
+    with (
+        caplog.at_level(logging.WARNING, logger="trace_platform.worker.client"),
+        pytest.raises(TransportError),
+    ):
+        client._call("POST", "/internal/heartbeat", HeartbeatResponse)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "try 2 of 2" in said[0] and "giving up" in said[1], said
+    assert all(m.startswith("POST /internal/heartbeat: no answer after") for m in said), said

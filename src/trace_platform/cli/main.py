@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import signal
@@ -198,6 +199,8 @@ def worker(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # SIGUSR1: every thread's stack to the log (a worker slow to exit can be asked where it is).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     settings = get_settings()
     try:
         policy = resolve(settings)

@@ -9,6 +9,7 @@ wrapper's finished attempt and another's next wake-up), else `/internal/claim-ba
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -42,6 +43,8 @@ from trace_platform.contract import (
 )
 from trace_platform.worker.batching import Batcher
 from trace_platform.worker.http import Response, Transport, TransportError, pool_size
+
+log = logging.getLogger(__name__)
 
 # A completion larger than this (events, outputs, state) goes alone: a batch stays far below
 # the API's body limit whatever it holds.
@@ -99,10 +102,21 @@ class DispatcherClient:
         are raised as ApiError with the server's code and message."""
         retries = self.retries if retries is None else retries
         for attempt in range(retries + 1):
+            began = time.monotonic()
             try:
                 r = self.http.request(method, path, **kw)
                 break
-            except TransportError:
+            except TransportError as e:
+                # Said, not only retried: a request that waited out its timeout (30 s) was
+                # otherwise invisible in the worker's log (only its slow effects were seen).
+                log.warning(
+                    "%s %s: no answer after %.1fs (%s); %s",
+                    method,
+                    path,
+                    time.monotonic() - began,
+                    e,
+                    "giving up" if attempt == retries else f"try {attempt + 2} of {retries + 1}",
+                )
                 if attempt == retries:
                     raise
                 time.sleep(min(2.0, 0.1 * 2**attempt))
