@@ -284,12 +284,15 @@ WITH leased AS (
   GROUP BY leased_job
 ),
 waiting AS (
-  SELECT s.task_id, s.updated_at,
-         row_number() OVER (PARTITION BY r.job ORDER BY s.updated_at) AS place,
+  -- Ties on updated_at (tasks queued in one statement) go oldest made first, as the memory
+  -- store keeps them: the pool index returns equal keys in no particular order.
+  SELECT s.task_id, s.updated_at, r.created_at,
+         row_number() OVER (PARTITION BY r.job ORDER BY s.updated_at, r.created_at, s.task_id)
+           AS place,
          coalesce(r.max_concurrency, 1) - coalesce(l.n, 0) AS room
   FROM task_status s
   CROSS JOIN LATERAL (
-    SELECT k.dag_id, k.worker_pool, k.job, k.max_concurrency
+    SELECT k.dag_id, k.worker_pool, k.job, k.max_concurrency, k.created_at
     FROM task_registry k
     WHERE k.task_id = s.task_id AND k.start_day = s.start_day
     LIMIT 1
@@ -303,7 +306,7 @@ waiting AS (
 )
 SELECT task_id FROM waiting
 WHERE place <= room
-ORDER BY updated_at
+ORDER BY updated_at, created_at, task_id
 LIMIT (SELECT count(*) FROM pool_slots
        WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL AND NOT retired);
 
