@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.dags import admin
+from tests.support.dags import admin, whole_dag
 from trace_platform.contract import (
     ClaimRequest,
     CompleteRequest,
@@ -25,21 +25,6 @@ from trace_platform.contract import (
 from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Conflict
 from trace_platform.services import Services
-
-DAG = """
-name: whole
-{pools}
-jobs:
-  src:
-    operator: noop
-    outputs: [{{}}]
-  supply:
-    operator: sql_transform
-    config: {{sql: "SELECT * FROM src"}}
-    inputs: [{{job: src}}]
-    outputs: [{{}}]
-    {pool}
-"""
 
 
 def _lease(d: Any, task_id: Any) -> tuple[dict[str, Any], TaskPayload]:
@@ -98,6 +83,15 @@ def _land(d: Any, lease: dict[str, Any], payload: TaskPayload, tag: str) -> None
     assert done.status == "succeeded"
 
 
+def _first_run(services: Services, dag: str) -> tuple[Any, dict[str, Any], TaskPayload]:
+    """`dag` deployed, `src` committing [0, 100), and the `supply` run it woke leased: (its
+    task, its lease, what it read)."""
+    services.control.deploy(admin(services), dag)
+    first = _src_range(services, 0, 100)
+    lease, read = _lease(services.dispatcher, first)
+    return first, lease, read
+
+
 def _current_all(services: Services) -> str:
     with services.pool.connection() as conn:
         (row,) = conn.execute(
@@ -112,9 +106,7 @@ def test_without_a_pool_two_runs_of_a_whole_reader_never_run_at_once(
 ) -> None:
     """Before: both ran at once and the older read landed last, losing [100, 200)."""
     d = services.dispatcher
-    services.control.deploy(admin(services), DAG.format(pools="", pool=""))
-    first = _src_range(services, 0, 100)
-    older, older_read = _lease(d, first)
+    _, older, older_read = _first_run(services, whole_dag())
     second = _src_range(services, 100, 200)
     with pytest.raises(Conflict, match="rewrites its output whole") as e:
         _lease(d, second)  # its implicit one-slot pool: waits for the first run
@@ -132,9 +124,7 @@ def test_a_late_success_after_the_reaper_took_the_slot_lands_nothing(
     services: Services,
 ) -> None:
     d = services.dispatcher
-    services.control.deploy(admin(services), DAG.format(pools="", pool=""))
-    first = _src_range(services, 0, 100)
-    older, older_read = _lease(d, first)
+    first, older, older_read = _first_run(services, whole_dag())
     with services.pool.connection() as conn:
         conn.execute(
             "UPDATE task_status SET lease_until = now() - interval '1 s' WHERE task_id = %s",
@@ -164,7 +154,7 @@ def test_a_whole_reader_above_max_concurrency_1_is_refused_at_deploy(
 ) -> None:
     pool = ("worker_pool: analytics\n    " if pools else "") + "scaling: {max_concurrency: 2}"
     with pytest.raises(DagInvalid) as e:
-        services.control.deploy(admin(services), DAG.format(pools=pools, pool=pool))
+        services.control.deploy(admin(services), whole_dag(pools, pool))
     assert "jobs.supply.scaling.max_concurrency" in str(e.value)
     assert "job 'supply' (sql_transform) rewrites its output whole" in str(e.value)
 
@@ -174,9 +164,7 @@ def test_on_a_one_slot_pool_the_next_run_reads_what_the_previous_ones_read(
 ) -> None:
     d = services.dispatcher
     pools = "worker_pools:\n  analytics:\n    - {}\n"
-    services.control.deploy(admin(services), DAG.format(pools=pools, pool="worker_pool: analytics"))
-    first = _src_range(services, 0, 100)
-    older, older_read = _lease(d, first)
+    _, older, older_read = _first_run(services, whole_dag(pools, "worker_pool: analytics"))
     second = _src_range(services, 100, 200)
     with pytest.raises(Conflict):  # waits for the slot the first run holds
         _lease(d, second)

@@ -42,6 +42,28 @@ def three_jobs(name: str = "hello", record: str = "/dev/null") -> str:
     return THREE_JOBS.format(name=name, record=record)
 
 
+WHOLE_DAG = """
+name: whole
+{pools}
+jobs:
+  src:
+    operator: noop
+    outputs: [{{}}]
+  supply:
+    operator: sql_transform
+    config: {{sql: "SELECT * FROM src"}}
+    inputs: [{{job: src}}]
+    outputs: [{{}}]
+    {job}
+"""
+
+
+def whole_dag(pools: str = "", job: str = "") -> str:
+    """A source of ranges and a whole-scope writer (sql_transform) reading it: `pools` is the
+    DAG's worker_pools block, `job` more lines of the writer's job (indented 4)."""
+    return WHOLE_DAG.format(pools=pools, job=job)
+
+
 def admin(services: Services) -> Actor:
     with services.pool.connection() as conn:
         return lite_admin(conn)

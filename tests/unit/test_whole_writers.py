@@ -5,28 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.dags import whole_dag
 from trace_platform.dag.validate import DagInvalid, parse
 from trace_platform.dag.whole import implicit_pools, is_implicit_pool, task_pool
 
-DAG = """
-name: whole
-worker_pools:
-  analytics: [{{}}, {{}}]
-jobs:
-  src:
-    operator: noop
-    outputs: [{{}}]
-  supply:
-    operator: sql_transform
-    config: {{sql: "SELECT * FROM src"}}
-    inputs: [{{job: src}}]
-    outputs: [{{}}]
-    {extra}
-"""
+
+def dag(job: str) -> str:
+    return whole_dag("worker_pools:\n  analytics: [{}, {}]", job)
 
 
 def test_a_whole_writer_without_a_pool_gets_an_implicit_one_slot_pool() -> None:
-    spec = parse(DAG.format(extra=""))
+    spec = parse(dag(""))
     assert task_pool("supply", spec.jobs["supply"]) == ("whole:supply", 1)
     assert task_pool("src", spec.jobs["src"]) == (None, None)  # range writers: unchanged
     assert implicit_pools(spec) == ["whole:supply"]
@@ -34,7 +23,7 @@ def test_a_whole_writer_without_a_pool_gets_an_implicit_one_slot_pool() -> None:
 
 
 def test_a_pooled_whole_writer_keeps_its_pool() -> None:
-    spec = parse(DAG.format(extra="worker_pool: analytics"))
+    spec = parse(dag("worker_pool: analytics"))
     assert task_pool("supply", spec.jobs["supply"]) == ("analytics", 1)
     assert implicit_pools(spec) == []
 
@@ -48,7 +37,7 @@ def test_a_pooled_whole_writer_keeps_its_pool() -> None:
 )
 def test_a_whole_writer_above_max_concurrency_1_is_refused(extra: str) -> None:
     with pytest.raises(DagInvalid) as e:
-        parse(DAG.format(extra=extra), "whole.yaml")
+        parse(dag(extra), "whole.yaml")
     (problem,) = e.value.problems
     assert problem.where == "jobs.supply.scaling.max_concurrency"
     assert "job 'supply' (sql_transform) rewrites its output whole" in problem.message

@@ -17,6 +17,7 @@ from trace_platform.identity.vault import can_use_secret, vault_for
 from trace_platform.store.tasks import (
     PoolJob,
     PoolKey,
+    Row,
     SlotLeaseParams,
     StateStore,
     StoreTx,
@@ -41,15 +42,10 @@ class Slots:
         tx.lock_pool(PoolKey(dag_id=key.dag_id, pool=key.pool))
         usage = tx.pool_usage(key)
         if usage["job_running"] >= (t["max_concurrency"] or 1) or usage["free_slot"] is None:
-            why = (
-                f"job '{t['job']}' rewrites its output whole and runs one at a time"
-                if is_implicit_pool(t["worker_pool"])
-                else f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
-                if usage["free_slot"] is not None
-                else f"every slot of worker pool '{t['worker_pool']}' is in use"
-            )
             raise Conflict(
-                "waiting_for_slot", f"task {task_id} waits for a slot: {why}", pool=t["worker_pool"]
+                "waiting_for_slot",
+                f"task {task_id} waits for a slot: {_why_waiting(t, usage)}",
+                pool=t["worker_pool"],
             )
         tx.lease_slot(
             SlotLeaseParams(
@@ -103,3 +99,11 @@ class Slots:
                 )
             values[r["env_var"]] = vault.open(r["org_id"], r["name"], r["ciphertext"])
         return values
+
+
+def _why_waiting(t: Row, usage: Row) -> str:
+    if is_implicit_pool(t["worker_pool"]):
+        return f"job '{t['job']}' rewrites its output whole and runs one at a time"
+    if usage["free_slot"] is not None:
+        return f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
+    return f"every slot of worker pool '{t['worker_pool']}' is in use"

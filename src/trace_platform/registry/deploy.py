@@ -18,7 +18,7 @@ from psycopg import Connection
 from psycopg.types.json import Jsonb
 
 from trace_platform import faults
-from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, SharedRead
+from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, PoolSlot, SharedRead
 from trace_platform.dag.validate import DagInvalid, DagProblem
 from trace_platform.dag.whole import implicit_pools
 from trace_platform.dispatcher.intents import Intents
@@ -400,7 +400,9 @@ def _pool_slots(d: _Deploy, *, retire: bool = True) -> None:
     the version goes live: the live version may still need them while another builds)."""
     pools: list[str] = []
     idxs: list[int] = []
-    for pool, slots in d.spec.worker_pools.items():
+    # With the implicit one-slot pool of each whole-scope writer without a pool (dag/whole.py).
+    implicit = {pool: [PoolSlot()] for pool in implicit_pools(d.spec)}
+    for pool, slots in {**d.spec.worker_pools, **implicit}.items():
         for i, slot in enumerate(slots):
             RegistryStore(d.conn).upsert_slot(
                 dag_id=d.dag_id,
@@ -411,13 +413,6 @@ def _pool_slots(d: _Deploy, *, retire: bool = True) -> None:
             )
             pools.append(pool)
             idxs.append(i)
-    # The implicit one-slot pool of each whole-scope writer without a pool (dag/whole.py).
-    for pool in implicit_pools(d.spec):
-        RegistryStore(d.conn).upsert_slot(
-            dag_id=d.dag_id, pool=pool, slot_index=0, env=Jsonb({}), secrets=Jsonb({})
-        )
-        pools.append(pool)
-        idxs.append(0)
     if retire:
         RegistryStore(d.conn).retire_slots(dag_id=d.dag_id, pools=pools, idx=idxs)
 

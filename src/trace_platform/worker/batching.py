@@ -36,8 +36,8 @@ class Batcher(Generic[I, R]):
     Each caller sleeps on its own lock and is woken once: when its answer is in, or when the
     batch in flight ends and its item is the oldest waiting (it then runs the next batch).
     One condition notified to all woke every waiting caller at every batch's end, to find
-    most of them still waiting: with a worker's 16 threads on one batcher, that was a fifth
-    of the worker's CPU."""
+    most of them still waiting: with 16 threads on one batcher (1 ms a batch), 22-30 us of CPU
+    per call against 11-12 us this way."""
 
     def __init__(self, run: Callable[[list[I]], list[R | BaseException]], limit: int) -> None:
         self.run = run
