@@ -66,6 +66,15 @@ class PostgresHarness:
             size,
         )
 
+    def retire_slots(self, dag_id: UUID, pool: str, keep: int) -> None:
+        self._run(
+            "UPDATE pool_slots SET retired = true "
+            "WHERE dag_id = %s AND pool = %s AND slot_index >= %s",
+            dag_id,
+            pool,
+            keep,
+        )
+
     def add_dataset_version(
         self, dag_id: UUID, update_strategy: str, unique_key: list[str] | None = None
     ) -> tuple[UUID, UUID]:

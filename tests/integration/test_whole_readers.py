@@ -173,3 +173,26 @@ def test_on_a_one_slot_pool_the_next_run_reads_what_the_previous_ones_read(
     assert (_read(older_read), _read(newer_read)) == ([0], [0, 100])
     _land(d, newer, newer_read, "newer")
     assert _current_all(services).endswith("/newer")
+
+
+def test_a_run_waiting_on_the_implicit_pool_runs_after_a_deploy_gives_the_job_a_pool(
+    services: Services,
+) -> None:
+    """The deploy retires `whole:supply` (the live version puts the job on `analytics`): the run
+    that waited on it is not stranded, it runs once the run holding the old slot landed."""
+    d = services.dispatcher
+    _, older, older_read = _first_run(services, whole_dag())
+    second = _src_range(services, 100, 200)
+    with pytest.raises(Conflict):
+        _lease(d, second)
+    pools = "worker_pools:\n  analytics:\n    - {}\n"
+    services.control.deploy(admin(services), whole_dag(pools, "worker_pool: analytics"))
+    with pytest.raises(Conflict, match="rewrites its output whole"):  # still one at a time
+        _lease(d, second)
+    wakeups = _wakeups(services, second)
+    _land(d, older, older_read, "older")
+    assert _wakeups(services, second) == wakeups + 1
+    newer, newer_read = _lease(d, second)
+    assert _read(newer_read) == [0, 100]
+    _land(d, newer, newer_read, "newer")
+    assert _current_all(services).endswith("/newer")

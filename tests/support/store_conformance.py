@@ -58,6 +58,9 @@ class Harness(Protocol):
 
     def add_pool(self, dag_id: UUID, pool: str, size: int) -> None: ...
 
+    def retire_slots(self, dag_id: UUID, pool: str, keep: int) -> None:
+        """As a deploy whose live version lists only `keep` slots of the pool (0: not it)."""
+
     def add_dataset_version(
         self, dag_id: UUID, update_strategy: str, unique_key: list[str] | None = None
     ) -> tuple[UUID, UUID]:
@@ -583,6 +586,45 @@ class StateStoreConformance:
         OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
         complete(d, first)
         assert [t for t, _ in woken(d)] == [ids[2]]  # one free slot: one wake-up, the oldest
+
+    def test_a_pool_shrunk_by_a_deploy_takes_no_task_on_its_retired_slots(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("shrunk")
+        harness.add_pool(dag, "rpc", 2)
+        pooled = {"dag_id": dag, "dag_version": 1, "worker_pool": "rpc", "max_concurrency": 5}
+        ids = [d.create_task(spec(**pooled)).task_id for _ in range(3)]
+        harness.retire_slots(dag, "rpc", 1)  # the live version lists one slot
+        first = claim(d, ids[0])
+        assert first.slot.slot_index == 0  # type: ignore[union-attr]
+        with pytest.raises(Conflict) as e:  # slot 1 is free, but retired
+            claim(d, ids[1])
+        assert e.value.code == "waiting_for_slot"
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, first)
+        assert [t for t, _ in woken(d)] == [ids[1]]  # one slot: one wake-up
+        assert claim(d, ids[1]).slot.slot_index == 0  # type: ignore[union-attr]
+
+    def test_a_pool_a_deploy_dropped_still_serves_the_tasks_made_under_it(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """Tasks queued in a pool the live version no longer has are not stranded waiting for
+        a slot that will never come: the pool's old slots serve them, as many at once."""
+        dag = harness.add_dag("dropped")
+        harness.add_pool(dag, "rpc", 2)
+        pooled = {"dag_id": dag, "dag_version": 1, "worker_pool": "rpc", "max_concurrency": 5}
+        ids = [d.create_task(spec(**pooled)).task_id for _ in range(3)]
+        first = claim(d, ids[0])
+        harness.retire_slots(dag, "rpc", 0)
+        second = claim(d, ids[1])
+        assert {first.slot.slot_index, second.slot.slot_index} == {0, 1}  # type: ignore[union-attr]
+        with pytest.raises(Conflict) as e:  # still no more at once than the pool had
+            claim(d, ids[2])
+        assert e.value.code == "waiting_for_slot"
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, second)
+        assert [t for t, _ in woken(d)] == [ids[2]]
+        assert claim(d, ids[2]).slot.slot_index == second.slot.slot_index  # type: ignore[union-attr]
 
     def test_a_late_report_of_a_reaped_attempt_keeps_the_reapers_error(
         self, d: Dispatcher, harness: Harness

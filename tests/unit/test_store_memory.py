@@ -42,6 +42,9 @@ class MemoryHarness:
     def add_pool(self, dag_id: UUID, pool: str, size: int) -> None:
         self.store.add_pool(dag_id, pool, size)
 
+    def retire_slots(self, dag_id: UUID, pool: str, keep: int) -> None:
+        self.store.retire_slots(dag_id, pool, keep)
+
     def add_dataset_version(
         self, dag_id: UUID, update_strategy: str, unique_key: list[str] | None = None
     ) -> tuple[UUID, UUID]:

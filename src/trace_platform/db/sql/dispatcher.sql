@@ -250,12 +250,18 @@ WHERE task_id = %(task_id)s;
 SELECT pg_advisory_xact_lock(hashtext(%(dag_id)s::text || '/' || %(pool)s));
 
 -- name: pool_usage
--- How many slots this job's running tasks hold, and the first free slot, if any.
+-- How many slots this job's running tasks hold, and the first free slot, if any. A pool's
+-- slots retired by a deploy (it lists fewer, or not the pool) take no task while the pool has
+-- a live slot; a pool the live version dropped altogether keeps serving, with its old slots,
+-- the tasks made under it (else they would wait for a slot forever): `retired` must equal
+-- bool_and(retired) over the pool, true only when every slot of it is retired.
 SELECT
   (SELECT count(*) FROM pool_slots
     WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_job = %(job)s) AS job_running,
   (SELECT slot_index FROM pool_slots
-    WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL AND NOT retired
+    WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL
+      AND retired = (SELECT bool_and(retired) FROM pool_slots
+                     WHERE dag_id = %(dag_id)s AND pool = %(pool)s)
     ORDER BY slot_index LIMIT 1) AS free_slot;
 
 -- name: lease_slot
@@ -307,8 +313,11 @@ waiting AS (
 SELECT task_id FROM waiting
 WHERE place <= room
 ORDER BY updated_at, created_at, task_id
+-- The free slots a claim may take, as pool_usage counts them (a dropped pool's retired ones).
 LIMIT (SELECT count(*) FROM pool_slots
-       WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL AND NOT retired);
+       WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL
+         AND retired = (SELECT bool_and(retired) FROM pool_slots
+                        WHERE dag_id = %(dag_id)s AND pool = %(pool)s));
 
 -- name: slot_of_task
 SELECT pool, slot_index, env, secrets FROM pool_slots WHERE leased_by_task = %(task_id)s;

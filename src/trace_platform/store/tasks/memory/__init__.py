@@ -116,6 +116,13 @@ class MemoryStore:
                     "leased_at": None,
                 }
 
+    def retire_slots(self, dag_id: UUID, pool: str, keep: int = 0) -> None:
+        """As a deploy whose version lists only `keep` slots of the pool (0: not the pool)."""
+        with self._lock:
+            for (d, p, i), slot in self._tables.pool_slots.items():
+                if d == dag_id and p == pool and i >= keep:
+                    slot["retired"] = True
+
     def add_dataset_version(
         self,
         dataset_uuid: UUID,

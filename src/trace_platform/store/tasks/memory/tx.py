@@ -505,9 +505,20 @@ class MemoryTx:
             if slot["dag_id"] == dag_id and slot["pool"] == pool
         ]
 
+    @staticmethod
+    def _free_slots(slots: list[Row]) -> list[int]:
+        """The free slots a claim may take: live ones, or a dropped pool's retired ones (as
+        dispatcher.sql's pool_usage)."""
+        dropped = all(s["retired"] for s in slots)
+        return [
+            s["slot_index"]
+            for s in slots
+            if s["leased_by_task"] is None and s["retired"] == dropped
+        ]
+
     def pool_usage(self, key: PoolJob) -> Row:
         slots = self._pool(key.dag_id, key.pool)
-        free = [s["slot_index"] for s in slots if s["leased_by_task"] is None and not s["retired"]]
+        free = self._free_slots(slots)
         return {
             "job_running": sum(1 for s in slots if _eq(s["leased_job"], key.job)),
             "free_slot": min(free) if free else None,
@@ -534,7 +545,7 @@ class MemoryTx:
         for slot in slots:
             if slot["leased_by_task"] is not None and slot["leased_job"] is not None:
                 leased[slot["leased_job"]] = leased.get(slot["leased_job"], 0) + 1
-        free = sum(1 for s in slots if s["leased_by_task"] is None and not s["retired"])
+        free = len(self._free_slots(slots))
         waiting = [
             (s, r)
             for s, r in self._joined()
