@@ -175,11 +175,12 @@ def test_on_a_one_slot_pool_the_next_run_reads_what_the_previous_ones_read(
     assert _current_all(services).endswith("/newer")
 
 
-def test_a_run_waiting_on_the_implicit_pool_runs_after_a_deploy_gives_the_job_a_pool(
+def test_a_deploy_moving_a_whole_reader_to_a_pool_keeps_its_runs_one_at_a_time(
     services: Services,
 ) -> None:
-    """The deploy retires `whole:supply` (the live version puts the job on `analytics`): the run
-    that waited on it is not stranded, it runs once the run holding the old slot landed."""
+    """The deploy retires `whole:supply` (the live version puts the job on `analytics`). The
+    run that waited on it is not stranded, and a run of the new version, on the new pool, still
+    waits for the one holding the old slot: each reads after the previous one landed."""
     d = services.dispatcher
     _, older, older_read = _first_run(services, whole_dag())
     second = _src_range(services, 100, 200)
@@ -187,12 +188,23 @@ def test_a_run_waiting_on_the_implicit_pool_runs_after_a_deploy_gives_the_job_a_
         _lease(d, second)
     pools = "worker_pools:\n  analytics:\n    - {}\n"
     services.control.deploy(admin(services), whole_dag(pools, "worker_pool: analytics"))
-    with pytest.raises(Conflict, match="rewrites its output whole"):  # still one at a time
-        _lease(d, second)
-    wakeups = _wakeups(services, second)
+    third = _src_range(services, 200, 300)  # the new version's run, on `analytics`
+    for waiting in (second, third):
+        with pytest.raises(Conflict, match="rewrites its output whole"):
+            _lease(d, waiting)
+    wakeups = (_wakeups(services, second), _wakeups(services, third))
     _land(d, older, older_read, "older")
-    assert _wakeups(services, second) == wakeups + 1
+    assert (_wakeups(services, second), _wakeups(services, third)) == (
+        wakeups[0] + 1,
+        wakeups[1] + 1,
+    )
     newer, newer_read = _lease(d, second)
-    assert _read(newer_read) == [0, 100]
+    with pytest.raises(Conflict, match="rewrites its output whole"):
+        _lease(d, third)
+    assert _read(newer_read) == [0, 100, 200]
     _land(d, newer, newer_read, "newer")
-    assert _current_all(services).endswith("/newer")
+    assert _wakeups(services, third) == wakeups[1] + 2  # the old slot's release wakes it
+    newest, newest_read = _lease(d, third)
+    assert _read(newest_read) == [0, 100, 200]
+    _land(d, newest, newest_read, "newest")
+    assert _current_all(services).endswith("/newest")

@@ -626,6 +626,38 @@ class StateStoreConformance:
         assert [t for t, _ in woken(d)] == [ids[2]]
         assert claim(d, ids[2]).slot.slot_index == second.slot.slot_index  # type: ignore[union-attr]
 
+    def test_a_whole_writer_runs_one_at_a_time_across_the_pools_of_its_dag(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """A deploy moved the job to pool `b` while a run held pool `a`'s slot: the run queued
+        on `b` waits for it, and is woken by its release (which otherwise wakes only `a`'s)."""
+        dag = harness.add_dag("moved")
+        harness.add_pool(dag, "a", 1)
+        harness.add_pool(dag, "b", 1)
+        whole = {"dag_id": dag, "dag_version": 1, "job": "w", "operator": "sql_transform"}
+        old = d.create_task(spec(**whole, worker_pool="a")).task_id
+        new = d.create_task(spec(**{**whole, "dag_version": 2}, worker_pool="b")).task_id
+        running = claim(d, old)
+        with pytest.raises(Conflict) as e:
+            claim(d, new)
+        assert e.value.code == "waiting_for_slot"
+        assert "job 'w' rewrites its output whole and runs one at a time" in str(e.value)
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, running)
+        assert [t for t, _ in woken(d)] == [new]
+        assert claim(d, new).slot.pool == "b"  # type: ignore[union-attr]
+
+    def test_other_jobs_of_one_name_in_two_pools_run_at_once(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("two_pools")
+        harness.add_pool(dag, "a", 1)
+        harness.add_pool(dag, "b", 1)
+        job = {"dag_id": dag, "dag_version": 1, "job": "n"}
+        first = claim(d, d.create_task(spec(**job, worker_pool="a")).task_id)
+        second = claim(d, d.create_task(spec(**job, worker_pool="b")).task_id)
+        assert (first.slot.pool, second.slot.pool) == ("a", "b")  # type: ignore[union-attr]
+
     def test_a_late_report_of_a_reaped_attempt_keeps_the_reapers_error(
         self, d: Dispatcher, harness: Harness
     ) -> None:

@@ -8,12 +8,12 @@ from uuid import UUID
 
 from trace_platform.config import Settings
 from trace_platform.contract import LeaseRef, SlotLease
-from trace_platform.dag.whole import is_implicit_pool
 from trace_platform.dispatcher.fencing import fenced
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict, Forbidden
 from trace_platform.identity import actor_from_row
 from trace_platform.identity.vault import can_use_secret, vault_for
+from trace_platform.operators import WHOLE_OUTPUT_OPERATORS
 from trace_platform.store.tasks import (
     PoolJob,
     PoolKey,
@@ -41,7 +41,14 @@ class Slots:
         # Serialises slot accounting per pool, not claims at large.
         tx.lock_pool(PoolKey(dag_id=key.dag_id, pool=key.pool))
         usage = tx.pool_usage(key)
-        if usage["job_running"] >= (t["max_concurrency"] or 1) or usage["free_slot"] is None:
+        # A whole writer runs one at a time in its DAG, not only in its pool: a deploy may
+        # have moved it to another pool while a run held a slot of the old one.
+        alone = t["operator"] not in WHOLE_OUTPUT_OPERATORS or usage["job_running_in_dag"] == 0
+        if (
+            not alone
+            or usage["job_running"] >= (t["max_concurrency"] or 1)
+            or usage["free_slot"] is None
+        ):
             raise Conflict(
                 "waiting_for_slot",
                 f"task {task_id} waits for a slot: {_why_waiting(t, usage)}",
@@ -64,9 +71,14 @@ class Slots:
         freed = tx.release_slot(task_id)
         if freed is None:
             return
-        for waiting in tx.waiting_for_pool(freed):
-            if waiting != task_id:
-                self.intents.wake(tx, waiting)
+        woken = [t for t in tx.waiting_for_pool(freed) if t != task_id]
+        t = tx.task_pool(task_id)
+        if t is not None and t["operator"] in WHOLE_OUTPUT_OPERATORS:
+            # Its runs queued in another pool (a deploy moved the job) waited for this one.
+            key = PoolJob(dag_id=freed.dag_id, pool=freed.pool, job=t["job"])
+            woken += [w for w in tx.waiting_for_job(key) if w != task_id and w not in woken]
+        for waiting in woken:
+            self.intents.wake(tx, waiting)
 
     def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret
@@ -102,7 +114,7 @@ class Slots:
 
 
 def _why_waiting(t: Row, usage: Row) -> str:
-    if is_implicit_pool(t["worker_pool"]):
+    if t["operator"] in WHOLE_OUTPUT_OPERATORS and usage["job_running_in_dag"] > 0:
         return f"job '{t['job']}' rewrites its output whole and runs one at a time"
     if usage["free_slot"] is not None:
         return f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"

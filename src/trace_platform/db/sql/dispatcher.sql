@@ -243,7 +243,7 @@ FOR UPDATE OF s SKIP LOCKED;
 UPDATE task_status SET updated_at = now() WHERE task_id = ANY(%(ids)s);
 
 -- name: task_pool
-SELECT dag_id, worker_pool, max_concurrency, job FROM task_registry
+SELECT dag_id, worker_pool, max_concurrency, job, operator FROM task_registry
 WHERE task_id = %(task_id)s;
 
 -- name: lock_pool
@@ -255,9 +255,13 @@ SELECT pg_advisory_xact_lock(hashtext(%(dag_id)s::text || '/' || %(pool)s));
 -- a live slot; a pool the live version dropped altogether keeps serving, with its old slots,
 -- the tasks made under it (else they would wait for a slot forever): `retired` must equal
 -- bool_and(retired) over the pool, true only when every slot of it is retired.
+-- job_running_in_dag: the slots the job holds in any pool of its DAG (a whole writer runs one
+-- at a time across pools: a deploy can move it to another pool while a run holds the old).
 SELECT
   (SELECT count(*) FROM pool_slots
     WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_job = %(job)s) AS job_running,
+  (SELECT count(*) FROM pool_slots
+    WHERE dag_id = %(dag_id)s AND leased_job = %(job)s) AS job_running_in_dag,
   (SELECT slot_index FROM pool_slots
     WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL
       AND retired = (SELECT bool_and(retired) FROM pool_slots
@@ -318,6 +322,25 @@ LIMIT (SELECT count(*) FROM pool_slots
        WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL
          AND retired = (SELECT bool_and(retired) FROM pool_slots
                         WHERE dag_id = %(dag_id)s AND pool = %(pool)s));
+
+-- name: waiting_for_job
+-- The oldest queued task of a whole writer in another pool of its DAG than `pool` (a deploy
+-- moved the job while it had runs queued), to wake when the job's running task frees its
+-- slot: that release woke only its own pool's tasks. Off task_status_pool_idx by the DAG.
+SELECT s.task_id
+FROM task_status s
+CROSS JOIN LATERAL (
+  SELECT k.job, k.created_at
+  FROM task_registry k
+  WHERE k.task_id = s.task_id AND k.start_day = s.start_day
+  LIMIT 1
+) r
+WHERE s.pool_dag_id = %(dag_id)s AND s.worker_pool <> %(pool)s
+  AND s.status COLLATE "C" = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
+  AND r.job = %(job)s
+  AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = %(dag_id)s AND d.paused)
+ORDER BY s.updated_at, r.created_at, s.task_id
+LIMIT 1;
 
 -- name: slot_of_task
 SELECT pool, slot_index, env, secrets FROM pool_slots WHERE leased_by_task = %(task_id)s;

@@ -230,6 +230,9 @@ class PostgresTx:
     def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
         return [r["task_id"] for r in self._all(_Q.waiting_for_pool, fields(key))]
 
+    def waiting_for_job(self, key: PoolJob) -> list[UUID]:
+        return [r["task_id"] for r in self._all(_Q.waiting_for_job, fields(key))]
+
     def slot_of_task(self, task_id: UUID) -> Row | None:
         return self._one(_Q.slot_of_task, {"task_id": task_id})
 

@@ -157,7 +157,7 @@ class StoreTx(Protocol):
 
     # -- worker-pool slots ------------------------------------------------------------------
     def task_pool(self, task_id: UUID) -> Row | None:
-        """`{dag_id, worker_pool, max_concurrency, job}`."""
+        """`{dag_id, worker_pool, max_concurrency, job, operator}`."""
         ...
 
     def lock_pool(self, key: PoolKey) -> None:
@@ -165,7 +165,8 @@ class StoreTx(Protocol):
         ...
 
     def pool_usage(self, key: PoolJob) -> Row:
-        """`{job_running, free_slot}`: slots the job holds, the lowest free slot (or None)."""
+        """`{job_running, job_running_in_dag, free_slot}`: slots the job holds in the pool and
+        in any pool of its DAG, the lowest free slot (or None)."""
         ...
 
     def lease_slot(self, p: SlotLeaseParams) -> None: ...
@@ -176,6 +177,10 @@ class StoreTx(Protocol):
 
     def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
         """Queued tasks that can take the pool's free slots now, oldest first."""
+        ...
+
+    def waiting_for_job(self, key: PoolJob) -> list[UUID]:
+        """The oldest queued task of the job in another pool of its DAG than `key.pool`."""
         ...
 
     def slot_of_task(self, task_id: UUID) -> Row | None:

@@ -493,7 +493,9 @@ class MemoryTx:
     # -- worker-pool slots ------------------------------------------------------------------
     def task_pool(self, task_id: UUID) -> Row | None:
         r = self._t.task_registry.get(task_id)
-        return _pick(r, ("dag_id", "worker_pool", "max_concurrency", "job")) if r else None
+        return (
+            _pick(r, ("dag_id", "worker_pool", "max_concurrency", "job", "operator")) if r else None
+        )
 
     def lock_pool(self, key: PoolKey) -> None:
         pass  # the store lock already serialises transactions
@@ -519,8 +521,10 @@ class MemoryTx:
     def pool_usage(self, key: PoolJob) -> Row:
         slots = self._pool(key.dag_id, key.pool)
         free = self._free_slots(slots)
+        in_dag = [s for s in self._t.pool_slots.values() if s["dag_id"] == key.dag_id]
         return {
             "job_running": sum(1 for s in slots if _eq(s["leased_job"], key.job)),
+            "job_running_in_dag": sum(1 for s in in_dag if _eq(s["leased_job"], key.job)),
             "free_slot": min(free) if free else None,
         }
 
@@ -567,6 +571,22 @@ class MemoryTx:
             if places[r["job"]] <= room:
                 eligible.append(s["task_id"])
         return eligible[:free]
+
+    def waiting_for_job(self, key: PoolJob) -> list[UUID]:
+        waiting = [
+            s
+            for s, r in self._joined()
+            if _eq(r["dag_id"], key.dag_id)
+            and r["worker_pool"] is not None
+            and r["worker_pool"] != key.pool
+            and _eq(r["job"], key.job)
+            and s["status"] == "queued"
+            and not s["cancel_requested"]
+            and s["next_attempt_at"] <= self.now
+            and not self._dag_paused(r["dag_id"])
+        ]
+        waiting.sort(key=lambda s: s["updated_at"])  # stable: ties keep insertion order
+        return [s["task_id"] for s in waiting[:1]]
 
     def slot_of_task(self, task_id: UUID) -> Row | None:
         slot = self._slot_of(task_id)
