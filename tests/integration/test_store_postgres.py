@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -9,9 +10,10 @@ from uuid import UUID
 
 import pytest
 
-from tests.support.store_conformance import StateStoreConformance
+from tests.support.store_conformance import StateStoreConformance, claim, spec
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.dispatcher.core import Dispatcher
+from trace_platform.errors import Conflict
 from trace_platform.services import Services
 
 
@@ -113,3 +115,42 @@ class TestPostgresStore(StateStoreConformance):
     @pytest.fixture
     def harness(self, services: Services) -> Iterator[PostgresHarness]:
         yield PostgresHarness(services)
+
+
+def test_two_claims_of_a_whole_writer_in_two_pools_never_both_find_it_idle(
+    services: Services,
+) -> None:
+    """Each claim locks its own pool: without one more lock per job, a claim in pool `b` could
+    read the job idle while a claim in pool `a` had leased its slot, uncommitted. Here that
+    other claim is a transaction holding the job's lock while it leases `a`'s slot: the claim
+    in `b` waits for it, then sees the lease and refuses."""
+    harness = PostgresHarness(services)
+    d = services.dispatcher
+    dag = harness.add_dag("race")
+    harness.add_pool(dag, "a", 1)
+    harness.add_pool(dag, "b", 1)
+    whole = {"dag_id": dag, "dag_version": 1, "job": "w", "operator": "sql_transform"}
+    old = d.create_task(spec(**whole, worker_pool="a")).task_id
+    new = d.create_task(spec(**whole, worker_pool="b")).task_id
+    outcome: list[object] = []
+    with services.pool.connection() as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s::text || '/' || 'whole:w'))", [dag])
+        conn.execute(
+            "UPDATE pool_slots SET leased_by_task = %s, leased_job = 'w', leased_at = now() "
+            "WHERE dag_id = %s AND pool = 'a'",
+            [old, dag],
+        )
+
+        def claim_new() -> None:
+            try:
+                outcome.append(claim(d, new))
+            except Conflict as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=claim_new)
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive() and not outcome  # waits for the job's lock
+    thread.join(10)
+    (got,) = outcome
+    assert isinstance(got, Conflict) and "runs one at a time" in str(got)

@@ -8,6 +8,7 @@ from uuid import UUID
 
 from trace_platform.config import Settings
 from trace_platform.contract import LeaseRef, SlotLease
+from trace_platform.dag.whole import implicit_pool
 from trace_platform.dispatcher.fencing import fenced
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict, Forbidden
@@ -40,10 +41,15 @@ class Slots:
         key = PoolJob(dag_id=t["dag_id"], pool=t["worker_pool"], job=t["job"])
         # Serialises slot accounting per pool, not claims at large.
         tx.lock_pool(PoolKey(dag_id=key.dag_id, pool=key.pool))
+        whole = t["operator"] in WHOLE_OUTPUT_OPERATORS
+        if whole:
+            # A whole writer runs one at a time in its DAG, not only in its pool: a deploy may
+            # have moved it to another pool while a run held a slot of the old one. Its claims
+            # in every pool take one more lock (its implicit pool's, always after their own),
+            # so two of them never both find the job idle.
+            tx.lock_pool(PoolKey(dag_id=key.dag_id, pool=implicit_pool(key.job)))
         usage = tx.pool_usage(key)
-        # A whole writer runs one at a time in its DAG, not only in its pool: a deploy may
-        # have moved it to another pool while a run held a slot of the old one.
-        alone = t["operator"] not in WHOLE_OUTPUT_OPERATORS or usage["job_running_in_dag"] == 0
+        alone = not whole or usage["job_running_in_dag"] == 0
         if (
             not alone
             or usage["job_running"] >= (t["max_concurrency"] or 1)
