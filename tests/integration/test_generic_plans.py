@@ -26,6 +26,7 @@ from trace_platform.store.tasks.params import (
     HeartbeatParams,
     LeaseCheck,
     NewTask,
+    PoolJob,
     PoolKey,
     ReadsParams,
 )
@@ -518,3 +519,45 @@ def test_an_append_reads_only_the_commits_overlapping_its_range(services: Servic
             (versions[0], base + 20),
         ]
     assert all(n < 10 for n in read.values()), f"commit rows read: {read}"
+
+
+def test_a_whole_writers_release_reads_only_its_jobs_queued_runs(
+    services: Services, dsn: str
+) -> None:
+    """The release of a whole writer's slot wakes its runs queued in other pools of its DAG.
+    Found among every queued task of the DAG (20,000 here, of other jobs), that read 20,001
+    rows on every such release; read off an index of whole writers' queued runs now."""
+    with services.pool.connection() as conn:
+        dag_id = _dag(conn)
+
+    def pooled(conn: Any, n: int, job: str, operator: str = "noop") -> list[Any]:
+        tasks = [
+            NewTask(
+                task_id=uuid.uuid4(), org_id=LITE_ORG_ID, dag_id=dag_id, dag_version=1, job=job,
+                operator=operator, runtime="ecs_platform", config={}, parent_task_id=None,
+                input_event_id=None, input_event=None, input_versions=[], outputs=[],
+                run_id=None, worker_pool="rpc", max_concurrency=None, timeout_seconds=3600,
+                max_attempts=3, retry_backoff_seconds=2, retry_backoff_max_seconds=300,
+                whole_job=job if operator == "sql_transform" else None,
+            )
+            for _ in range(n)
+        ]  # fmt: skip
+        PostgresTx(conn).insert_tasks(tasks)
+        return [t.task_id for t in tasks]
+
+    def connect() -> Any:
+        return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
+
+    released = PoolJob(dag_id=dag_id, pool="whole:w", job="w")
+    with connect() as early, connect() as late:
+        pooled(early, 2, "j")
+        early.commit()
+        assert _counted(early, lambda tx: tx.waiting_for_job(released))[0] == []
+        pooled(early, 20_000, "j")  # the DAG's other work, queued in the same pool
+        runs = pooled(early, 2, "w", "sql_transform")
+        early.commit()
+        read = {}
+        for name, conn in (("planned before the backlog", early), ("planned over it", late)):
+            got, read[name] = _counted(conn, lambda tx: tx.waiting_for_job(released))
+            assert len(got) == 1 and got[0] in runs  # made together: either is oldest
+    assert all(n < 100 for n in read.values()), f"task rows read: {read}"

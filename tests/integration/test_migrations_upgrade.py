@@ -1,6 +1,6 @@
-"""Migrations 0020-0022 applied to an install holding data (migrated to 0019 first): the
-pool backfill, the reaper's restated indexes and the commits' range index serve the rows
-written before them."""
+"""Migrations 0020-0023 applied to an install holding data (migrated to 0019 first): the
+pool backfill, the reaper's restated indexes, the commits' range index and the whole writers'
+columns serve the rows written before them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.support.servers import empty_database
 from tests.support.tasks import bare_dataset
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db import migrate as mig
-from trace_platform.store.tasks.params import PoolKey, ReadsParams
+from trace_platform.store.tasks.params import PoolJob, PoolKey, ReadsParams
 from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
 
 
@@ -32,14 +32,22 @@ def db_at_0019(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
         yield db
 
 
-def _task(conn: Any, status: str, *, dag_id: Any = None, pool: str | None = None, **st: Any) -> Any:
+def _task(
+    conn: Any,
+    status: str,
+    *,
+    dag_id: Any = None,
+    pool: str | None = None,
+    operator: str = "noop",
+    **st: Any,
+) -> Any:
     tid = uuid.uuid4()
     conn.execute(
         "INSERT INTO task_registry (task_id, start_day, org_id, dag_id, job, operator, runtime, "
         "timeout_seconds, max_attempts, retry_backoff_seconds, retry_backoff_max_seconds, "
-        "worker_pool) VALUES (%s, trace_start_day(now()), %s, %s, 'j', 'noop', 'ecs_platform', "
+        "worker_pool) VALUES (%s, trace_start_day(now()), %s, %s, 'j', %s, 'ecs_platform', "
         "3600, 3, 2, 300, %s)",
-        [tid, LITE_ORG_ID, dag_id, pool],
+        [tid, LITE_ORG_ID, dag_id, operator, pool],
     )
     cols = ", ".join(["task_id", "start_day", "status", *st])
     vals = ", ".join(["%s", "trace_start_day(now())", "%s", *(f"{v}" for v in st.values())])
@@ -47,7 +55,7 @@ def _task(conn: Any, status: str, *, dag_id: Any = None, pool: str | None = None
     return tid
 
 
-def test_0020_to_0022_on_an_install_with_data(db_at_0019: str) -> None:
+def test_0020_to_0023_on_an_install_with_data(db_at_0019: str) -> None:
     with psycopg.connect(db_at_0019, row_factory=dict_row) as conn:
         conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'o')", [LITE_ORG_ID])
         conn.execute(
@@ -76,6 +84,14 @@ def test_0020_to_0022_on_an_install_with_data(db_at_0019: str) -> None:
             lease_until="now() + interval '1 hour'", deadline_at="now() - interval '1 second'",
         )  # fmt: skip
         done = _task(conn, "succeeded", dag_id=dag_id, pool="rpc")
+        whole = {"dag_id": dag_id, "pool": "whole:j", "operator": "sql_transform"}
+        whole_queued = _task(conn, "queued", **whole)
+        whole_running = _task(conn, "running", **whole, attempt="1")
+        conn.execute(
+            "INSERT INTO pool_slots (dag_id, pool, slot_index, leased_by_task, leased_job) "
+            "VALUES (%s, 'whole:j', 0, %s, 'j')",
+            [dag_id, whole_running],
+        )
         plain = _task(conn, "queued")
         ds, (version,) = bare_dataset(conn, LITE_ORG_ID, dag_id, "ranges", "append")
         conn.execute(
@@ -88,7 +104,7 @@ def test_0020_to_0022_on_an_install_with_data(db_at_0019: str) -> None:
         )
         conn.commit()
 
-    assert mig.migrate(db_at_0019) == ["0020", "0021", "0022"]
+    assert mig.migrate(db_at_0019) == ["0020", "0021", "0022", "0023"]
 
     with psycopg.connect(db_at_0019, row_factory=dict_row) as conn:
         pools = {
@@ -97,9 +113,21 @@ def test_0020_to_0022_on_an_install_with_data(db_at_0019: str) -> None:
         }
         assert pools[queued] == pools[buffered] == pools[running] == (dag_id, "rpc")
         assert pools[done] == pools[plain] == pools[timed_out] == (None, None)
+        whole_jobs = {
+            r["task_id"]: r["whole_job"]
+            for r in conn.execute("SELECT task_id, whole_job FROM task_status")
+        }
+        assert whole_jobs[whole_queued] == whole_jobs[whole_running] == "j"
+        assert {whole_jobs[t] for t in (queued, buffered, running, done, plain)} == {None}
+        held = conn.execute(
+            "SELECT pool, leased_whole FROM pool_slots WHERE leased_by_task IS NOT NULL"
+        ).fetchall()
+        assert [(r["pool"], r["leased_whole"]) for r in held] == [("whole:j", True)]
         conn.execute(DISPATCHER_PLANS)
         tx = PostgresTx(conn)
         assert tx.waiting_for_pool(PoolKey(dag_id, "rpc")) == [queued]
+        assert tx.waiting_for_pool(PoolKey(dag_id, "whole:j")) == []  # its job holds the slot
+        assert tx.waiting_for_job(PoolJob(dag_id, "rpc", "j")) == [whole_queued]
         assert [(r["task_id"], r["timed_out"]) for r in tx.expired_leases(10)] == [
             (running, False),
             (timed_out, True),

@@ -136,7 +136,8 @@ def test_two_claims_of_a_whole_writer_in_two_pools_never_both_find_it_idle(
     with services.pool.connection() as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s::text || '/' || 'whole:w'))", [dag])
         conn.execute(
-            "UPDATE pool_slots SET leased_by_task = %s, leased_job = 'w', leased_at = now() "
+            "UPDATE pool_slots SET leased_by_task = %s, leased_job = 'w', leased_at = now(), "
+            "leased_whole = true "
             "WHERE dag_id = %s AND pool = 'a'",
             [old, dag],
         )

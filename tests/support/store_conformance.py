@@ -647,6 +647,49 @@ class StateStoreConformance:
         assert [t for t, _ in woken(d)] == [new]
         assert claim(d, new).slot.pool == "b"  # type: ignore[union-attr]
 
+    def test_a_job_made_a_whole_writer_does_not_wait_for_its_runs_under_another_operator(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """v1 ran job `w` as a plain operator in pool `a`; v2 makes it a whole writer on `b`.
+        Only a whole writer's run holds the job back (one that did wait here was never woken:
+        the plain run's release wakes only its own pool)."""
+        dag = harness.add_dag("became_whole")
+        harness.add_pool(dag, "a", 1)
+        harness.add_pool(dag, "b", 1)
+        plain = {"dag_id": dag, "dag_version": 1, "job": "w", "worker_pool": "a"}
+        whole = {**plain, "dag_version": 2, "worker_pool": "b", "operator": "sql_transform"}
+        claim(d, d.create_task(spec(**plain)).task_id)
+        assert claim(d, d.create_task(spec(**whole)).task_id).slot.pool == "b"  # type: ignore[union-attr]
+
+    def test_a_shared_pools_freed_slot_wakes_no_whole_writer_held_in_another_pool(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """Pool `b` is shared by whole writer `w` (moved there) and job `x`. While `w`'s old run
+        holds pool `a`, `b`'s freed slot goes to `x`'s run, which can take it; `w`'s queued run
+        is woken when its old run ends."""
+        dag = harness.add_dag("shared")
+        harness.add_pool(dag, "a", 1)
+        harness.add_pool(dag, "b", 1)
+        w = {"dag_id": dag, "job": "w", "operator": "sql_transform"}
+        x = {"dag_id": dag, "dag_version": 2, "job": "x", "worker_pool": "b"}
+        w_a = d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id
+        x0 = d.create_task(spec(**x)).task_id
+        w_b = d.create_task(spec(**w, dag_version=2, worker_pool="b")).task_id
+        x1 = d.create_task(spec(**x)).task_id
+        held = claim(d, w_a)
+        ran = claim(d, x0)
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, ran)
+        assert [t for t, _ in woken(d)] == [x1]
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        ran = claim(d, x1)
+        complete(d, held)
+        assert [t for t, _ in woken(d)] == [w_b]  # its pool is busy: its claim will wait
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, ran)
+        assert [t for t, _ in woken(d)] == [w_b]  # now it can run
+        assert claim(d, w_b).slot.pool == "b"  # type: ignore[union-attr]
+
     def test_other_jobs_of_one_name_in_two_pools_run_at_once(
         self, d: Dispatcher, harness: Harness
     ) -> None:

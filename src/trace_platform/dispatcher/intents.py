@@ -12,6 +12,7 @@ from uuid import UUID
 from trace_platform.config import Settings
 from trace_platform.contract import MAX_BACKOFF_SECONDS, MAX_CONFIG_BYTES, TaskRef, TaskSpec
 from trace_platform.errors import Invalid
+from trace_platform.operators import WHOLE_OUTPUT_OPERATORS
 from trace_platform.queue import payloads
 from trace_platform.store.tasks import NewTask, StateStore, StoreTx, Wakeup
 
@@ -106,6 +107,7 @@ class Intents:
                 else s.retry_backoff_max_seconds
             ),
             status=status,
+            whole_job=spec.job if spec.operator in WHOLE_OUTPUT_OPERATORS else None,
         )
 
     def rewake(self, after_seconds: float, limit: int = 500) -> int:

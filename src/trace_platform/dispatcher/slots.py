@@ -67,6 +67,7 @@ class Slots:
                 job=key.job,
                 task_id=task_id,
                 slot_index=usage["free_slot"],
+                whole=whole,
             )
         )
         return SlotLease(pool=t["worker_pool"], slot_index=usage["free_slot"])

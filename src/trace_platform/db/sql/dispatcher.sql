@@ -11,7 +11,8 @@ WITH x AS (
     runtime text, config jsonb, parent_task_id uuid, input_event_id uuid, input_event jsonb,
     input_versions jsonb, timeout_seconds int, max_attempts int,
     retry_backoff_seconds double precision, retry_backoff_max_seconds double precision,
-    run_id uuid, worker_pool text, max_concurrency int, outputs jsonb, status text, n bigint)
+    run_id uuid, worker_pool text, max_concurrency int, outputs jsonb, status text,
+    whole_job text, n bigint)
 ), reg AS (
   INSERT INTO task_registry (
     task_id, start_day, org_id, dag_id, dag_version, job, operator, runtime, config,
@@ -25,10 +26,12 @@ WITH x AS (
   FROM x ORDER BY n
   RETURNING task_id, start_day
 ), st AS (
-  -- A pooled task's status row carries its pool (see waiting_for_pool; NULL without one).
-  INSERT INTO task_status (task_id, start_day, status, pool_dag_id, worker_pool)
+  -- A pooled task's status row carries its pool (see waiting_for_pool; NULL without one), a
+  -- pooled whole writer's its job too (waiting_for_job).
+  INSERT INTO task_status (task_id, start_day, status, pool_dag_id, worker_pool, whole_job)
   SELECT reg.task_id, reg.start_day, x.status,
-         CASE WHEN x.worker_pool IS NOT NULL THEN x.dag_id END, x.worker_pool
+         CASE WHEN x.worker_pool IS NOT NULL THEN x.dag_id END, x.worker_pool,
+         CASE WHEN x.worker_pool IS NOT NULL THEN x.whole_job END
   FROM reg JOIN x USING (task_id) ORDER BY x.n
   RETURNING task_id, start_day
 )
@@ -255,13 +258,14 @@ SELECT pg_advisory_xact_lock(hashtext(%(dag_id)s::text || '/' || %(pool)s));
 -- a live slot; a pool the live version dropped altogether keeps serving, with its old slots,
 -- the tasks made under it (else they would wait for a slot forever): `retired` must equal
 -- bool_and(retired) over the pool, true only when every slot of it is retired.
--- job_running_in_dag: the slots the job holds in any pool of its DAG (a whole writer runs one
--- at a time across pools: a deploy can move it to another pool while a run holds the old).
+-- job_running_in_dag: the slots whole-writer runs of the job hold in any pool of its DAG (a
+-- whole writer runs one at a time across pools: a deploy can move it to another pool while a
+-- run holds the old).
 SELECT
   (SELECT count(*) FROM pool_slots
     WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_job = %(job)s) AS job_running,
   (SELECT count(*) FROM pool_slots
-    WHERE dag_id = %(dag_id)s AND leased_job = %(job)s) AS job_running_in_dag,
+    WHERE dag_id = %(dag_id)s AND leased_job = %(job)s AND leased_whole) AS job_running_in_dag,
   (SELECT slot_index FROM pool_slots
     WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NULL
       AND retired = (SELECT bool_and(retired) FROM pool_slots
@@ -269,11 +273,14 @@ SELECT
     ORDER BY slot_index LIMIT 1) AS free_slot;
 
 -- name: lease_slot
-UPDATE pool_slots SET leased_by_task = %(task_id)s, leased_job = %(job)s, leased_at = now()
+UPDATE pool_slots
+SET leased_by_task = %(task_id)s, leased_job = %(job)s, leased_at = now(),
+    leased_whole = %(whole)s
 WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND slot_index = %(slot_index)s AND leased_by_task IS NULL;
 
 -- name: release_slot
-UPDATE pool_slots SET leased_by_task = NULL, leased_job = NULL, leased_at = NULL
+UPDATE pool_slots
+SET leased_by_task = NULL, leased_job = NULL, leased_at = NULL, leased_whole = false
 WHERE leased_by_task = %(task_id)s
 RETURNING dag_id, pool;
 
@@ -299,7 +306,13 @@ waiting AS (
   SELECT s.task_id, s.updated_at, r.created_at,
          row_number() OVER (PARTITION BY r.job ORDER BY s.updated_at, r.created_at, s.task_id)
            AS place,
-         coalesce(r.max_concurrency, 1) - coalesce(l.n, 0) AS room
+         -- A whole writer has room only while no run of its job holds a slot of any pool:
+         -- a wake-up for one held elsewhere would be spent on a refused claim.
+         CASE WHEN s.whole_job IS NOT NULL
+              THEN 1 - (SELECT count(*) FROM pool_slots h
+                        WHERE h.dag_id = %(dag_id)s AND h.leased_job = s.whole_job
+                          AND h.leased_whole)
+              ELSE coalesce(r.max_concurrency, 1) - coalesce(l.n, 0) END AS room
   FROM task_status s
   CROSS JOIN LATERAL (
     SELECT k.dag_id, k.worker_pool, k.job, k.max_concurrency, k.created_at
@@ -324,20 +337,20 @@ LIMIT (SELECT count(*) FROM pool_slots
                         WHERE dag_id = %(dag_id)s AND pool = %(pool)s));
 
 -- name: waiting_for_job
--- The oldest queued task of a whole writer in another pool of its DAG than `pool` (a deploy
+-- The oldest queued run of a whole writer in another pool of its DAG than `pool` (a deploy
 -- moved the job while it had runs queued), to wake when the job's running task frees its
--- slot: that release woke only its own pool's tasks. Off task_status_pool_idx by the DAG.
+-- slot: that release woke only its own pool's tasks. Off task_status_whole_idx (migration
+-- 0023): the job's queued runs only, however many other tasks the DAG has queued.
 SELECT s.task_id
 FROM task_status s
 CROSS JOIN LATERAL (
-  SELECT k.job, k.created_at
+  SELECT k.created_at
   FROM task_registry k
   WHERE k.task_id = s.task_id AND k.start_day = s.start_day
   LIMIT 1
 ) r
-WHERE s.pool_dag_id = %(dag_id)s AND s.worker_pool <> %(pool)s
+WHERE s.pool_dag_id = %(dag_id)s AND s.whole_job = %(job)s AND s.worker_pool <> %(pool)s
   AND s.status COLLATE "C" = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
-  AND r.job = %(job)s
   AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = %(dag_id)s AND d.paused)
 ORDER BY s.updated_at, r.created_at, s.task_id
 LIMIT 1;

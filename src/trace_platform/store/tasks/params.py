@@ -42,6 +42,7 @@ class NewTask:
     retry_backoff_seconds: float
     retry_backoff_max_seconds: float
     status: str = "queued"  # or 'buffered' (held until its DAG version's cutover)
+    whole_job: str | None = None  # a whole-scope writer's job (it runs one at a time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,7 @@ class SlotLeaseParams:
     job: str
     task_id: UUID
     slot_index: int
+    whole: bool = False  # a whole-scope writer's (it runs one at a time across pools)
 
 
 @dataclass(frozen=True, slots=True)

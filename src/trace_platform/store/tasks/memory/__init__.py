@@ -114,6 +114,7 @@ class MemoryStore:
                     "leased_by_task": None,
                     "leased_job": None,
                     "leased_at": None,
+                    "leased_whole": False,
                 }
 
     def retire_slots(self, dag_id: UUID, pool: str, keep: int = 0) -> None:

@@ -161,6 +161,7 @@ class MemoryTx:
             cancel_requested=False,
             updated_at=self.now,
         )
+        status["whole_job"] = p.whole_job if p.worker_pool is not None else None
         self._t.task_registry[p.task_id] = registry
         self._t.task_status[p.task_id] = status
         return start_day
@@ -524,7 +525,9 @@ class MemoryTx:
         in_dag = [s for s in self._t.pool_slots.values() if s["dag_id"] == key.dag_id]
         return {
             "job_running": sum(1 for s in slots if _eq(s["leased_job"], key.job)),
-            "job_running_in_dag": sum(1 for s in in_dag if _eq(s["leased_job"], key.job)),
+            "job_running_in_dag": sum(
+                1 for s in in_dag if _eq(s["leased_job"], key.job) and s["leased_whole"]
+            ),
             "free_slot": min(free) if free else None,
         }
 
@@ -534,13 +537,15 @@ class MemoryTx:
             return
         if self._slot_of(p.task_id) is not None:  # pool_slots_task_idx: one slot per task
             raise ConstraintViolation(f"pool_slots_task_idx: task {p.task_id} holds a slot")
-        slot.update(leased_by_task=p.task_id, leased_job=p.job, leased_at=self.now)
+        slot.update(
+            leased_by_task=p.task_id, leased_job=p.job, leased_at=self.now, leased_whole=p.whole
+        )
 
     def release_slot(self, task_id: UUID) -> PoolKey | None:
         slot = self._slot_of(task_id)
         if slot is None:
             return None
-        slot.update(leased_by_task=None, leased_job=None, leased_at=None)
+        slot.update(leased_by_task=None, leased_job=None, leased_at=None, leased_whole=False)
         return PoolKey(dag_id=slot["dag_id"], pool=slot["pool"])
 
     def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
@@ -550,6 +555,7 @@ class MemoryTx:
             if slot["leased_by_task"] is not None and slot["leased_job"] is not None:
                 leased[slot["leased_job"]] = leased.get(slot["leased_job"], 0) + 1
         free = len(self._free_slots(slots))
+        in_dag = [s for s in self._t.pool_slots.values() if s["dag_id"] == key.dag_id]
         waiting = [
             (s, r)
             for s, r in self._joined()
@@ -566,8 +572,15 @@ class MemoryTx:
         for s, r in waiting:
             # row_number() OVER (PARTITION BY job ORDER BY updated_at) <= the job's room
             places[r["job"]] = places.get(r["job"], 0) + 1
-            limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
-            room = limit - leased.get(r["job"], 0)
+            if s.get("whole_job") is not None:  # held in any pool of the DAG: no room
+                room = 1 - sum(
+                    1
+                    for h in in_dag
+                    if _eq(h["leased_job"], s.get("whole_job")) and h["leased_whole"]
+                )
+            else:
+                limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
+                room = limit - leased.get(r["job"], 0)
             if places[r["job"]] <= room:
                 eligible.append(s["task_id"])
         return eligible[:free]
@@ -579,7 +592,7 @@ class MemoryTx:
             if _eq(r["dag_id"], key.dag_id)
             and r["worker_pool"] is not None
             and r["worker_pool"] != key.pool
-            and _eq(r["job"], key.job)
+            and _eq(s.get("whole_job"), key.job)
             and s["status"] == "queued"
             and not s["cancel_requested"]
             and s["next_attempt_at"] <= self.now
