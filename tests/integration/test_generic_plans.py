@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from tests.support.tasks import bare_dataset, queue_tasks
 from trace_platform.contract import LITE_ORG_ID
+from trace_platform.operators import WHOLE_OUTPUT_OPERATORS
 from trace_platform.services import Services
 from trace_platform.store.task_views import TaskViewStore
 from trace_platform.store.tasks.params import (
@@ -426,6 +427,23 @@ def test_the_reaper_reads_only_the_expired_leases(dsn: str) -> None:
     assert all(n < 100 for n in read.values()), f"task rows read: {read}"
 
 
+def _pooled(conn: Any, dag_id: Any, n: int, job: str, operator: str = "noop") -> list[Any]:
+    """n queued tasks of the job in the DAG's pool `rpc`, as the Dispatcher makes them."""
+    tasks = [
+        NewTask(
+            task_id=uuid.uuid4(), org_id=LITE_ORG_ID, dag_id=dag_id, dag_version=1, job=job,
+            operator=operator, runtime="ecs_platform", config={}, parent_task_id=None,
+            input_event_id=None, input_event=None, input_versions=[], outputs=[],
+            run_id=None, worker_pool="rpc", max_concurrency=None, timeout_seconds=3600,
+            max_attempts=3, retry_backoff_seconds=2, retry_backoff_max_seconds=300,
+            whole_job=job if operator in WHOLE_OUTPUT_OPERATORS else None,
+        )
+        for _ in range(n)
+    ]  # fmt: skip
+    PostgresTx(conn).insert_tasks(tasks)
+    return [t.task_id for t in tasks]
+
+
 def test_a_freed_slot_reads_only_its_pools_queued_tasks(services: Services, dsn: str) -> None:
     """A freed pool slot wakes the pool's queued tasks. They were found among every task the
     pool ever ran (the registry by DAG and pool), each one's status then read by key to keep the
@@ -440,18 +458,7 @@ def test_a_freed_slot_reads_only_its_pools_queued_tasks(services: Services, dsn:
         )
 
     def pooled(conn: Any, n: int, job: str = "j") -> list[Any]:
-        tasks = [
-            NewTask(
-                task_id=uuid.uuid4(), org_id=LITE_ORG_ID, dag_id=dag_id, dag_version=1, job=job,
-                operator="noop", runtime="ecs_platform", config={}, parent_task_id=None,
-                input_event_id=None, input_event=None, input_versions=[], outputs=[],
-                run_id=None, worker_pool="rpc", max_concurrency=None, timeout_seconds=3600,
-                max_attempts=3, retry_backoff_seconds=2, retry_backoff_max_seconds=300,
-            )
-            for _ in range(n)
-        ]  # fmt: skip
-        PostgresTx(conn).insert_tasks(tasks)
-        return [t.task_id for t in tasks]
+        return _pooled(conn, dag_id, n, job)
 
     def connect() -> Any:
         return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
@@ -531,19 +538,7 @@ def test_a_whole_writers_release_reads_only_its_jobs_queued_runs(
         dag_id = _dag(conn)
 
     def pooled(conn: Any, n: int, job: str, operator: str = "noop") -> list[Any]:
-        tasks = [
-            NewTask(
-                task_id=uuid.uuid4(), org_id=LITE_ORG_ID, dag_id=dag_id, dag_version=1, job=job,
-                operator=operator, runtime="ecs_platform", config={}, parent_task_id=None,
-                input_event_id=None, input_event=None, input_versions=[], outputs=[],
-                run_id=None, worker_pool="rpc", max_concurrency=None, timeout_seconds=3600,
-                max_attempts=3, retry_backoff_seconds=2, retry_backoff_max_seconds=300,
-                whole_job=job if operator == "sql_transform" else None,
-            )
-            for _ in range(n)
-        ]  # fmt: skip
-        PostgresTx(conn).insert_tasks(tasks)
-        return [t.task_id for t in tasks]
+        return _pooled(conn, dag_id, n, job, operator)
 
     def connect() -> Any:
         return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
