@@ -27,7 +27,6 @@ from trace_platform.store.tasks.params import (
     HeartbeatParams,
     LeaseCheck,
     NewTask,
-    PoolJob,
     PoolKey,
     ReadsParams,
 )
@@ -543,16 +542,15 @@ def test_a_whole_writers_release_reads_only_its_jobs_queued_runs(
     def connect() -> Any:
         return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
 
-    released = PoolJob(dag_id=dag_id, pool="whole:w", job="w")
     with connect() as early, connect() as late:
         pooled(early, 2, "j")
         early.commit()
-        assert _counted(early, lambda tx: tx.waiting_for_job(released))[0] == []
+        assert _counted(early, lambda tx: tx.waiting_for_job(dag_id, "w"))[0] == []
         pooled(early, 20_000, "j")  # the DAG's other work, queued in the same pool
         runs = pooled(early, 2, "w", "sql_transform")
         early.commit()
         read = {}
         for name, conn in (("planned before the backlog", early), ("planned over it", late)):
-            got, read[name] = _counted(conn, lambda tx: tx.waiting_for_job(released))
+            got, read[name] = _counted(conn, lambda tx: tx.waiting_for_job(dag_id, "w"))
             assert len(got) == 1 and got[0] in runs  # made together: either is oldest
     assert all(n < 100 for n in read.values()), f"task rows read: {read}"

@@ -690,6 +690,47 @@ class StateStoreConformance:
         assert [t for t, _ in woken(d)] == [w_b]  # now it can run
         assert claim(d, w_b).slot.pool == "b"  # type: ignore[union-attr]
 
+    def test_a_freed_slot_goes_to_a_job_that_can_take_it_not_a_held_back_whole_writer(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """Job `w`'s plain run (v1) holds a slot of pool `a`; its v2 whole run waits behind it
+        (max_concurrency 1). The slot `x` frees goes to `x`'s next run, not to `w`'s."""
+        dag = harness.add_dag("same_pool")
+        harness.add_pool(dag, "a", 2)
+        plain = {"dag_id": dag, "dag_version": 1, "job": "w", "worker_pool": "a"}
+        whole = {**plain, "dag_version": 2, "operator": "sql_transform"}
+        x = {"dag_id": dag, "dag_version": 2, "job": "x", "worker_pool": "a"}
+        claim(d, d.create_task(spec(**plain)).task_id)
+        ran = claim(d, d.create_task(spec(**x)).task_id)
+        w2 = d.create_task(spec(**whole)).task_id
+        x1 = d.create_task(spec(**x)).task_id
+        with pytest.raises(Conflict):
+            claim(d, w2)
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, ran)
+        assert [t for t, _ in woken(d)] == [x1]
+
+    def test_a_whole_writers_release_wakes_one_run_of_its_job(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """Its runs wait in pools `a` and `b`: the release wakes the job's oldest run only (the
+        other could not run beside it), and `a`'s freed slot also goes to `x`."""
+        dag = harness.add_dag("one_wake")
+        harness.add_pool(dag, "a", 1)
+        harness.add_pool(dag, "b", 1)
+        w = {"dag_id": dag, "job": "w", "operator": "sql_transform"}
+        w1 = d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id
+        w2 = d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id
+        w3 = d.create_task(spec(**w, dag_version=2, worker_pool="b")).task_id
+        x = d.create_task(spec(dag_id=dag, dag_version=2, job="x", worker_pool="a")).task_id
+        held = claim(d, w1)
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, held)
+        assert sorted(t for t, _ in woken(d)) == sorted([x, w2])
+        assert claim(d, w2).slot.pool == "a"  # type: ignore[union-attr]
+        with pytest.raises(Conflict):
+            claim(d, w3)
+
     def test_other_jobs_of_one_name_in_two_pools_run_at_once(
         self, d: Dispatcher, harness: Harness
     ) -> None:

@@ -78,14 +78,16 @@ class Slots:
         freed = tx.release_slot(task_id)
         if freed is None:
             return
-        woken = [t for t in tx.waiting_for_pool(freed) if t != task_id]
         t = tx.task_pool(task_id)
-        if t is not None and t["operator"] in WHOLE_OUTPUT_OPERATORS:
-            # Its runs queued in another pool (a deploy moved the job) waited for this one.
-            key = PoolJob(dag_id=freed.dag_id, pool=freed.pool, job=t["job"])
-            woken += [w for w in tx.waiting_for_job(key) if w != task_id and w not in woken]
+        whole = t["job"] if t is not None and t["operator"] in WHOLE_OUTPUT_OPERATORS else None
+        # A whole writer's next run is its job's oldest, in whichever pool a deploy left it:
+        # one run, never one per pool (only one can claim); the freed slot goes to the others.
+        woken = tx.waiting_for_pool(freed, skip_job=whole)
+        if whole is not None:
+            woken += tx.waiting_for_job(freed.dag_id, whole)
         for waiting in woken:
-            self.intents.wake(tx, waiting)
+            if waiting != task_id:
+                self.intents.wake(tx, waiting)
 
     def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret

@@ -294,7 +294,8 @@ RETURNING dag_id, pool;
 -- pool index, it read every task the pool ever ran and each one's status (40,000 rows for a
 -- history of 20,000, on every slot released); as a join of the two, a plan made from
 -- statistics older than a burst of queued tasks scanned every queued task once per task of
--- the pool.
+-- the pool. `skip_job`: a whole writer whose run just freed a slot (its next run is chosen
+-- among all its pools by waiting_for_job, so this pool's slots go to the other jobs); NULL.
 WITH leased AS (
   SELECT leased_job AS job, count(*) AS n FROM pool_slots
   WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND leased_by_task IS NOT NULL
@@ -306,13 +307,15 @@ waiting AS (
   SELECT s.task_id, s.updated_at, r.created_at,
          row_number() OVER (PARTITION BY r.job ORDER BY s.updated_at, r.created_at, s.task_id)
            AS place,
-         -- A whole writer has room only while no run of its job holds a slot of any pool:
-         -- a wake-up for one held elsewhere would be spent on a refused claim.
-         CASE WHEN s.whole_job IS NOT NULL
-              THEN 1 - (SELECT count(*) FROM pool_slots h
-                        WHERE h.dag_id = %(dag_id)s AND h.leased_job = s.whole_job
-                          AND h.leased_whole)
-              ELSE coalesce(r.max_concurrency, 1) - coalesce(l.n, 0) END AS room
+         -- A whole writer has room only while no whole run of its job holds a slot of any
+         -- pool (a wake-up for one held elsewhere would be spent on a refused claim), and
+         -- within its max_concurrency here, as any job.
+         least(
+           coalesce(r.max_concurrency, 1) - coalesce(l.n, 0),
+           CASE WHEN s.whole_job IS NOT NULL
+                THEN 1 - (SELECT count(*) FROM pool_slots h
+                          WHERE h.dag_id = %(dag_id)s AND h.leased_job = s.whole_job
+                            AND h.leased_whole) END) AS room
   FROM task_status s
   CROSS JOIN LATERAL (
     SELECT k.dag_id, k.worker_pool, k.job, k.max_concurrency, k.created_at
@@ -324,6 +327,7 @@ waiting AS (
   -- status in collation "C", as task_status_pool_idx's predicate (migration 0021).
   WHERE s.pool_dag_id = %(dag_id)s AND s.worker_pool = %(pool)s
     AND s.status COLLATE "C" = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
+    AND (%(skip_job)s::text IS NULL OR s.whole_job IS DISTINCT FROM %(skip_job)s)
     AND r.dag_id = %(dag_id)s AND r.worker_pool = %(pool)s
     AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)
 )
@@ -337,10 +341,10 @@ LIMIT (SELECT count(*) FROM pool_slots
                         WHERE dag_id = %(dag_id)s AND pool = %(pool)s));
 
 -- name: waiting_for_job
--- The oldest queued run of a whole writer in another pool of its DAG than `pool` (a deploy
--- moved the job while it had runs queued), to wake when the job's running task frees its
--- slot: that release woke only its own pool's tasks. Off task_status_whole_idx (migration
--- 0023): the job's queued runs only, however many other tasks the DAG has queued.
+-- The oldest queued run of a whole writer, in any pool of its DAG (a deploy may have moved the
+-- job while it had runs queued), to wake when its running task frees its slot: one run, never
+-- one per pool, for only one can run. Off task_status_whole_idx (migration 0023): the job's
+-- queued runs only, however many other tasks the DAG has queued.
 SELECT s.task_id
 FROM task_status s
 CROSS JOIN LATERAL (
@@ -349,7 +353,7 @@ CROSS JOIN LATERAL (
   WHERE k.task_id = s.task_id AND k.start_day = s.start_day
   LIMIT 1
 ) r
-WHERE s.pool_dag_id = %(dag_id)s AND s.whole_job = %(job)s AND s.worker_pool <> %(pool)s
+WHERE s.pool_dag_id = %(dag_id)s AND s.whole_job = %(job)s
   AND s.status COLLATE "C" = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
   AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = %(dag_id)s AND d.paused)
 ORDER BY s.updated_at, r.created_at, s.task_id

@@ -227,11 +227,13 @@ class PostgresTx:
         row = self._one(_Q.release_slot, {"task_id": task_id})
         return PoolKey(dag_id=row["dag_id"], pool=row["pool"]) if row else None
 
-    def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
-        return [r["task_id"] for r in self._all(_Q.waiting_for_pool, fields(key))]
+    def waiting_for_pool(self, key: PoolKey, skip_job: str | None = None) -> list[UUID]:
+        rows = self._all(_Q.waiting_for_pool, {**fields(key), "skip_job": skip_job})
+        return [r["task_id"] for r in rows]
 
-    def waiting_for_job(self, key: PoolJob) -> list[UUID]:
-        return [r["task_id"] for r in self._all(_Q.waiting_for_job, fields(key))]
+    def waiting_for_job(self, dag_id: UUID, job: str) -> list[UUID]:
+        rows = self._all(_Q.waiting_for_job, {"dag_id": dag_id, "job": job})
+        return [r["task_id"] for r in rows]
 
     def slot_of_task(self, task_id: UUID) -> Row | None:
         return self._one(_Q.slot_of_task, {"task_id": task_id})

@@ -175,12 +175,13 @@ class StoreTx(Protocol):
         """Frees the task's slot; which pool it was in (None: it held none)."""
         ...
 
-    def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
-        """Queued tasks that can take the pool's free slots now, oldest first."""
+    def waiting_for_pool(self, key: PoolKey, skip_job: str | None = None) -> list[UUID]:
+        """Queued tasks that can take the pool's free slots now, oldest first; none of
+        whole writer `skip_job`'s runs."""
         ...
 
-    def waiting_for_job(self, key: PoolJob) -> list[UUID]:
-        """The oldest queued task of the job in another pool of its DAG than `key.pool`."""
+    def waiting_for_job(self, dag_id: UUID, job: str) -> list[UUID]:
+        """The oldest queued run of whole writer `job`, in any pool of its DAG."""
         ...
 
     def slot_of_task(self, task_id: UUID) -> Row | None:

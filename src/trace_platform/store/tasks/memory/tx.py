@@ -548,7 +548,7 @@ class MemoryTx:
         slot.update(leased_by_task=None, leased_job=None, leased_at=None, leased_whole=False)
         return PoolKey(dag_id=slot["dag_id"], pool=slot["pool"])
 
-    def waiting_for_pool(self, key: PoolKey) -> list[UUID]:
+    def waiting_for_pool(self, key: PoolKey, skip_job: str | None = None) -> list[UUID]:
         slots = self._pool(key.dag_id, key.pool)
         leased: dict[str, int] = {}
         for slot in slots:
@@ -564,6 +564,7 @@ class MemoryTx:
             and s["status"] == "queued"
             and not s["cancel_requested"]
             and s["next_attempt_at"] <= self.now
+            and (skip_job is None or s.get("whole_job") != skip_job)
             and not self._dag_paused(r["dag_id"])
         ]
         waiting.sort(key=lambda sr: sr[0]["updated_at"])  # stable: ties keep insertion order
@@ -572,27 +573,22 @@ class MemoryTx:
         for s, r in waiting:
             # row_number() OVER (PARTITION BY job ORDER BY updated_at) <= the job's room
             places[r["job"]] = places.get(r["job"], 0) + 1
+            limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
+            room = limit - leased.get(r["job"], 0)
             if s.get("whole_job") is not None:  # held in any pool of the DAG: no room
-                room = 1 - sum(
-                    1
-                    for h in in_dag
-                    if _eq(h["leased_job"], s.get("whole_job")) and h["leased_whole"]
-                )
-            else:
-                limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
-                room = limit - leased.get(r["job"], 0)
+                held = [h for h in in_dag if h["leased_whole"]]
+                room = min(room, 1 - sum(1 for h in held if _eq(h["leased_job"], s["whole_job"])))
             if places[r["job"]] <= room:
                 eligible.append(s["task_id"])
         return eligible[:free]
 
-    def waiting_for_job(self, key: PoolJob) -> list[UUID]:
+    def waiting_for_job(self, dag_id: UUID, job: str) -> list[UUID]:
         waiting = [
             s
             for s, r in self._joined()
-            if _eq(r["dag_id"], key.dag_id)
+            if _eq(r["dag_id"], dag_id)
             and r["worker_pool"] is not None
-            and r["worker_pool"] != key.pool
-            and _eq(s.get("whole_job"), key.job)
+            and _eq(s.get("whole_job"), job)
             and s["status"] == "queued"
             and not s["cancel_requested"]
             and s["next_attempt_at"] <= self.now
