@@ -535,6 +535,9 @@ def test_a_whole_writers_release_reads_only_its_jobs_queued_runs(
     rows on every such release; read off an index of whole writers' queued runs now."""
     with services.pool.connection() as conn:
         dag_id = _dag(conn)
+        conn.execute(
+            "INSERT INTO pool_slots (dag_id, pool, slot_index) VALUES (%s, 'rpc', 0)", [dag_id]
+        )
 
     def pooled(conn: Any, n: int, job: str, operator: str = "noop") -> list[Any]:
         return _pooled(conn, dag_id, n, job, operator)

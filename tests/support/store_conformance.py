@@ -684,7 +684,7 @@ class StateStoreConformance:
         OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
         ran = claim(d, x1)
         complete(d, held)
-        assert [t for t, _ in woken(d)] == [w_b]  # its pool is busy: its claim will wait
+        assert [t for t, _ in woken(d)] == []  # its pool is full: `b`'s release wakes it
         OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
         complete(d, ran)
         assert [t for t, _ in woken(d)] == [w_b]  # now it can run
@@ -730,6 +730,41 @@ class StateStoreConformance:
         assert claim(d, w2).slot.pool == "a"  # type: ignore[union-attr]
         with pytest.raises(Conflict):
             claim(d, w3)
+
+    def test_a_whole_writers_next_run_is_one_that_can_claim_now(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """The job's oldest run waits in pool `b`, full; a younger one in `a`, whose slot the
+        release frees. The younger is woken: the older would be refused and `a` left idle."""
+        dag = harness.add_dag("full_pool")
+        harness.add_pool(dag, "a", 1)
+        harness.add_pool(dag, "b", 1)
+        w = {"dag_id": dag, "job": "w", "operator": "sql_transform"}
+        held = claim(d, d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id)
+        claim(d, d.create_task(spec(dag_id=dag, dag_version=1, job="y", worker_pool="b")).task_id)
+        d.create_task(spec(**w, dag_version=2, worker_pool="b"))
+        wa = d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, held)
+        assert [t for t, _ in woken(d)] == [wa]
+        assert claim(d, wa).slot.pool == "a"  # type: ignore[union-attr]
+
+    def test_a_whole_writers_woken_run_canceled_wakes_the_next(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("cancel_woken")
+        harness.add_pool(dag, "a", 1)
+        harness.add_pool(dag, "b", 1)
+        w = {"dag_id": dag, "job": "w", "operator": "sql_transform"}
+        held = claim(d, d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id)
+        w2 = d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id
+        w3 = d.create_task(spec(**w, dag_version=2, worker_pool="b")).task_id
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        complete(d, held)
+        assert [t for t, _ in woken(d)] == [w2]
+        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        d.cancel(w2)
+        assert [t for t, _ in woken(d)] == [w3]
 
     def test_other_jobs_of_one_name_in_two_pools_run_at_once(
         self, d: Dispatcher, harness: Harness

@@ -621,6 +621,8 @@ class Lifecycle:
         with self.store.transaction() as tx:
             row = tx.request_cancel(task_id)
             if row is not None:
+                if row["status"] == "canceled":  # it was waiting: it may have been woken
+                    self.slots.canceled_waiting(tx, task_id)
                 return CancelResponse(task_id=task_id, **row)
             st = tx.status(task_id)
             if st is None:

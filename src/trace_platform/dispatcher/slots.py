@@ -89,6 +89,15 @@ class Slots:
             if waiting != task_id:
                 self.intents.wake(tx, waiting)
 
+    def canceled_waiting(self, tx: StoreTx, task_id: UUID) -> None:
+        """A whole writer's run canceled while it waited: it may have been the one run of its
+        job a release woke, so the job's next run is woken in its place."""
+        t = tx.task_pool(task_id)
+        if t is None or t["worker_pool"] is None or t["operator"] not in WHOLE_OUTPUT_OPERATORS:
+            return
+        for waiting in tx.waiting_for_job(t["dag_id"], t["job"]):
+            self.intents.wake(tx, waiting)
+
     def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret
         is checked again against the user who deployed the task's DAG version, as they are now

@@ -341,14 +341,16 @@ LIMIT (SELECT count(*) FROM pool_slots
                         WHERE dag_id = %(dag_id)s AND pool = %(pool)s));
 
 -- name: waiting_for_job
--- The oldest queued run of a whole writer, in any pool of its DAG (a deploy may have moved the
--- job while it had runs queued), to wake when its running task frees its slot: one run, never
--- one per pool, for only one can run. Off task_status_whole_idx (migration 0023): the job's
--- queued runs only, however many other tasks the DAG has queued.
+-- The next run of a whole writer, to wake when its running task frees its slot (or a queued
+-- run is canceled): the oldest queued one that can claim now, in any pool of its DAG (a deploy
+-- may have moved the job while it had runs queued). One run, never one per pool, for only one
+-- can run; none while a whole run of the job holds a slot. A run whose pool is full is left
+-- to that pool's next release. Off task_status_whole_idx (migration 0023): the job's queued
+-- runs only, however many other tasks the DAG has queued.
 SELECT s.task_id
 FROM task_status s
 CROSS JOIN LATERAL (
-  SELECT k.created_at
+  SELECT k.created_at, k.max_concurrency
   FROM task_registry k
   WHERE k.task_id = s.task_id AND k.start_day = s.start_day
   LIMIT 1
@@ -356,6 +358,16 @@ CROSS JOIN LATERAL (
 WHERE s.pool_dag_id = %(dag_id)s AND s.whole_job = %(job)s
   AND s.status COLLATE "C" = 'queued' AND NOT s.cancel_requested AND s.next_attempt_at <= now()
   AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = %(dag_id)s AND d.paused)
+  AND NOT EXISTS (SELECT 1 FROM pool_slots h
+                  WHERE h.dag_id = %(dag_id)s AND h.leased_job = %(job)s AND h.leased_whole)
+  -- A free slot a claim may take (as pool_usage), within the job's max_concurrency there.
+  AND EXISTS (SELECT 1 FROM pool_slots f
+              WHERE f.dag_id = %(dag_id)s AND f.pool = s.worker_pool AND f.leased_by_task IS NULL
+                AND f.retired = (SELECT bool_and(retired) FROM pool_slots
+                                 WHERE dag_id = %(dag_id)s AND pool = s.worker_pool))
+  AND (SELECT count(*) FROM pool_slots j
+       WHERE j.dag_id = %(dag_id)s AND j.pool = s.worker_pool AND j.leased_job = %(job)s)
+      < coalesce(r.max_concurrency, 1)
 ORDER BY s.updated_at, r.created_at, s.task_id
 LIMIT 1;
 

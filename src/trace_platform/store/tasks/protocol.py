@@ -181,7 +181,8 @@ class StoreTx(Protocol):
         ...
 
     def waiting_for_job(self, dag_id: UUID, job: str) -> list[UUID]:
-        """The oldest queued run of whole writer `job`, in any pool of its DAG."""
+        """The oldest queued run of whole writer `job` that can claim now, in any pool of its
+        DAG (none while a whole run of the job holds a slot)."""
         ...
 
     def slot_of_task(self, task_id: UUID) -> Row | None:

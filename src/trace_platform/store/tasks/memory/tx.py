@@ -583,6 +583,16 @@ class MemoryTx:
         return eligible[:free]
 
     def waiting_for_job(self, dag_id: UUID, job: str) -> list[UUID]:
+        slots = [s for s in self._t.pool_slots.values() if s["dag_id"] == dag_id]
+        if any(_eq(h["leased_job"], job) and h["leased_whole"] for h in slots):
+            return []
+
+        def can_claim(r: Row) -> bool:  # a free slot of its pool, within its max_concurrency
+            pool = self._pool(dag_id, r["worker_pool"])
+            running = sum(1 for h in pool if _eq(h["leased_job"], job))
+            limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
+            return bool(self._free_slots(pool)) and running < limit
+
         waiting = [
             s
             for s, r in self._joined()
@@ -593,6 +603,7 @@ class MemoryTx:
             and not s["cancel_requested"]
             and s["next_attempt_at"] <= self.now
             and not self._dag_paused(r["dag_id"])
+            and can_claim(r)
         ]
         waiting.sort(key=lambda s: s["updated_at"])  # stable: ties keep insertion order
         return [s["task_id"] for s in waiting[:1]]
