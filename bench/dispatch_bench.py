@@ -8,7 +8,9 @@
 3. throughput of no-op tasks through the full lifecycle: (a) the Dispatcher core in-process
    (create -> outbox -> queue -> claim -> complete -> ack, batched, several threads), and (b)
    end to end through the Lite stack with real worker processes (HTTP internal API, operator
-   host).
+   host). Under each end-to-end row: the CPU per task of each role (the API, in this process
+   with the bench's polling; Postgres; the workers; their operator hosts) and the machine's
+   context switches per task, over the row.
 
 Latencies end on Postgres's `now()` of the claiming transaction; they start at the HTTP request
 (this machine's wall clock, the server's too) or at the upstream completion's `now()`. Every
@@ -25,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -260,30 +263,77 @@ def stack_throughput(stack: LiteStack, n: int) -> float:
     return n / took
 
 
-def hosts_running(stack: LiteStack) -> int:
-    """Operator hosts running under this stack's workers (the Python program, not the sandbox
-    launcher around it)."""
-    workers = {str(p.pid) for p in stack.workers if p.poll() is None}
-    parent: dict[str, str] = {}
-    hosts: list[str] = []
+@dataclass(frozen=True)
+class Proc:
+    ppid: str
+    cpu: float  # user + system seconds, all threads
+    argv: list[bytes]
+
+
+def processes() -> dict[str, Proc]:
+    """Every process on the machine, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, Proc] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            stat = (proc / "stat").read_text()
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile
             continue
-        parent[proc.name] = stat.rsplit(")", 1)[1].split()[1]
-        if b"trace_platform.worker.host_main" in argv and b"bwrap" not in argv[0]:
-            hosts.append(proc.name)
+        out[proc.name] = Proc(fields[1], (int(fields[11]) + int(fields[12])) / tick, argv)
+    return out
 
-    def under_a_worker(pid: str) -> bool:
-        while pid in parent and pid not in workers:
-            pid = parent[pid]
-        return pid in workers
 
-    return sum(under_a_worker(h) for h in hosts)
+def _ancestor_in(pid: str, procs: dict[str, Proc], roots: set[str]) -> str | None:
+    while pid in procs and pid not in roots:
+        pid = procs[pid].ppid
+    return pid if pid in roots else None
+
+
+def hosts_running(stack: LiteStack) -> int:
+    """Operator hosts running under this stack's workers (the Python program, not the sandbox
+    launcher around it)."""
+    procs = processes()
+    workers = {str(p.pid) for p in stack.workers if p.poll() is None}
+    return sum(
+        1
+        for pid, p in procs.items()
+        if b"trace_platform.worker.host_main" in p.argv
+        and b"bwrap" not in p.argv[0]
+        and _ancestor_in(pid, procs, workers) is not None
+    )
+
+
+ROLES = ("API + bench", "Postgres", "workers", "operator hosts")
+
+
+def cpu_by_role(stack: LiteStack, postmaster: str) -> dict[str, float]:
+    """CPU seconds so far of the processes doing the row's work, by role. The API runs in this
+    process, with the bench's own polling."""
+    procs = processes()
+    workers = {str(p.pid) for p in stack.workers}
+    cpu = dict.fromkeys(ROLES, 0.0)
+    for pid, p in procs.items():
+        top = _ancestor_in(pid, procs, workers | {postmaster})
+        if pid == str(os.getpid()):
+            cpu["API + bench"] += p.cpu
+        elif top == postmaster:
+            cpu["Postgres"] += p.cpu
+        elif pid in workers:
+            cpu["workers"] += p.cpu
+        elif top is not None:
+            cpu["operator hosts"] += p.cpu
+    return cpu
+
+
+def context_switches() -> int:
+    """Machine-wide, since boot."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("ctxt "):
+            return int(line.split()[1])
+    return 0
 
 
 def main() -> None:
@@ -306,6 +356,7 @@ def main() -> None:
             state_dsn=dsn, home=root / "home", auth="permissive", queue_poll_seconds=1.0
         )
         print(f"machine: {os.cpu_count()} cores; Postgres {pg.bindir}; fsync on")
+        postmaster = (pg.pgdata / "postmaster.pid").read_text().split()[0]
         with LiteStack(settings, workers=1, dsn=dsn) as stack:
             lat = trigger_to_running(stack, args.runs)
             print(f"trigger request -> running (HTTP, warm worker):      {fmt(lat)}")
@@ -325,11 +376,21 @@ def main() -> None:
                     cold = stack_throughput(stack, warm)
                     rounds += 1
                 hosts = hosts_running(stack)
+                cpu0, ctxt0 = cpu_by_role(stack, postmaster), context_switches()
                 e2e = stack_throughput(stack, args.e2e_tasks)
+                cpu1, ctxt1 = cpu_by_role(stack, postmaster), context_switches()
                 print(
                     f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
                     f"   {e2e:8.0f} tasks/s  (after {rounds} x {warm} warm-up tasks, the last"
                     f" at {cold:.0f}/s; {hosts}/{wrappers} hosts running before the row)"
+                )
+                # Where the time goes (the row's span; the poll after its last task included).
+                per_task = {r: (cpu1[r] - cpu0[r]) * 1000 / args.e2e_tasks for r in ROLES}
+                print(
+                    "    CPU per task: "
+                    + ", ".join(f"{r} {ms:.2f} ms" for r, ms in per_task.items())
+                    + f" ({sum(per_task.values()):.2f} in all); machine-wide context switches"
+                    f" per task: {(ctxt1 - ctxt0) / args.e2e_tasks:.0f}"
                 )
         for threads in (1, 4):
             tput = core_throughput(settings, dsn, args.tasks, threads, 100)
