@@ -80,8 +80,9 @@ class Slots:
             return
         t = tx.task_pool(task_id)
         whole = t["job"] if t is not None and t["operator"] in WHOLE_OUTPUT_OPERATORS else None
-        # A whole writer's next run is its job's oldest, in whichever pool a deploy left it:
-        # one run, never one per pool (only one can claim); the freed slot goes to the others.
+        # A whole writer's next run is its job's oldest that can claim now, in whichever pool
+        # a deploy left it: one run, never one per pool (only one can claim); the freed slot
+        # goes to the other jobs' tasks.
         woken = tx.waiting_for_pool(freed, skip_job=whole)
         if whole is not None:
             woken += tx.waiting_for_job(freed.dag_id, whole)
