@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import signal
 import time
@@ -39,6 +40,9 @@ def stack(
     s.start()
     yield s
     s.stop()
+
+
+SYS_TGKILL = 234  # x86_64: a signal to one thread of a process
 
 
 def status(stack: LiteStack, task_id: uuid.UUID) -> tuple[str, int]:
@@ -306,6 +310,35 @@ def test_an_api_outage_shorter_than_the_lease_costs_the_attempt_nothing(
         assert view.status == "succeeded"
         assert [a.outcome for a in view.attempts] == ["succeeded"]
         assert_invariants(stack.services)
+
+
+def _threads_taking(pid: int, sig: int, but: int) -> Iterator[int]:
+    """The process's threads (but one) that do not block `sig`: one of them may be handed it."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        status = (task / "status").read_text()
+        blocked = int(
+            next(ln for ln in status.splitlines() if ln.startswith("SigBlk:")).split()[1], 16
+        )
+        if int(task.name) != but and not blocked & (1 << (sig - 1)):
+            yield int(task.name)
+
+
+def test_a_sigterm_another_thread_takes_still_drains_the_worker(
+    settings: Settings, dsn: str, tmp_path: Path
+) -> None:
+    """A signal sent to a process is delivered to any one of its threads that does not block
+    it, and Python runs its handler only in the main thread. Blocked in a plain `join()`, the
+    main thread never ran it when another thread took the signal: the worker went on taking
+    work until some later signal woke it (a 30 s flake of the drain test below). Here the
+    SIGTERM is sent to one of the worker's other threads (tgkill)."""
+    with LiteStack(settings, workers=1, dsn=dsn, worker_env=bind_env(tmp_path)) as stack:
+        worker = stack.workers[0]
+        ref = stack.services.dispatcher.create_task(TaskSpec(job="up", operator="noop"))
+        wait_for(lambda: status(stack, ref.task_id)[0] == "succeeded", 60, "the worker up")
+        other = next(_threads_taking(worker.pid, signal.SIGTERM, but=worker.pid))
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(SYS_TGKILL, worker.pid, other, signal.SIGTERM) == 0
+        assert exit_code(worker, 15) == 0
 
 
 def test_sigterm_drains_the_running_task_then_hands_back_what_outlives_the_grace(

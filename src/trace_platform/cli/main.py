@@ -259,7 +259,10 @@ def worker(
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        # Timed: Python runs a signal's handler only in the main thread, and a SIGTERM the
+        # kernel gave another thread left a plain join() asleep (the worker never drained).
+        while t.is_alive():
+            t.join(0.5)
     client.close()
     driver.close()
 
