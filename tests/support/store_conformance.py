@@ -87,6 +87,12 @@ def spec(**kw: Any) -> TaskSpec:
     return TaskSpec(**{"job": "j", "operator": "noop", **kw})
 
 
+def sent(d: Dispatcher) -> None:
+    """Every wake-up the outbox holds now goes out (to no one): `woken` then shows only later
+    ones."""
+    OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+
+
 def woken(d: Dispatcher) -> list[tuple[UUID, int]]:
     """The unsent wake-ups in the outbox: (task, delay seconds), oldest first."""
     with d.store.transaction() as tx:
@@ -406,7 +412,7 @@ class StateStoreConformance:
 
     def test_a_stranded_queued_task_is_woken_again(self, d: Dispatcher) -> None:
         ref = d.create_task(spec())
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         assert d.rewake(after_seconds=3600) == 0
         assert d.rewake(after_seconds=0) == 1
         assert woken(d) == [(ref.task_id, 0)]
@@ -460,7 +466,7 @@ class StateStoreConformance:
         assert e.value.code == "waiting_for_slot"
         view = d.get_task(ids[2])
         assert (view.status, view.attempt, view.attempts) == ("queued", 0, [])  # rolled back
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, first)
         assert [t for t, _ in woken(d)] == [ids[2]]
         assert claim(d, ids[2]).slot.slot_index == first.slot.slot_index  # type: ignore[union-attr]
@@ -479,7 +485,7 @@ class StateStoreConformance:
         b = d.create_task(spec(job="b", **{**a, "max_concurrency": 2})).task_id
         c_b = claim(d, b)
         b2 = d.create_task(spec(job="b", **{**a, "max_concurrency": 2})).task_id
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, c_b)  # frees b's slot: b2 can use it, a2 cannot (a1 still runs)
         assert [t for t, _ in woken(d)] == [b2]
         complete(d, c_a1)
@@ -583,7 +589,7 @@ class StateStoreConformance:
         for t in ids[2:]:
             with pytest.raises(Conflict):
                 claim(d, t)
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, first)
         assert [t for t, _ in woken(d)] == [ids[2]]  # one free slot: one wake-up, the oldest
 
@@ -600,7 +606,7 @@ class StateStoreConformance:
         with pytest.raises(Conflict) as e:  # slot 1 is free, but retired
             claim(d, ids[1])
         assert e.value.code == "waiting_for_slot"
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, first)
         assert [t for t, _ in woken(d)] == [ids[1]]  # one slot: one wake-up
         assert claim(d, ids[1]).slot.slot_index == 0  # type: ignore[union-attr]
@@ -621,7 +627,7 @@ class StateStoreConformance:
         with pytest.raises(Conflict) as e:  # still no more at once than the pool had
             claim(d, ids[2])
         assert e.value.code == "waiting_for_slot"
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, second)
         assert [t for t, _ in woken(d)] == [ids[2]]
         assert claim(d, ids[2]).slot.slot_index == second.slot.slot_index  # type: ignore[union-attr]
@@ -642,7 +648,7 @@ class StateStoreConformance:
             claim(d, new)
         assert e.value.code == "waiting_for_slot"
         assert "job 'w' rewrites its output whole and runs one at a time" in str(e.value)
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, running)
         assert [t for t, _ in woken(d)] == [new]
         assert claim(d, new).slot.pool == "b"  # type: ignore[union-attr]
@@ -678,14 +684,14 @@ class StateStoreConformance:
         x1 = d.create_task(spec(**x)).task_id
         held = claim(d, w_a)
         ran = claim(d, x0)
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, ran)
         assert [t for t, _ in woken(d)] == [x1]
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         ran = claim(d, x1)
         complete(d, held)
         assert [t for t, _ in woken(d)] == []  # its pool is full: `b`'s release wakes it
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, ran)
         assert [t for t, _ in woken(d)] == [w_b]  # now it can run
         assert claim(d, w_b).slot.pool == "b"  # type: ignore[union-attr]
@@ -706,7 +712,7 @@ class StateStoreConformance:
         x1 = d.create_task(spec(**x)).task_id
         with pytest.raises(Conflict):
             claim(d, w2)
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, ran)
         assert [t for t, _ in woken(d)] == [x1]
 
@@ -724,7 +730,7 @@ class StateStoreConformance:
         w3 = d.create_task(spec(**w, dag_version=2, worker_pool="b")).task_id
         x = d.create_task(spec(dag_id=dag, dag_version=2, job="x", worker_pool="a")).task_id
         held = claim(d, w1)
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, held)
         assert sorted(t for t, _ in woken(d)) == sorted([x, w2])
         assert claim(d, w2).slot.pool == "a"  # type: ignore[union-attr]
@@ -744,7 +750,7 @@ class StateStoreConformance:
         claim(d, d.create_task(spec(dag_id=dag, dag_version=1, job="y", worker_pool="b")).task_id)
         d.create_task(spec(**w, dag_version=2, worker_pool="b"))
         wa = d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, held)
         assert [t for t, _ in woken(d)] == [wa]
         assert claim(d, wa).slot.pool == "a"  # type: ignore[union-attr]
@@ -759,10 +765,10 @@ class StateStoreConformance:
         held = claim(d, d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id)
         w2 = d.create_task(spec(**w, dag_version=1, worker_pool="a")).task_id
         w3 = d.create_task(spec(**w, dag_version=2, worker_pool="b")).task_id
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, held)
         assert [t for t, _ in woken(d)] == [w2]
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         d.cancel(w2)
         assert [t for t, _ in woken(d)] == [w3]
 
@@ -798,7 +804,7 @@ class StateStoreConformance:
         backing = d.create_task(spec(retry_backoff_seconds=60, retry_backoff_max_seconds=60))
         r = complete(d, claim(d, backing.task_id), "failed", error="x", retryable=True)
         assert r.status == "queued"
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         assert d.rewake(after_seconds=0) == 0
 
     def test_a_freed_slot_does_not_wake_a_paused_dags_tasks(
@@ -811,7 +817,7 @@ class StateStoreConformance:
         c1 = claim(d, t1)
         with pytest.raises(Conflict):
             claim(d, t2)
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         harness.set_paused(dag, True)
         complete(d, c1)
         assert woken(d) == []
@@ -832,7 +838,7 @@ class StateStoreConformance:
         t1, t2 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
         c1, c2 = claim(d, t1), claim(d, t2)
         assert complete(d, c2, "failed", error="x", retryable=True).status == "queued"
-        OutboxPublisher(d.store, RecordingDriver()).drain()  # type: ignore[arg-type]
+        sent(d)
         complete(d, c1)
         assert woken(d) == []  # t2 is not claimable yet; its own delayed wake-up was sent
 

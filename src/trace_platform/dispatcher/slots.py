@@ -49,15 +49,12 @@ class Slots:
             # so two of them never both find the job idle.
             tx.lock_pool(PoolKey(dag_id=key.dag_id, pool=implicit_pool(key.job)))
         usage = tx.pool_usage(key)
-        alone = not whole or usage["job_running_in_dag"] == 0
-        if (
-            not alone
-            or usage["job_running"] >= (t["max_concurrency"] or 1)
-            or usage["free_slot"] is None
-        ):
+        held = whole and usage["job_running_in_dag"] > 0  # a run of it holds a slot somewhere
+        at_limit = usage["job_running"] >= (t["max_concurrency"] or 1)
+        if held or at_limit or usage["free_slot"] is None:
             raise Conflict(
                 "waiting_for_slot",
-                f"task {task_id} waits for a slot: {_why_waiting(t, usage)}",
+                f"task {task_id} waits for a slot: {_why_waiting(t, held, usage['free_slot'])}",
                 pool=t["worker_pool"],
             )
         tx.lease_slot(
@@ -78,14 +75,14 @@ class Slots:
         freed = tx.release_slot(task_id)
         if freed is None:
             return
-        t = tx.task_pool(task_id)
-        whole = t["job"] if t is not None and t["operator"] in WHOLE_OUTPUT_OPERATORS else None
-        # A whole writer's next run is its job's oldest that can claim now, in whichever pool
-        # a deploy left it: one run, never one per pool (only one can claim); the freed slot
-        # goes to the other jobs' tasks.
-        woken = tx.waiting_for_pool(freed, skip_job=whole)
-        if whole is not None:
-            woken += tx.waiting_for_job(freed.dag_id, whole)
+        if not freed.whole:
+            woken = tx.waiting_for_pool(freed.pool)
+        else:
+            # A whole writer's next run is its job's oldest that can claim now, in whichever
+            # pool a deploy left it: one run, never one per pool (only one can claim); the
+            # freed slot goes to the other jobs' tasks.
+            woken = tx.waiting_for_pool(freed.pool, skip_job=freed.job)
+            woken += tx.waiting_for_job(freed.pool.dag_id, freed.job)
         for waiting in woken:
             if waiting != task_id:
                 self.intents.wake(tx, waiting)
@@ -132,9 +129,9 @@ class Slots:
         return values
 
 
-def _why_waiting(t: Row, usage: Row) -> str:
-    if t["operator"] in WHOLE_OUTPUT_OPERATORS and usage["job_running_in_dag"] > 0:
+def _why_waiting(t: Row, held: bool, free_slot: int | None) -> str:
+    if held:
         return f"job '{t['job']}' rewrites its output whole and runs one at a time"
-    if usage["free_slot"] is not None:
+    if free_slot is not None:
         return f"job '{t['job']}' is at its max_concurrency ({t['max_concurrency']})"
     return f"every slot of worker pool '{t['worker_pool']}' is in use"

@@ -279,10 +279,13 @@ SET leased_by_task = %(task_id)s, leased_job = %(job)s, leased_at = now(),
 WHERE dag_id = %(dag_id)s AND pool = %(pool)s AND slot_index = %(slot_index)s AND leased_by_task IS NULL;
 
 -- name: release_slot
-UPDATE pool_slots
+-- Returns who held it, as the row said before this update (a whole writer wakes its next run).
+UPDATE pool_slots p
 SET leased_by_task = NULL, leased_job = NULL, leased_at = NULL, leased_whole = false
-WHERE leased_by_task = %(task_id)s
-RETURNING dag_id, pool;
+FROM (SELECT dag_id, pool, slot_index, leased_job, leased_whole FROM pool_slots
+      WHERE leased_by_task = %(task_id)s FOR UPDATE) held
+WHERE p.dag_id = held.dag_id AND p.pool = held.pool AND p.slot_index = held.slot_index
+RETURNING p.dag_id, p.pool, held.leased_job AS job, held.leased_whole AS whole;
 
 -- name: waiting_for_pool
 -- Queued tasks of a pool that can run now, oldest first, as many as the pool has free slots:

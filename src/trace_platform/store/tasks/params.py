@@ -114,6 +114,16 @@ class PoolJob:
 
 
 @dataclass(frozen=True, slots=True)
+class FreedSlot:
+    """A slot a release freed: its pool, and the job that held it (`whole`: as a whole-scope
+    writer, whose next run is then woken in any pool)."""
+
+    pool: PoolKey
+    job: str
+    whole: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SlotLeaseParams:
     dag_id: UUID
     pool: str

@@ -20,6 +20,7 @@ from trace_platform.store.tasks.params import (
     AttemptEnd,
     ClaimManyParams,
     ClaimParams,
+    FreedSlot,
     HeartbeatParams,
     LeaseCheck,
     NewCommit,
@@ -223,9 +224,11 @@ class PostgresTx:
     def lease_slot(self, p: SlotLeaseParams) -> None:
         self.conn.execute(_Q.lease_slot, fields(p))
 
-    def release_slot(self, task_id: UUID) -> PoolKey | None:
+    def release_slot(self, task_id: UUID) -> FreedSlot | None:
         row = self._one(_Q.release_slot, {"task_id": task_id})
-        return PoolKey(dag_id=row["dag_id"], pool=row["pool"]) if row else None
+        if row is None:
+            return None
+        return FreedSlot(PoolKey(row["dag_id"], row["pool"]), row["job"], row["whole"])
 
     def waiting_for_pool(self, key: PoolKey, skip_job: str | None = None) -> list[UUID]:
         rows = self._all(_Q.waiting_for_pool, {**fields(key), "skip_job": skip_job})

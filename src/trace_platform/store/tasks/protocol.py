@@ -18,6 +18,7 @@ from trace_platform.store.tasks.params import (
     AttemptEnd,
     ClaimManyParams,
     ClaimParams,
+    FreedSlot,
     HeartbeatParams,
     LeaseCheck,
     NewCommit,
@@ -171,8 +172,8 @@ class StoreTx(Protocol):
 
     def lease_slot(self, p: SlotLeaseParams) -> None: ...
 
-    def release_slot(self, task_id: UUID) -> PoolKey | None:
-        """Frees the task's slot; which pool it was in (None: it held none)."""
+    def release_slot(self, task_id: UUID) -> FreedSlot | None:
+        """Frees the task's slot; which pool it was in and who held it (None: it held none)."""
         ...
 
     def waiting_for_pool(self, key: PoolKey, skip_job: str | None = None) -> list[UUID]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -41,6 +42,7 @@ from trace_platform.store.tasks.params import (
     AttemptEnd,
     ClaimManyParams,
     ClaimParams,
+    FreedSlot,
     HeartbeatParams,
     LeaseCheck,
     NewCommit,
@@ -519,15 +521,20 @@ class MemoryTx:
             if s["leased_by_task"] is None and s["retired"] == dropped
         ]
 
+    def _whole_held(self, dag_id: UUID) -> Counter[str]:
+        """Slots whole-writer runs hold in any pool of the DAG, by job."""
+        return Counter(
+            s["leased_job"]
+            for s in self._t.pool_slots.values()
+            if s["dag_id"] == dag_id and s["leased_whole"]
+        )
+
     def pool_usage(self, key: PoolJob) -> Row:
         slots = self._pool(key.dag_id, key.pool)
         free = self._free_slots(slots)
-        in_dag = [s for s in self._t.pool_slots.values() if s["dag_id"] == key.dag_id]
         return {
             "job_running": sum(1 for s in slots if _eq(s["leased_job"], key.job)),
-            "job_running_in_dag": sum(
-                1 for s in in_dag if _eq(s["leased_job"], key.job) and s["leased_whole"]
-            ),
+            "job_running_in_dag": self._whole_held(key.dag_id)[key.job],
             "free_slot": min(free) if free else None,
         }
 
@@ -541,12 +548,15 @@ class MemoryTx:
             leased_by_task=p.task_id, leased_job=p.job, leased_at=self.now, leased_whole=p.whole
         )
 
-    def release_slot(self, task_id: UUID) -> PoolKey | None:
+    def release_slot(self, task_id: UUID) -> FreedSlot | None:
         slot = self._slot_of(task_id)
         if slot is None:
             return None
+        freed = FreedSlot(
+            PoolKey(slot["dag_id"], slot["pool"]), slot["leased_job"], slot["leased_whole"]
+        )
         slot.update(leased_by_task=None, leased_job=None, leased_at=None, leased_whole=False)
-        return PoolKey(dag_id=slot["dag_id"], pool=slot["pool"])
+        return freed
 
     def waiting_for_pool(self, key: PoolKey, skip_job: str | None = None) -> list[UUID]:
         slots = self._pool(key.dag_id, key.pool)
@@ -555,7 +565,7 @@ class MemoryTx:
             if slot["leased_by_task"] is not None and slot["leased_job"] is not None:
                 leased[slot["leased_job"]] = leased.get(slot["leased_job"], 0) + 1
         free = len(self._free_slots(slots))
-        in_dag = [s for s in self._t.pool_slots.values() if s["dag_id"] == key.dag_id]
+        whole_held = self._whole_held(key.dag_id)
         waiting = [
             (s, r)
             for s, r in self._joined()
@@ -576,22 +586,19 @@ class MemoryTx:
             limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
             room = limit - leased.get(r["job"], 0)
             if s.get("whole_job") is not None:  # held in any pool of the DAG: no room
-                held = [h for h in in_dag if h["leased_whole"]]
-                room = min(room, 1 - sum(1 for h in held if _eq(h["leased_job"], s["whole_job"])))
+                room = min(room, 1 - whole_held[s["whole_job"]])
             if places[r["job"]] <= room:
                 eligible.append(s["task_id"])
         return eligible[:free]
 
     def waiting_for_job(self, dag_id: UUID, job: str) -> list[UUID]:
-        slots = [s for s in self._t.pool_slots.values() if s["dag_id"] == dag_id]
-        if any(_eq(h["leased_job"], job) and h["leased_whole"] for h in slots):
+        if self._whole_held(dag_id)[job]:
             return []
 
         def can_claim(r: Row) -> bool:  # a free slot of its pool, within its max_concurrency
-            pool = self._pool(dag_id, r["worker_pool"])
-            running = sum(1 for h in pool if _eq(h["leased_job"], job))
+            usage = self.pool_usage(PoolJob(dag_id, r["worker_pool"], job))
             limit = r["max_concurrency"] if r["max_concurrency"] is not None else 1
-            return bool(self._free_slots(pool)) and running < limit
+            return usage["free_slot"] is not None and usage["job_running"] < limit
 
         waiting = [
             s
