@@ -1,18 +1,16 @@
 """The operator host launcher: starts and stops the child program (`worker/host_main.py`)
 that runs operators for one tenant at a time, and speaks its JSON-lines protocol from the
-wrapper's side (`write_msg` out, a reader thread into `OperatorHost.messages`)."""
+wrapper's side (`write_msg` out, `OperatorHost.link` in: see `worker/host_link.py`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import queue as stdqueue
 import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,7 @@ from trace_platform.contract import TaskPayload
 from trace_platform.sandbox import Policy
 from trace_platform.sandbox.hostdir import HostDir, TaskDirs, host_command, host_env
 from trace_platform.sandbox.netns import listen_in
-
-MAX_LINE = 16 * 1024 * 1024  # one host message (a task's final events fit many times over)
+from trace_platform.worker.host_link import HostLink
 
 
 class HostUnresponsive(RuntimeError):
@@ -65,7 +62,7 @@ class OperatorHost:
         self.proc: subprocess.Popen[bytes] | None = None
         self.dir: HostDir | None = None
         self.tenant: tuple[Any, ...] | None = None
-        self.messages: stdqueue.Queue[dict[str, Any]] = stdqueue.Queue()
+        self.link: HostLink | None = None  # the running process's messages
 
     def ensure(self, tenant: tuple[Any, ...]) -> None:
         if self.proc is not None and self.proc.poll() is None and self.tenant == tenant:
@@ -73,7 +70,6 @@ class OperatorHost:
         self.kill()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.dir = HostDir.create(self.home / "sandbox", self.name, self.policy)
-        self.messages = stdqueue.Queue()
         argv, plan = host_command(self.dir, self.home, self.extra_binds)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -92,29 +88,12 @@ class OperatorHost:
         assert self.proc.stdin is not None
         os.set_blocking(self.proc.stdin.fileno(), False)  # writes have a deadline (send)
         self.tenant = tenant
-        threading.Thread(target=self._read, args=(self.proc, self.messages), daemon=True).start()
-        ready = self.messages.get(timeout=60)
-        if ready.get("type") != "ready":
-            raise RuntimeError(f"operator host did not start: {ready}\n{self.log_tail()}")
-
-    @staticmethod
-    def _read(proc: subprocess.Popen[bytes], out: stdqueue.Queue[dict[str, Any]]) -> None:
-        """Host messages into `out`. A line over MAX_LINE bytes, or one that is not a JSON
-        object, is a protocol error: reading stops there (nothing unbounded is buffered)."""
-        assert proc.stdout is not None
-        while line := proc.stdout.readline(MAX_LINE + 1):
-            if len(line) > MAX_LINE:
-                out.put({"type": "protocol_error", "error": f"a message over {MAX_LINE} bytes"})
-                break
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                msg = None
-            if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-                out.put({"type": "protocol_error", "error": "a message that is not a JSON object"})
-                break
-            out.put(msg)
-        out.put({"type": "exit", "returncode": proc.wait()})
+        self.link = HostLink(self.proc)
+        ready = self.link.get(timeout=60)
+        if ready is None or ready.get("type") != "ready":
+            raise RuntimeError(
+                f"operator host did not start: {ready or 'no word in 60 s'}\n{self.log_tail()}"
+            )
 
     def send(self, msg: dict[str, Any], timeout: float = 30.0) -> None:
         assert self.proc is not None
@@ -150,6 +129,9 @@ class OperatorHost:
                 self.proc.stdin.close()
         self.proc = None
         self.tenant = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None
         if self.dir is not None:
             self.dir.remove()
             self.dir = None

@@ -45,6 +45,7 @@ from trace_platform.sandbox.hostdir import TaskDirs
 from trace_platform.sandbox.tcp_forward import TcpForward, connect_address
 from trace_platform.worker.batching import Batcher
 from trace_platform.worker.client import ApiError, DispatcherClient, transient
+from trace_platform.worker.host_link import HostLink
 from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
 from trace_platform.worker.store_proxy import ScopedStore
 
@@ -551,19 +552,19 @@ class Wrapper:
     @staticmethod
     def _serve_store(
         proc: subprocess.Popen[bytes],
-        messages: stdqueue.Queue[dict[str, Any]],
+        link: HostLink,
         scoped: ScopedStore,
         req: dict[str, Any],
     ) -> None:
-        """Answers `proc`, the host that asked (never a restarted one), via its own queue."""
+        """Answers `proc`, the host that asked (never a restarted one), via its own link."""
         reply = {"type": "store_reply", **scoped.handle(req)}
-        # Done before the reply is written: the host's next request can only follow the reply,
-        # so it always queues after this.
-        messages.put({"type": "store_done"})
+        # Posted before the reply is written: the host's next request can only follow the
+        # reply, so the supervisor always reads it after this.
+        link.post({"type": "store_done"})
         try:
             write_msg(proc, reply)
         except HostUnresponsive as e:
-            messages.put({"type": "protocol_error", "error": str(e)})
+            link.post({"type": "protocol_error", "error": str(e)})
         except (OSError, AssertionError):  # the host is gone (killed): nothing to answer
             return
 
@@ -588,12 +589,10 @@ class Wrapper:
         progress: dict[str, Any] | None = None
         store_busy = False
         clock = LeaseClock(claim.lease_until)
+        link = host.link
+        assert link is not None  # the host runs: `ensure` made it
         while True:
-            timeout = max(0.0, next_beat - time.monotonic())
-            try:
-                out = host.messages.get(timeout=timeout)
-            except stdqueue.Empty:
-                out = None
+            out = link.get(timeout=max(0.0, next_beat - time.monotonic()))
             if out is None or time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + beat_every
                 try:
@@ -655,7 +654,7 @@ class Wrapper:
                 scoped.used = True
                 threading.Thread(
                     target=self._serve_store,
-                    args=(host.proc, host.messages, scoped, out),
+                    args=(host.proc, link, scoped, out),
                     daemon=True,
                 ).start()
             elif kind == "store_done":
@@ -713,7 +712,14 @@ class Wrapper:
                 return
             elif kind == "exit":
                 code = out["returncode"]
-                why = f"signal {-code}" if code < 0 else f"exit code {code}"
+                why = (
+                    "it closed its output and was killed"
+                    if code is None
+                    else f"signal {-code}"
+                    if code < 0
+                    else f"exit code {code}"
+                )
+                host.kill()
                 tail = host.log_tail()
                 self._report(
                     claim,
