@@ -103,12 +103,15 @@ class Config:
     repeats: int
     latency_samples: int
     latency_gap_s: float
+    pairs: int = 5
 
 
 @dataclass
 class Results:
     values: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Durable pgqueue / bare loop, per interleaved pair of drains (see `paired_with_bare`).
+    pairs: dict[str, list[float]] = field(default_factory=dict)
 
     def put(self, metric: str, system: str, value: float, note: str = "") -> None:
         self.values.setdefault(metric, {})[system] = value
@@ -682,6 +685,27 @@ def bench_bare(dsn: str, cfg: Config, res: Results) -> None:
     )
 
 
+def paired_with_bare(dsn: str, cfg: Config, res: Results) -> None:
+    """The durable pgqueue's drains against the bare loop's, run in pairs one right after the
+    other (which goes first alternates): the machine's speed drifts by 20-30% within minutes
+    here, and the columns above are measured minutes apart, so their ratio carries the drift.
+    A pair's ratio does not; the report gives their median and range."""
+    ours, bare = Ours(dsn, relaxed_acks=False), Bare(dsn)
+    try:
+        log(f"{OURS_DURABLE} and {BARE}: {cfg.pairs} interleaved pairs of each drain")
+        for i in range(cfg.pairs):
+            for key, batch, consumers in DRAINS:
+                if i % 2:
+                    theirs = bare.drain(cfg.n, batch, consumers)
+                    mine = ours.drain(cfg.n, batch, consumers)
+                else:
+                    mine = ours.drain(cfg.n, batch, consumers)
+                    theirs = bare.drain(cfg.n, batch, consumers)
+                res.pairs.setdefault(key, []).append(mine / theirs)
+    finally:
+        ours.close()
+
+
 def bench_pgqueuer(dsn: str, cfg: Config, res: Results) -> None:
     pq = PgQueuerBench(dsn)
     asyncio.run(pq.install())
@@ -835,6 +859,18 @@ def print_report(info: list[tuple[str, str]], cfg: Config, res: Results, wall: f
         "procrastinate runs with delete_jobs=successful; pgqueue acks each batch in its "
         "next receive's statement (one commit per batch) unless stated."
     )
+    if res.pairs:
+        paired = Table(title=f"Durable pgqueue / {BARE}, {cfg.pairs} interleaved pairs of drains")
+        for col in ("metric", "median ratio", "range"):
+            paired.add_column(col, justify="left" if col == "metric" else "right")
+        labels = {m.key: m.label for m in METRICS}
+        for key, ratios in res.pairs.items():
+            paired.add_row(
+                labels[key],
+                f"{statistics.median(ratios):.2f}x",
+                f"{min(ratios):.2f}-{max(ratios):.2f}x",
+            )
+        console.print(paired)
     console.print(f"  wall time {wall:.0f} s")
 
 
@@ -862,6 +898,12 @@ def parse_args(argv: list[str] | None) -> Config:
         help="pause after each latency probe is received before sending the next (probes are "
         "closed-loop, so a slow consumer is never measured queueing behind itself)",
     )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=5,
+        help="interleaved pairs of drains, durable pgqueue against the bare loop (0: none)",
+    )
     ap.add_argument("--quick", action="store_true", help="N=5000, 1 repeat")
     a = ap.parse_args(argv)
     if a.quick:
@@ -873,6 +915,7 @@ def parse_args(argv: list[str] | None) -> Config:
         repeats=a.repeats,
         latency_samples=a.latency_samples,
         latency_gap_s=a.latency_gap_ms / 1000,
+        pairs=a.pairs,
     )
 
 
@@ -894,6 +937,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_ours(pg.dsn(dbs["pgqueue"]), cfg, res)
         bench_ours(pg.dsn(dbs["pgqueue"]), cfg, res, OURS_DURABLE)
         bench_bare(pg.dsn(dbs["pgqueue"]), cfg, res)
+        paired_with_bare(pg.dsn(dbs["pgqueue"]), cfg, res)
         bench_pgqueuer(pg.dsn(dbs["pgqueuer"]), cfg, res)
         bench_procrastinate(pg.dsn(dbs["procrastinate"]), cfg, res)
     finally:
