@@ -3,17 +3,23 @@ the wrapper's own notes posted in between. Real child processes, real pipes."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
 from trace_platform.worker import host_link
 from trace_platform.worker.host_link import HostLink
+from trace_platform.worker.wrapper import Wrapper
 
 
 def _host(script: str) -> subprocess.Popen[bytes]:
@@ -131,10 +137,118 @@ def test_a_line_over_the_limit_is_a_protocol_error_without_buffering_it_all(
 def test_a_host_that_closes_its_output_and_runs_on_is_an_exit_without_status(
     procs: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(host_link, "_EXIT_WAIT", 0.2)
+    """The wait for its exit never holds up a `get` past its timeout: the supervisor goes on
+    heartbeating (and seeing a cancel) meanwhile."""
+    monkeypatch.setattr(host_link, "_EXIT_WAIT", 1.0)
     link = _link(procs, "import os, time; os.close(1); time.sleep(30)")
+    began = time.monotonic()
+    assert link.get(0.2) is None
+    assert time.monotonic() - began < 0.6
     assert _all(link) == [{"type": "exit", "returncode": None}]
     assert link.proc.poll() is None  # still running: the wrapper kills it
+
+
+def test_an_exit_is_seen_while_a_process_the_host_started_holds_its_output(
+    procs: list[Any],
+) -> None:
+    """No end of output comes while a descendant holds the pipe: the exit itself is seen,
+    after the lines written before it."""
+    script = (
+        "import subprocess, sys, json\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "print(json.dumps({'type': 'child', 'pid': child.pid}), flush=True)\n"
+        "sys.exit(4)\n"
+    )
+    link = _link(procs, script)
+    got = _all(link)
+    try:
+        assert [m["type"] for m in got] == ["child", "exit"]
+        assert got[-1]["returncode"] == 4
+    finally:
+        os.kill(got[0]["pid"], signal.SIGKILL)
+
+
+def test_a_get_with_no_time_left_still_takes_what_the_pipe_holds(procs: list[Any]) -> None:
+    """A supervisor whose heartbeat overran the next beat asks with timeout 0: what the host
+    said meanwhile must come, or it heartbeats on and never reads it."""
+    link = _link(procs, 'print(\'{"type": "done"}\', flush=True); import time; time.sleep(30)')
+    time.sleep(0.5)  # the line is in the pipe
+    assert link.get(0) == {"type": "done"}
+
+
+def test_a_note_posted_comes_after_the_lines_already_read(procs: list[Any]) -> None:
+    """Two store requests in one write (the second breaks the protocol: it does not wait for
+    the first's reply): both were read when the first was taken, so the first's "store_done",
+    posted then, comes after the second, which the supervisor therefore refuses."""
+    script = (
+        "import sys, time\n"
+        'sys.stdout.write(\'{"type": "store", "n": 1}\\n{"type": "store", "n": 2}\\n\')\n'
+        "sys.stdout.flush(); time.sleep(30)\n"
+    )
+    link = _link(procs, script)
+    assert link.get(10) == {"type": "store", "n": 1}
+    link.post({"type": "store_done"})
+    assert link.get(10) == {"type": "store", "n": 2}
+    assert link.get(10) == {"type": "store_done"}
+
+
+def test_a_long_line_written_in_small_pieces_arrives_whole(
+    procs: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_link, "MAX_LINE", 2_000_000)
+    script = (
+        "import sys, json\n"
+        "line = json.dumps({'type': 'done', 'pad': 'x' * 1_900_000}) + '\\n'\n"
+        "for i in range(0, len(line), 4096):\n"
+        "    sys.stdout.write(line[i:i + 4096]); sys.stdout.flush()\n"
+    )
+    got = _all(_link(procs, script))
+    assert [m["type"] for m in got] == ["done", "exit"] and len(got[0]["pad"]) == 1_900_000
+
+
+def test_a_slow_heartbeat_does_not_stop_the_supervisor_reading_its_host(
+    procs: list[Any],
+) -> None:
+    """Heartbeats that take longer than the beat (a slow API) come back to back; the host's
+    outcome, said meanwhile, must still be read between them and reported."""
+    proc = _host(
+        "import time; time.sleep(0.5)\n"
+        'print(\'{"type": "failed", "error": "x", "retryable": false}\', flush=True)\n'
+        "time.sleep(30)\n"
+    )
+    procs.append(proc)
+    host = SimpleNamespace(proc=proc, link=HostLink(proc), kill=proc.kill, log_tail=lambda: "")
+    beats: list[float] = []
+
+    def heartbeat(claim: Any, progress: Any, timeout: float) -> Any:
+        beats.append(time.monotonic())
+        time.sleep(0.25)  # longer than the beat (0.2 s)
+        return SimpleNamespace(
+            lease_until=datetime.now(UTC) + timedelta(seconds=30), cancel_requested=False
+        )
+
+    reported: list[str] = []
+    wrapper = SimpleNamespace(
+        client=SimpleNamespace(heartbeat=heartbeat),
+        visibility=60,
+        _extend=lambda msg: None,
+        _final_report=lambda claim, msg, outcome, clock, **kw: reported.append(outcome),
+        _report=lambda claim, outcome, **kw: reported.append(outcome),
+    )
+    claim = SimpleNamespace(
+        heartbeat_seconds=0.2,
+        lease_until=datetime.now(UTC) + timedelta(seconds=30),
+        task_id=uuid4(),
+        attempt=1,
+    )
+    supervise = threading.Thread(
+        target=Wrapper._supervise,
+        args=(wrapper, claim, None, threading.Event(), None, host, None),
+        daemon=True,
+    )
+    supervise.start()
+    supervise.join(8)
+    assert reported == ["failed"] and len(beats) < 8, (reported, len(beats))
 
 
 def test_a_closed_link_takes_no_more_notes(procs: list[Any]) -> None:

@@ -11,6 +11,7 @@ import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,17 +27,30 @@ class HostUnresponsive(RuntimeError):
     pass
 
 
+# Held while a host's stdin is closed, and while a writer takes its own handle on it: a
+# writer in another thread (a store reply) never writes to a descriptor number that a closed
+# stdin freed and the next host's pipe took (one tenant's reply into another's host).
+_STDIN = threading.Lock()
+
+
 def write_msg(proc: subprocess.Popen[bytes], msg: dict[str, Any], timeout: float = 30.0) -> None:
-    """One message to a host; a host that stops reading for `timeout` is unresponsive."""
-    assert proc.stdin is not None
-    fd = proc.stdin.fileno()
-    view = memoryview((json.dumps(msg) + "\n").encode())
-    deadline = time.monotonic() + timeout
-    while view:
-        _, ready, _ = select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise HostUnresponsive("the operator host stopped reading its input")
-        view = view[os.write(fd, view) :]
+    """One message to a host; a host that stops reading for `timeout` is unresponsive, one
+    whose input is closed (killed) raises BrokenPipeError."""
+    with _STDIN:
+        if proc.stdin is None or proc.stdin.closed:
+            raise BrokenPipeError("the operator host's input is closed")
+        fd = os.dup(proc.stdin.fileno())  # the same pipe, whatever is closed meanwhile
+    try:
+        view = memoryview((json.dumps(msg) + "\n").encode())
+        deadline = time.monotonic() + timeout
+        writable = select.poll()
+        writable.register(fd, select.POLLOUT)
+        while view:
+            if not writable.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                raise HostUnresponsive("the operator host stopped reading its input")
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 class OperatorHost:
@@ -125,7 +139,7 @@ class OperatorHost:
             except ProcessLookupError:
                 pass
         if self.proc is not None and self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
+            with _STDIN, contextlib.suppress(OSError):
                 self.proc.stdin.close()
         self.proc = None
         self.tenant = None
