@@ -251,6 +251,86 @@ def test_a_slow_heartbeat_does_not_stop_the_supervisor_reading_its_host(
     assert reported == ["failed"] and len(beats) < 8, (reported, len(beats))
 
 
+def test_a_long_line_already_in_the_pipe_comes_in_one_get_with_no_time_left(
+    procs: list[Any],
+) -> None:
+    """Behind a slow heartbeat every `get` has no time left: a line longer than one read
+    must still come whole in one, not one read per heartbeat."""
+    script = (
+        "import json, sys, time\n"
+        "sys.stdout.write(json.dumps({'type': 'done', 'pad': 'x' * (4 << 20)}) + '\\n')\n"
+        "sys.stdout.flush(); time.sleep(30)\n"
+    )
+    link = _link(procs, script)
+    calls = 0
+    while (msg := link.get(0)) is None:
+        calls += 1
+        assert calls < 20, "a line of 4 MiB took more than 20 gets"
+        time.sleep(0.05)  # the heartbeat; the host writes on meanwhile
+    assert msg["type"] == "done" and len(msg["pad"]) == 4 << 20
+
+
+def test_a_line_nested_deeper_than_the_stack_is_a_protocol_error(procs: list[Any]) -> None:
+    script = (
+        "import sys\n"
+        "sys.stdout.write('{\"type\": \"progress\", \"p\": ' + '[' * 100000 + ']' * 100000 + '}\\n')\n"
+    )
+    assert _all(_link(procs, script))[0] == {
+        "type": "protocol_error",
+        "error": "a message that is not a JSON object",
+    }
+
+
+def test_without_a_pidfd_an_exit_is_still_seen_while_a_process_the_host_started_holds_its_output(
+    procs: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An old kernel (or a sandbox) without pidfd_open: the exit is polled for. The host's
+    last line, unterminated, still comes before it."""
+
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    script = (
+        "import subprocess, sys, json\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "sys.stdout.write(json.dumps({'type': 'child', 'pid': child.pid}))\n"
+        "sys.exit(5)\n"
+    )
+    link = _link(procs, script)
+    began = time.monotonic()
+    got = _all(link)
+    try:
+        assert [m["type"] for m in got] == ["child", "exit"] and got[-1]["returncode"] == 5
+        assert time.monotonic() - began < 5.0
+    finally:
+        os.kill(got[0]["pid"], signal.SIGKILL)
+
+
+def test_an_unterminated_last_line_comes_before_the_exit_while_a_descendant_holds_the_pipe(
+    procs: list[Any],
+) -> None:
+    script = (
+        "import subprocess, sys, json\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "sys.stdout.write(json.dumps({'type': 'child', 'pid': child.pid}))\n"
+        "sys.exit(0)\n"
+    )
+    got = _all(_link(procs, script))
+    try:
+        assert [m["type"] for m in got] == ["child", "exit"]
+    finally:
+        os.kill(got[0]["pid"], signal.SIGKILL)
+
+
+def test_a_get_after_close_is_an_exit_not_a_read_of_closed_descriptors(
+    procs: list[Any],
+) -> None:
+    link = _link(procs, "import time; time.sleep(30)")
+    link.close()
+    assert link.get(0.1) == {"type": "exit", "returncode": None}
+
+
 def test_a_closed_link_takes_no_more_notes(procs: list[Any]) -> None:
     link = _link(procs, "import time; time.sleep(30)")
     link.close()

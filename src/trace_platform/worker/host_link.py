@@ -88,10 +88,10 @@ class HostLink:
             left = deadline - time.monotonic()
             late = left <= 0  # one look at what is there, then an answer
             wait = max(0.0, left)
+            if self._pidfd is None:  # the exit is polled for (a descendant may hold the pipe)
+                wait = min(wait, 0.05 if self._output_ended is not None else 0.5)
             if self._output_ended is not None:
                 wait = min(wait, max(0.0, self._output_ended + _EXIT_WAIT - time.monotonic()))
-                if self._pidfd is None:
-                    wait = min(wait, 0.05)
             for fd, _ in self._poll.poll(wait * 1000):
                 if fd == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
@@ -99,7 +99,14 @@ class HostLink:
                 elif fd == self._pidfd:
                     self._exited()
                 elif fd == self._fd and self._last is None:
-                    self._read()
+                    # Until a line is whole or the pipe is empty: a line longer than one
+                    # read (or the pipe) comes in one `get`, even with no time left.
+                    for _ in range(_DRAIN_READS):
+                        if not self._read() or self._last is not None or self._queue:
+                            break
+            no_exit_watch = self._pidfd is None and self._output_ended is None
+            if no_exit_watch and self._last is None and self.proc.poll() is not None:
+                self._exited()
             self._check_exit()
 
     def _read(self) -> bool:
@@ -143,6 +150,10 @@ class HostLink:
         for _ in range(_DRAIN_READS):
             if self._last is not None or self._fd not in self._watched or not self._read():
                 break
+        if self._last is None and self._partial_len:  # its last line, without a newline
+            with self._lock:
+                self._queue.append(b"".join(self._partial))
+            self._partial, self._partial_len = [], 0
         if self._last is None:
             self._stop({"type": "exit", "returncode": self.proc.wait()})
 
@@ -160,7 +171,7 @@ class HostLink:
             return self._refuse(f"a message over {MAX_LINE} bytes")
         try:
             msg = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the stack
             msg = None
         if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
             return self._refuse("a message that is not a JSON object")
@@ -188,6 +199,8 @@ class HostLink:
             if self._closed:
                 return
             self._closed = True
+            self._queue.clear()
+        self._stop({"type": "exit", "returncode": self.proc.poll()})  # a get after close
         for fd in (self._wake_r, self._wake_w, self._pidfd):
             if fd is not None:
                 os.close(fd)
