@@ -70,3 +70,38 @@ def test_a_write_to_a_closed_input_is_a_broken_pipe() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_two_writers_to_one_host_never_interleave_their_lines() -> None:
+    """A store reply (its own thread) and the next run message, each larger than the pipe
+    writes atomically: each line reaches the host whole."""
+    echo = (
+        "import json, sys\n"
+        "for line in sys.stdin:\n"
+        "    msg = json.loads(line)\n"
+        "    print(msg['who'], len(msg['pad']), flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", echo], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    os.set_blocking(proc.stdin.fileno(), False)
+    try:
+
+        def send(who: str) -> None:
+            for _ in range(5):
+                write_msg(proc, {"type": "store_reply", "who": who, "pad": "x" * 300_000})
+
+        writers = [threading.Thread(target=send, args=(w,)) for w in ("a", "b")]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(30)
+        proc.stdin.close()
+        lines = proc.stdout.read().decode().split()
+        assert proc.wait(10) == 0, "the host read a corrupt line"
+        assert sorted(lines[0::2]) == ["a"] * 5 + ["b"] * 5
+        assert set(lines[1::2]) == {"300000"}
+    finally:
+        proc.kill()
+        proc.wait()

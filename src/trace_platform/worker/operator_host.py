@@ -13,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +32,36 @@ class HostUnresponsive(RuntimeError):
 # writer in another thread (a store reply) never writes to a descriptor number that a closed
 # stdin freed and the next host's pipe took (one tenant's reply into another's host).
 _STDIN = threading.Lock()
+# One writer at a time per host: a store reply (its own thread) and the next task's run
+# message could otherwise interleave, past the pipe's atomic size, into one corrupt line.
+_WRITERS: weakref.WeakKeyDictionary[subprocess.Popen[bytes], threading.Lock] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def write_msg(proc: subprocess.Popen[bytes], msg: dict[str, Any], timeout: float = 30.0) -> None:
-    """One message to a host; a host that stops reading for `timeout` is unresponsive, one
-    whose input is closed (killed) raises BrokenPipeError."""
+    """One message to a host; a host that stops reading for `timeout` (the wait for another
+    writer included) is unresponsive, one whose input is closed (killed) raises
+    BrokenPipeError."""
+    deadline = time.monotonic() + timeout
     with _STDIN:
         if proc.stdin is None or proc.stdin.closed:
             raise BrokenPipeError("the operator host's input is closed")
         fd = os.dup(proc.stdin.fileno())  # the same pipe, whatever is closed meanwhile
+        writer = _WRITERS.setdefault(proc, threading.Lock())
     try:
-        view = memoryview((json.dumps(msg) + "\n").encode())
-        deadline = time.monotonic() + timeout
-        writable = select.poll()
-        writable.register(fd, select.POLLOUT)
-        while view:
-            if not writable.poll(max(0.0, deadline - time.monotonic()) * 1000):
-                raise HostUnresponsive("the operator host stopped reading its input")
-            view = view[os.write(fd, view) :]
+        if not writer.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise HostUnresponsive("the operator host stopped reading its input")
+        try:
+            view = memoryview((json.dumps(msg) + "\n").encode())
+            writable = select.poll()
+            writable.register(fd, select.POLLOUT)
+            while view:
+                if not writable.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                    raise HostUnresponsive("the operator host stopped reading its input")
+                view = view[os.write(fd, view) :]
+        finally:
+            writer.release()
     finally:
         os.close(fd)
 
