@@ -5,7 +5,9 @@ Starts a throwaway embedded cluster (fsync on) under /tmp, one database per syst
 for each: enqueue throughput (one message per transaction, and 100 per transaction),
 dequeue+complete throughput (1 and 4 consumers, batch 10 and 100 where the system has a batch
 setting), and enqueue->receive latency with an idle consumer woken by LISTEN/NOTIFY. A bare
-SKIP LOCKED loop on pgqueue's own `queue_messages` table is the ceiling reference.
+SKIP LOCKED loop on pgqueue's own `queue_messages` table is the ceiling reference; the durable
+pgqueue and the bare loop also drain in interleaved pairs (`--pairs`), whose ratios, unlike
+the columns' (measured minutes apart), do not carry the machine's drift.
 
     .venv/bin/python bench/queue_bench.py            # N=20000, median of 3
     .venv/bin/python bench/queue_bench.py --quick    # N=5000, 1 repeat
