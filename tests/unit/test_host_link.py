@@ -336,3 +336,4 @@ def test_a_closed_link_takes_no_more_notes(procs: list[Any]) -> None:
     link.close()
     link.post({"type": "store_done"})  # a late store answer after the host's kill
     link.close()
+    assert link.get(0) == {"type": "exit", "returncode": None}  # the note was not taken

@@ -99,11 +99,9 @@ class HostLink:
                 elif fd == self._pidfd:
                     self._exited()
                 elif fd == self._fd and self._last is None:
-                    # Until a line is whole or the pipe is empty: a line longer than one
-                    # read (or the pipe) comes in one `get`, even with no time left.
-                    for _ in range(_DRAIN_READS):
-                        if not self._read() or self._last is not None or self._queue:
-                            break
+                    # Until a line is whole: a line longer than one read (or the pipe)
+                    # comes in one `get`, even with no time left.
+                    self._drain(until_a_line=True)
             no_exit_watch = self._pidfd is None and self._output_ended is None
             if no_exit_watch and self._last is None and self.proc.poll() is not None:
                 self._exited()
@@ -133,12 +131,24 @@ class HostLink:
             self._stop({"type": "protocol_error", "error": f"a message over {MAX_LINE} bytes"})
         return True
 
-    def _end_of_output(self) -> None:
-        """A last line without its newline still counts; the exit status follows."""
+    def _drain(self, until_a_line: bool) -> None:
+        """Reads until the pipe is empty (or a line is queued), at most _DRAIN_READS times:
+        a host, or a process it started, writing on cannot keep the reader here."""
+        for _ in range(_DRAIN_READS):
+            if self._last is not None or self._fd not in self._watched or not self._read():
+                return
+            if until_a_line and self._queue:
+                return
+
+    def _flush_partial(self) -> None:
+        """The host's last line, without its newline, still counts."""
         if self._partial_len:
             with self._lock:
                 self._queue.append(b"".join(self._partial))
             self._partial, self._partial_len = [], 0
+
+    def _end_of_output(self) -> None:
+        self._flush_partial()
         self._unwatch(self._fd)
         self._output_ended = time.monotonic()
         self._check_exit()
@@ -147,14 +157,9 @@ class HostLink:
         """The host ended: what it wrote before, then its exit."""
         if self._pidfd is not None:
             self._unwatch(self._pidfd)
-        for _ in range(_DRAIN_READS):
-            if self._last is not None or self._fd not in self._watched or not self._read():
-                break
-        if self._last is None and self._partial_len:  # its last line, without a newline
-            with self._lock:
-                self._queue.append(b"".join(self._partial))
-            self._partial, self._partial_len = [], 0
+        self._drain(until_a_line=False)
         if self._last is None:
+            self._flush_partial()
             self._stop({"type": "exit", "returncode": self.proc.wait()})
 
     def _check_exit(self) -> None:

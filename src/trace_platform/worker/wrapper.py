@@ -565,7 +565,7 @@ class Wrapper:
             write_msg(proc, reply)
         except HostUnresponsive as e:
             link.post({"type": "protocol_error", "error": str(e)})
-        except (OSError, AssertionError):  # the host is gone (killed): nothing to answer
+        except OSError:  # the host is gone (killed: BrokenPipeError): nothing to answer
             return
 
     @staticmethod
@@ -711,16 +711,8 @@ class Wrapper:
                 )
                 return
             elif kind == "exit":
-                code = out["returncode"]
-                why = (
-                    "it closed its output and was killed"
-                    if code is None
-                    else f"signal {-code}"
-                    if code < 0
-                    else f"exit code {code}"
-                )
-                host.kill()
-                tail = host.log_tail()
+                host.kill()  # one that closed its output may still run
+                why, tail = _exit_reason(out["returncode"]), host.log_tail()
                 self._report(
                     claim,
                     "failed",
@@ -728,6 +720,13 @@ class Wrapper:
                     error=f"operator process died ({why})\n{tail}".strip(),
                 )
                 return
+
+
+def _exit_reason(code: int | None) -> str:
+    """How a host ended, from its `exit` message (no code: it closed its output, ran on)."""
+    if code is None:
+        return "it closed its output and was killed"
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def _bounded_progress(reported: Any, claim: Claim) -> dict[str, Any] | None:
