@@ -36,6 +36,13 @@ def _lease(d: Any, task_id: Any) -> tuple[dict[str, Any], TaskPayload]:
 def _src_range(services: Services, start: int, end: int) -> Any:
     """One run of `src` committing [start, end) and announcing it: returns the `supply` task
     it woke."""
+    (task_id,) = _src_children(services, start, end)
+    return task_id
+
+
+def _src_children(services: Services, start: int, end: int) -> dict[Any, int]:
+    """One run of `src` committing [start, end) and announcing it: the tasks it made, each with
+    its DAG version (a rebuild in flight buffers one for the version it builds)."""
     cp, d = services.control, services.dispatcher
     (src_id,) = cp.trigger(admin(services), "whole")["tasks"]
     lease, payload = _lease(d, src_id)
@@ -55,12 +62,13 @@ def _src_range(services: Services, start: int, end: int) -> Any:
             final_events=[EventIn(dataset_uuid=out.dataset_uuid, range=rng)],
         )
     )
-    assert done.status == "succeeded" and done.tasks_created == 1
+    assert done.status == "succeeded"
     with services.pool.connection() as conn:
-        (row,) = conn.execute(
-            "SELECT task_id FROM task_registry WHERE parent_task_id = %s", [src_id]
+        rows = conn.execute(
+            "SELECT task_id, dag_version FROM task_registry WHERE parent_task_id = %s", [src_id]
         ).fetchall()
-    return row["task_id"]
+    assert len(rows) == done.tasks_created
+    return {r["task_id"]: r["dag_version"] for r in rows}
 
 
 def _wakeups(services: Services, task_id: Any) -> int:
@@ -209,3 +217,30 @@ def test_a_deploy_moving_a_whole_reader_to_a_pool_keeps_its_runs_one_at_a_time(
     assert _read(newest_read) == [0, 100, 200]
     _land(d, newest, newest_read, "newest")
     assert _current_all(services).endswith("/newest")
+
+
+def test_a_woken_run_a_superseded_rebuild_cancels_gives_its_place_to_the_jobs_next(
+    services: Services,
+) -> None:
+    """Version 2 rebuilds `supply`; the release of the live run wakes the job's oldest run,
+    the rebuild's. A newer deploy abandons that rebuild, canceling its run before it claimed:
+    the live version's waiting run is woken in its place (before: not until the rewake)."""
+    d = services.dispatcher
+    _, older, older_read = _first_run(services, whole_dag())
+    services.control.deploy(admin(services), whole_dag().replace("FROM src", "FROM src AS a"))
+    with services.pool.connection() as conn:
+        (rebuild,) = conn.execute(
+            "SELECT task_id FROM task_registry WHERE job = 'supply' AND dag_version = 2"
+        ).fetchall()
+    live_next = next(t for t, v in _src_children(services, 100, 200).items() if v == 1)
+    before = (_wakeups(services, rebuild["task_id"]), _wakeups(services, live_next))
+    _land(d, older, older_read, "older")
+    assert (_wakeups(services, rebuild["task_id"]), _wakeups(services, live_next)) == (
+        before[0] + 1,
+        before[1],
+    )
+    services.control.deploy(admin(services), whole_dag().replace("FROM src", "FROM src AS b"))
+    assert d.get_task(rebuild["task_id"]).status == "canceled"
+    assert _wakeups(services, live_next) == before[1] + 1
+    _, read = _lease(d, live_next)
+    assert _read(read) == [0, 100]

@@ -772,6 +772,24 @@ class StateStoreConformance:
         d.cancel(w2)
         assert [t for t, _ in woken(d)] == [w3]
 
+    def test_a_pooled_task_woken_then_canceled_wakes_the_next(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """A release wakes as many tasks as the pool has free slots: one of them canceled before
+        it claimed leaves its slot to the next (before: idle until the rewake)."""
+        dag = harness.add_dag("cancel_woken_plain")
+        harness.add_pool(dag, "a", 1)
+        pooled = {"dag_id": dag, "dag_version": 1, "job": "p", "worker_pool": "a"}
+        held = claim(d, d.create_task(spec(**pooled)).task_id)
+        t2, t3 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
+        sent(d)
+        complete(d, held)
+        assert [t for t, _ in woken(d)] == [t2]
+        sent(d)
+        d.cancel(t2)
+        assert [t for t, _ in woken(d)] == [t3]
+        assert claim(d, t3).slot.pool == "a"  # type: ignore[union-attr]
+
     def test_other_jobs_of_one_name_in_two_pools_run_at_once(
         self, d: Dispatcher, harness: Harness
     ) -> None:

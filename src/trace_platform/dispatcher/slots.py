@@ -4,6 +4,8 @@ task waiting for it. A slot's secrets are opened for the wrapper of the task hol
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
 from uuid import UUID
 
 from trace_platform.config import Settings
@@ -73,28 +75,22 @@ class Slots:
         """Every terminal path (and every retry) frees the slot and wakes the waiting tasks
         that can take the pool's free slots (never one its job's max_concurrency holds back)."""
         freed = tx.release_slot(task_id)
-        if freed is None:
-            return
-        if not freed.whole:
-            woken = tx.waiting_for_pool(freed.pool)
-        else:
-            # A whole writer's next run is its job's oldest that can claim now, in whichever
-            # pool a deploy left it: one run, never one per pool (only one can claim); the
-            # freed slot goes to the other jobs' tasks.
-            woken = tx.waiting_for_pool(freed.pool, skip_job=freed.job)
-            woken += tx.waiting_for_job(freed.pool.dag_id, freed.job)
-        for waiting in woken:
-            if waiting != task_id:
-                self.intents.wake(tx, waiting)
+        if freed is not None:
+            # The task itself, if retried at once, has a wake-up of its own.
+            wake_in_place_of(
+                tx, self.intents, [(freed.pool, freed.job if freed.whole else None)], task_id
+            )
 
     def canceled_waiting(self, tx: StoreTx, task_id: UUID) -> None:
-        """A whole writer's run canceled while it waited: it may have been the one run of its
-        job a release woke, so the job's next run is woken in its place."""
+        """A pooled task canceled while it waited may have been one a release woke: the tasks
+        that can take its place are woken (see `wake_in_place_of`)."""
         t = tx.task_pool(task_id)
-        if t is None or t["worker_pool"] is None or t["operator"] not in WHOLE_OUTPUT_OPERATORS:
+        if t is None or t["worker_pool"] is None:
             return
-        for waiting in tx.waiting_for_job(t["dag_id"], t["job"]):
-            self.intents.wake(tx, waiting)
+        whole = t["job"] if t["operator"] in WHOLE_OUTPUT_OPERATORS else None
+        wake_in_place_of(
+            tx, self.intents, [(PoolKey(dag_id=t["dag_id"], pool=t["worker_pool"]), whole)]
+        )
 
     def secrets(self, ref: LeaseRef) -> dict[str, str]:
         """The secret env of the task's slot, for the wrapper only (never logged). Each secret
@@ -127,6 +123,34 @@ class Slots:
                 )
             values[r["env_var"]] = vault.open(r["org_id"], r["name"], r["ciphertext"])
         return values
+
+
+def wake_in_place_of(
+    tx: StoreTx | Any,
+    intents: Intents,
+    freed: Iterable[tuple[PoolKey, str | None]],
+    woken_already: UUID | None = None,
+) -> None:
+    """Wakes the tasks that can take the place of a pooled task that ran or was woken: each
+    (pool, whole writer's job or None) is a slot released, or a waiting task canceled (a
+    release wakes only as many tasks as the pool has free slots, and a whole writer's one next
+    run: one canceled before it claimed would leave a slot idle until the rewake). A whole
+    writer's next run is its job's oldest that can claim now, in whichever pool a deploy left
+    it: one run, never one per pool (only one can claim); the pool's slots go to the other
+    jobs' tasks. Each pool and job is looked up once, however many of its tasks are named;
+    `woken_already`, a task with a wake-up of its own, is not woken again."""
+    store = intents.store.adopt(tx)
+    woken: dict[UUID, None] = {}
+    for pool, whole in dict.fromkeys(freed):
+        for waiting in store.waiting_for_pool(pool, skip_job=whole):
+            woken[waiting] = None
+        if whole is not None:
+            for waiting in store.waiting_for_job(pool.dag_id, whole):
+                woken[waiting] = None
+    if woken_already is not None:
+        woken.pop(woken_already, None)
+    for waiting in woken:
+        intents.wake(store, waiting)
 
 
 def _why_waiting(t: Row, held: bool, free_slot: int | None) -> str:

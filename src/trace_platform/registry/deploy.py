@@ -146,7 +146,7 @@ def deploy(
     `spec` is what `parse(source_yaml)` returned: every file-local check (the size caps
     included) has passed before a transaction is opened."""
     d = _lock_dag(conn, actor, spec, source_yaml, source, dry_run)
-    _supersede_rebuild(d)
+    _supersede_rebuild(d, intents)
     _store_version(d)
     _plan_rebuild(d)
     _assign_datasets(d, shape=not d.building)
@@ -213,10 +213,10 @@ def _lock_dag(
     return _Deploy(conn, actor, spec, source_yaml, source, dag, created, previous)
 
 
-def _supersede_rebuild(d: _Deploy) -> None:
+def _supersede_rebuild(d: _Deploy, intents: Intents) -> None:
     """A rebuild still in flight is abandoned: this deploy is compared with the live version,
     and replays whatever that rebuild would have."""
-    d.abandoned = rollout.abandon(d.conn, d.dag, "superseded by a newer deploy")
+    d.abandoned = rollout.abandon(d.conn, intents, d.dag, "superseded by a newer deploy")
 
 
 def _store_version(d: _Deploy) -> None:

@@ -24,10 +24,12 @@ from trace_platform.contract import EventIn, RangeSpec
 from trace_platform.dag.schema import DagSpec, JobOutputRef, SharedRead
 from trace_platform.dispatcher.dag_tasks import event_json, fire_event, job_task
 from trace_platform.dispatcher.intents import Intents
+from trace_platform.dispatcher.slots import wake_in_place_of
 from trace_platform.errors import Conflict
 from trace_platform.store.dag_tasks import DagTaskStore
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.rollout import RolloutStore
+from trace_platform.store.tasks import PoolKey
 
 SCOPES_SHOWN = 20  # scopes listed per job in a plan; the count is always whole
 
@@ -304,15 +306,13 @@ def cutover(
     if previous is not None:
         RolloutStore(conn).set_version_state(dag_id=dag_id, version=previous, state="retired")
     RolloutStore(conn).set_version_state(**key, state="active")
-    canceled = (
-        RolloutStore(conn)
-        .cancel_work(
-            dag_id=dag_id,
-            versions=[v for v in _live_versions(conn, dag_id) if v != version],
-            jobs=rebuilt,
-            reason=f"superseded by version {version} at cutover",
-        )
-        .fetchall()
+    canceled = _cancel_work(
+        conn,
+        intents,
+        dag_id=dag_id,
+        versions=[v for v in _live_versions(conn, dag_id) if v != version],
+        jobs=rebuilt,
+        reason=f"superseded by version {version} at cutover",
     )
     released = _release(conn, intents, dag_id, version)
     readers = refresh_readers(conn, intents, dag_id, [r["dataset_uuid"] for r in swapped], spec_of)
@@ -372,7 +372,34 @@ def _live_versions(conn: Connection[Any], dag_id: UUID) -> list[int]:
     return [r["version"] for r in rows]
 
 
-def abandon(conn: Connection[Any], dag: dict[str, Any], reason: str) -> int | None:
+def _cancel_work(
+    conn: Connection[Any],
+    intents: Intents,
+    *,
+    dag_id: UUID,
+    versions: list[int],
+    jobs: list[str] | None,
+    reason: str,
+) -> list[dict[str, Any]]:
+    """`RolloutStore.cancel_work`, and the tasks that can take the place of the pooled ones it
+    canceled while they waited (one may have been the task a release woke) woken."""
+    rows = (
+        RolloutStore(conn)
+        .cancel_work(dag_id=dag_id, versions=versions, jobs=jobs, reason=reason)
+        .fetchall()
+    )
+    waited = [
+        (PoolKey(dag_id=r["pool_dag_id"], pool=r["worker_pool"]), r["whole_job"])
+        for r in rows
+        if r["status"] == "canceled" and r["worker_pool"] is not None
+    ]
+    wake_in_place_of(conn, intents, waited)
+    return rows
+
+
+def abandon(
+    conn: Connection[Any], intents: Intents, dag: dict[str, Any], reason: str
+) -> int | None:
     """Drops a rebuild in flight: its versions abandoned, its work canceled (a running attempt
     is asked to stop, and lands nothing if it finishes anyway)."""
     version = dag["building_version"]
@@ -382,9 +409,7 @@ def abandon(conn: Connection[Any], dag: dict[str, Any], reason: str) -> int | No
     RolloutStore(conn).abandon_versions(**key)
     RolloutStore(conn).set_version_state(**key, state="abandoned")
     RolloutStore(conn).set_building(dag_id=dag["dag_id"], version=None)
-    RolloutStore(conn).cancel_work(
-        dag_id=dag["dag_id"], versions=[version], jobs=None, reason=reason
-    )
+    _cancel_work(conn, intents, dag_id=dag["dag_id"], versions=[version], jobs=None, reason=reason)
     dag["building_version"] = None
     return int(version)
 
@@ -405,7 +430,7 @@ def rollback(
     replayed for it. `spec_of(dag_id, version)` gives a version's DagSpec."""
     dag = lock(conn, dag_id)
     active = dag["active_version"]
-    abandoned = abandon(conn, dag, "rolled back")
+    abandoned = abandon(conn, intents, dag, "rolled back")
     if to is None:
         if abandoned is not None:
             return {
@@ -441,15 +466,13 @@ def rollback(
     # goes on (and lands) whichever version made it.
     before, after = lineage(conn, dag_id, active), lineage(conn, dag_id, to)
     jobs = {j for j, since in after.items() if before.get(j) != since}
-    canceled = (
-        RolloutStore(conn)
-        .cancel_work(
-            dag_id=dag_id,
-            versions=[active],
-            jobs=sorted(j for j, since in before.items() if after.get(j) != since),
-            reason="rolled back",
-        )
-        .fetchall()
+    canceled = _cancel_work(
+        conn,
+        intents,
+        dag_id=dag_id,
+        versions=[active],
+        jobs=sorted(j for j, since in before.items() if after.get(j) != since),
+        reason="rolled back",
     )
     # Jobs whose outputs differ missed what came while `to` was not live: each catches up on
     # it (what it already consumed is skipped).

@@ -131,7 +131,7 @@ class RolloutStore(Calls):
         *,
         reason: str,
         dag_id: UUID,
-        versions: list[UUID],
+        versions: list[int],
         jobs: list[str] | None,
     ) -> Cursor[Row]:
         """Queued and held work of the given versions (and jobs, if named) ends canceled; running

@@ -85,7 +85,8 @@ RETURNING s.task_id, s.start_day;
 
 -- name: cancel_work
 -- Queued and held work of the given versions (and jobs, if named) ends canceled; running
--- attempts are asked to stop (cooperative cancel).
+-- attempts are asked to stop (cooperative cancel). Each task's pool comes back with it: a
+-- queued one may have been the task a release woke, whose place another must take.
 UPDATE task_status s
 SET cancel_requested = true,
     status = CASE WHEN s.status IN ('queued', 'buffered') THEN 'canceled' ELSE s.status END,
@@ -97,7 +98,7 @@ WHERE s.status IN ('queued', 'buffered', 'running')
   AND r.task_id = s.task_id AND r.start_day = s.start_day
   AND r.dag_id = %(dag_id)s AND r.dag_version = ANY(%(versions)s)
   AND (%(jobs)s::text[] IS NULL OR r.job = ANY(%(jobs)s))
-RETURNING s.task_id, s.status;
+RETURNING s.task_id, s.status, s.pool_dag_id, s.worker_pool, s.whole_job;
 
 -- name: queued_of_dag
 -- A resumed DAG's waiting tasks, to wake.
