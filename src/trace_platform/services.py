@@ -15,6 +15,7 @@ from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.lite.bootstrap import bootstrap, internal_token
 from trace_platform.queue import QueueDriver, make_driver
+from trace_platform.store.tasks.postgres import PostgresStore
 
 if TYPE_CHECKING:
     from trace_platform.query import QueryService
@@ -66,7 +67,10 @@ class Services:
         dsn = dsn or state_dsn(settings)
         pool = make_pool(dsn, max_size=settings.pool_max_size)
         driver = make_driver(settings, dsn)
-        dispatcher = Dispatcher(pool, settings)
+        # The Dispatcher's store on a pool of its own (its sessions carry its plan settings).
+        dispatcher = Dispatcher(
+            PostgresStore.connect(dsn, max_size=settings.pool_max_size), settings
+        )
         services = cls(
             settings=settings,
             dsn=dsn,
@@ -85,4 +89,5 @@ class Services:
         if self._query is not None:
             self._query.close()
         self.driver.close()
+        self.dispatcher.pool.close()
         self.pool.close()

@@ -30,7 +30,7 @@ from trace_platform.store.tasks.params import (
     PoolKey,
     ReadsParams,
 )
-from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
+from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresStore, PostgresTx
 
 TASKS = 100_000
 
@@ -557,3 +557,34 @@ def test_a_whole_writers_release_reads_only_its_jobs_queued_runs(
             got, read[name] = _counted(conn, lambda tx: tx.waiting_for_job(dag_id, "w"))
             assert len(got) == 1 and got[0] in runs  # made together: either is oldest
     assert all(n < 100 for n in read.values()), f"task rows read: {read}"
+
+
+_SETTINGS = (
+    "SELECT current_setting('plan_cache_mode') AS plans, current_setting('enable_seqscan') AS seq,"
+    " current_setting('jit') AS jit"
+)
+_STORE = {"plans": "force_generic_plan", "seq": "off", "jit": "off"}
+
+
+def test_the_store_runs_with_its_plan_settings_and_the_state_pool_keeps_postgres_choice(
+    services: Services,
+) -> None:
+    """A service's store has a pool of its own whose sessions carry the plan settings (no
+    round trip per transaction for them); the state pool, which the listings and ad hoc reads
+    use, keeps the server's."""
+    store = services.dispatcher.store
+    assert isinstance(store, PostgresStore) and store.pool is not services.pool
+    with store.transaction() as tx:
+        assert tx.conn.execute(_SETTINGS).fetchone() == _STORE
+    with services.pool.connection() as conn:
+        assert conn.execute(_SETTINGS).fetchone() == {"plans": "auto", "seq": "on", "jit": "on"}
+
+
+def test_a_store_on_a_shared_pool_sets_its_plan_settings_in_each_transaction(
+    services: Services,
+) -> None:
+    store = PostgresStore(services.pool)
+    with store.transaction() as tx:
+        assert tx.conn.execute(_SETTINGS).fetchone() == _STORE
+    with services.pool.connection() as conn:  # transaction-local: nothing left on the session
+        assert conn.execute(_SETTINGS).fetchone() == {"plans": "auto", "seq": "on", "jit": "on"}

@@ -84,9 +84,10 @@ def _embedded_login(dsn: str, user: str) -> str | None:
 # and Postgres then kept planning each run afresh: its estimate of their generic plan lost to
 # the custom one, whose planning cost it does not weigh. Measured: a receive of 10 messages
 # went from about 1.1 to 0.6 ms. The state pool keeps Postgres's choice, but for the
-# Dispatcher's own store transactions (store/tasks/postgres.py), which set it locally: a
-# generic plan takes `LIMIT $1` for a tenth of the rows, which made the task listings read
-# every task, and elsewhere on that pool (control plane, ad hoc reads) such a plan may hide.
+# Dispatcher's own store transactions (store/tasks/postgres.py), which run on a pool of their
+# own that sets it: a generic plan takes `LIMIT $1` for a tenth of the rows, which made the
+# task listings read every task, and elsewhere on the state pool (control plane, ad hoc
+# reads) such a plan may hide.
 GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
 
 

@@ -42,7 +42,10 @@ class Dispatcher(Lifecycle):
 
     @property
     def pool(self) -> ConnectionPool:
-        """The Postgres pool under the store (for the loops that run their own SQL)."""
+        """The Postgres pool under the store (for the loops that run their own SQL): in a
+        service, the store's own, whose sessions carry its plan settings (generic plans, no
+        sequential scans), so only for statements those suit (the cron loop's: rows by key, and
+        the cron rows of the active DAGs, without a LIMIT a generic plan could misjudge)."""
         if not isinstance(self.store, PostgresStore):
             raise TypeError("this dispatcher's state store is not Postgres")
         return self.store.pool
