@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from tests.support.store_conformance import StateStoreConformance, claim, spec
@@ -15,6 +16,7 @@ from trace_platform.contract import LITE_ORG_ID
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.errors import Conflict
 from trace_platform.services import Services
+from trace_platform.store.tasks.postgres import PostgresStore
 
 
 class PostgresHarness:
@@ -155,3 +157,31 @@ def test_two_claims_of_a_whole_writer_in_two_pools_never_both_find_it_idle(
     thread.join(10)
     (got,) = outcome
     assert isinstance(got, Conflict) and "runs one at a time" in str(got)
+
+
+def test_a_statement_commits_as_it_runs_and_its_connection_goes_back_in_a_transaction(
+    services: Services,
+) -> None:
+    """`statement()`: each call its own transaction (no BEGIN/COMMIT round trips), seen by
+    another session before the block ends; the connection goes back to the pool as the pool
+    hands them out (not in autocommit), also after a statement that failed."""
+    store = services.dispatcher.store
+    assert isinstance(store, PostgresStore) and store.planned
+    task_id = services.dispatcher.create_task(spec()).task_id
+    with store.statement() as tx:
+        tx.touch([task_id])
+        with services.pool.connection() as other:
+            seen = other.execute(
+                "SELECT updated_at > created_at AS touched FROM task_status "
+                "JOIN task_registry USING (task_id, start_day) WHERE task_id = %s",
+                [task_id],
+            ).fetchone()
+        assert seen == {"touched": True}
+        conn = tx.conn
+    assert conn.autocommit is False
+    with pytest.raises(psycopg.errors.DivisionByZero), store.statement() as tx:
+        tx.conn.execute("SELECT 1 / 0")
+    assert tx.conn.autocommit is False
+    with store.transaction() as tx:  # the pool's connections still open a transaction
+        tx.conn.execute("SELECT 1")
+        assert tx.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS

@@ -418,7 +418,7 @@ class Lifecycle:
         plain = self._plain_completions(reqs)
         done: set[UUID] = set()
         if plain:
-            with self.store.transaction() as tx:
+            with self.store.statement() as tx:  # one statement: its own transaction
                 done = self._complete_plain(tx, plain)
         return self._completed(reqs, done)
 
@@ -435,9 +435,8 @@ class Lifecycle:
             LeaseCheck(task_id=r.task_id, attempt=r.attempt, lease_token=r.lease_token)
             for r in plain
         ]
-        done = tx.complete_fast_many(checks)
-        faults.point("complete.before_commit")
-        return done
+        faults.point("complete.before_commit")  # before: alone, its statement commits as it runs
+        return tx.complete_fast_many(checks)
 
     def _completed(
         self, reqs: list[CompleteRequest], done: set[UUID]
@@ -458,10 +457,9 @@ class Lifecycle:
         report of the current attempt (after its lease expired) is accepted too."""
         if self._plain_success(req):
             fast = LeaseCheck(task_id=req.task_id, attempt=req.attempt, lease_token=req.lease_token)
-            with self.store.transaction() as tx:
-                done = tx.complete_fast(fast)
-                faults.point("complete.before_commit")
-                if done:
+            faults.point("complete.before_commit")  # its one statement commits as it runs
+            with self.store.statement() as tx:
+                if tx.complete_fast(fast):
                     return CompleteResponse(
                         task_id=req.task_id, attempt=req.attempt, status="succeeded"
                     )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -345,6 +346,23 @@ class PostgresStore:
             if not self.planned:
                 conn.execute(DISPATCHER_PLANS)
             yield PostgresTx(conn)
+
+    @contextmanager
+    def statement(self) -> Iterator[PostgresTx]:
+        """Calls on a connection in autocommit: each statement its own transaction, one round
+        trip instead of three (BEGIN, it, COMMIT). Only on a planned pool (its sessions carry
+        the plan settings); otherwise a transaction, which sets them."""
+        if not self.planned:
+            with self.transaction() as tx:
+                yield tx
+            return
+        with self.pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield PostgresTx(conn)
+            finally:
+                with suppress(psycopg.Error):  # a broken connection: the pool drops it
+                    conn.autocommit = False  # as the pool hands its connections out
 
     def adopt(self, conn: Any) -> PostgresTx:
         return conn if isinstance(conn, PostgresTx) else PostgresTx(conn)

@@ -252,6 +252,11 @@ class StateStore(Protocol):
         """One transaction: committed when the block ends, rolled back if it raises."""
         ...
 
+    def statement(self) -> AbstractContextManager[StoreTx]:
+        """Calls that are each their own transaction (no BEGIN and COMMIT around them): for
+        one statement alone, or reads that need no snapshot in common with it."""
+        ...
+
     def adopt(self, conn: Any) -> StoreTx:
         """The calls of a transaction a caller outside the dispatcher already holds."""
         ...

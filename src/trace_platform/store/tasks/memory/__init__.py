@@ -26,7 +26,7 @@ import copy
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -71,6 +71,10 @@ class MemoryStore:
             except BaseException:
                 self._tables = snapshot
                 raise
+
+    def statement(self) -> AbstractContextManager[MemoryTx]:
+        """A transaction: the twin's calls are atomic one by one as well."""
+        return self.transaction()
 
     def adopt(self, conn: Any) -> MemoryTx:
         if isinstance(conn, MemoryTx):
