@@ -11,9 +11,17 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from tests.support.store_conformance import StateStoreConformance, claim, spec
+from tests.support.store_conformance import (
+    StateStoreConformance,
+    claim,
+    complete,
+    sent,
+    spec,
+    woken,
+)
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.dispatcher.core import Dispatcher
+from trace_platform.dispatcher.slots import Slots
 from trace_platform.errors import Conflict
 from trace_platform.services import Services
 from trace_platform.store.tasks.postgres import PostgresStore
@@ -185,3 +193,32 @@ def test_a_statement_commits_as_it_runs_and_its_connection_goes_back_in_a_transa
     with store.transaction() as tx:  # the pool's connections still open a transaction
         tx.conn.execute("SELECT 1")
         assert tx.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
+
+def test_a_cancel_racing_the_release_that_woke_its_task_still_passes_the_slot_on(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release woke t2 and has not committed when t2 is canceled in another request: the
+    cancel waits for the pool's lock, then finds the slot free and wakes t3 (before: it read
+    the slot still held, woke nobody, and the slot idled until the rewake)."""
+    harness = PostgresHarness(services)
+    d = services.dispatcher
+    dag = harness.add_dag("race_cancel")
+    harness.add_pool(dag, "a", 1)
+    pooled = {"dag_id": dag, "dag_version": 1, "job": "p", "worker_pool": "a"}
+    held = claim(d, d.create_task(spec(**pooled)).task_id)
+    t2, t3 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
+    sent(d)
+    release = Slots.release
+    cancel = threading.Thread(target=lambda: d.cancel(t2))
+
+    def release_then_cancel(self: Slots, tx: Any, task_id: UUID) -> None:
+        release(self, tx, task_id)  # t2 woken, uncommitted
+        cancel.start()
+        cancel.join(1.0)  # it waits for this commit now; it did not before
+
+    monkeypatch.setattr(Slots, "release", release_then_cancel)
+    complete(d, held)
+    cancel.join(10)
+    assert d.get_task(t2).status == "canceled"
+    assert [t for t, _ in woken(d)] == [t2, t3]

@@ -140,8 +140,14 @@ def wake_in_place_of(
     jobs' tasks. Each pool and job is looked up once, however many of its tasks are named;
     `woken_already`, a task with a wake-up of its own, is not woken again."""
     store = intents.store.adopt(tx)
+    freed = list(dict.fromkeys(freed))
+    # Taken as a claim takes them (its pool, then a whole writer's job-wide one), so this
+    # reads what a racing release or cancel of the same pool committed: a cancel racing the
+    # release that woke its task still passes the slot on (each waits for the other).
+    for key in _locks(freed):
+        store.lock_pool(key)
     woken: dict[UUID, None] = {}
-    for pool, whole in dict.fromkeys(freed):
+    for pool, whole in freed:
         for waiting in store.waiting_for_pool(pool, skip_job=whole):
             woken[waiting] = None
         if whole is not None:
@@ -151,6 +157,14 @@ def wake_in_place_of(
         woken.pop(woken_already, None)
     for waiting in woken:
         intents.wake(store, waiting)
+
+
+def _locks(freed: list[tuple[PoolKey, str | None]]) -> list[PoolKey]:
+    """The pool locks `wake_in_place_of` takes: the pools, then the whole writers' implicit
+    ones (a job-wide lock, see `Slots.lease`), each once, in a stable order."""
+    pools = sorted({p for p, _ in freed}, key=lambda k: (str(k.dag_id), k.pool))
+    jobs = {PoolKey(dag_id=p.dag_id, pool=implicit_pool(w)) for p, w in freed if w is not None}
+    return pools + sorted(jobs - set(pools), key=lambda k: (str(k.dag_id), k.pool))
 
 
 def _why_waiting(t: Row, held: bool, free_slot: int | None) -> str:
