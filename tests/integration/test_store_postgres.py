@@ -15,7 +15,7 @@ from tests.support.store_conformance import (
     StateStoreConformance,
     claim,
     complete,
-    sent,
+    one_held_two_waiting,
     spec,
     woken,
 )
@@ -201,14 +201,8 @@ def test_a_cancel_racing_the_release_that_woke_its_task_still_passes_the_slot_on
     """The release woke t2 and has not committed when t2 is canceled in another request: the
     cancel waits for the pool's lock, then finds the slot free and wakes t3 (before: it read
     the slot still held, woke nobody, and the slot idled until the rewake)."""
-    harness = PostgresHarness(services)
     d = services.dispatcher
-    dag = harness.add_dag("race_cancel")
-    harness.add_pool(dag, "a", 1)
-    pooled = {"dag_id": dag, "dag_version": 1, "job": "p", "worker_pool": "a"}
-    held = claim(d, d.create_task(spec(**pooled)).task_id)
-    t2, t3 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
-    sent(d)
+    held, t2, t3 = one_held_two_waiting(d, PostgresHarness(services), "race_cancel")
     release = Slots.release
     cancel = threading.Thread(target=lambda: d.cancel(t2))
 

@@ -87,6 +87,18 @@ def spec(**kw: Any) -> TaskSpec:
     return TaskSpec(**{"job": "j", "operator": "noop", **kw})
 
 
+def one_held_two_waiting(d: Dispatcher, harness: Harness, name: str) -> tuple[Claim, UUID, UUID]:
+    """DAG `name` with a one-slot pool `a`: a task of it claimed (holding the slot), then two
+    more queued behind it, their wake-ups sent."""
+    dag = harness.add_dag(name)
+    harness.add_pool(dag, "a", 1)
+    pooled = {"dag_id": dag, "dag_version": 1, "job": "p", "worker_pool": "a"}
+    held = claim(d, d.create_task(spec(**pooled)).task_id)
+    t2, t3 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
+    sent(d)
+    return held, t2, t3
+
+
 def sent(d: Dispatcher) -> None:
     """Every wake-up the outbox holds now goes out (to no one): `woken` then shows only later
     ones."""
@@ -777,12 +789,7 @@ class StateStoreConformance:
     ) -> None:
         """A release wakes as many tasks as the pool has free slots: one of them canceled before
         it claimed leaves its slot to the next (before: idle until the rewake)."""
-        dag = harness.add_dag("cancel_woken_plain")
-        harness.add_pool(dag, "a", 1)
-        pooled = {"dag_id": dag, "dag_version": 1, "job": "p", "worker_pool": "a"}
-        held = claim(d, d.create_task(spec(**pooled)).task_id)
-        t2, t3 = (d.create_task(spec(**pooled)).task_id for _ in range(2))
-        sent(d)
+        held, t2, t3 = one_held_two_waiting(d, harness, "cancel_woken_plain")
         complete(d, held)
         assert [t for t, _ in woken(d)] == [t2]
         sent(d)
