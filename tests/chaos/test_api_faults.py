@@ -43,6 +43,17 @@ def counts(dsn: str) -> dict[str, Any]:
         }
 
 
+def attempts(dsn: str, task_id: uuid.UUID) -> list[tuple[str, str]]:
+    """(task status, attempt outcome) of each attempt of the task."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT s.status, a.outcome FROM task_status s JOIN task_attempts a "
+            "USING (task_id, start_day) WHERE s.task_id = %s ORDER BY a.attempt",
+            [task_id],
+        ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
 def test_an_api_killed_mid_deploy_leaves_nothing_half_written(api: Api, dsn: str) -> None:
     api.start(faults="deploy.before_commit")
     before = counts(dsn)
@@ -59,9 +70,10 @@ def test_an_api_killed_mid_deploy_leaves_nothing_half_written(api: Api, dsn: str
 def test_an_api_killed_mid_completion_loses_no_work(
     api: Api, settings: Settings, dsn: str, tmp_path: Path
 ) -> None:
-    """The API dies inside the transaction that records a task's success; the worker's report
-    fails, it keeps retrying while its lease holds, the restarted API accepts it: the first
-    attempt succeeds, nothing is run twice."""
+    """The API dies as it records a task's success, before anything of it lands (a plain
+    success is one statement, committed as it runs: the fault point comes before it); the
+    worker's report fails, it keeps retrying while its lease holds, the restarted API accepts
+    it: the first attempt succeeds, nothing is run twice."""
     api.start(faults="complete.before_commit")
     worker_env = {**os.environ, **api.env, **bind_env(tmp_path)}
     with (tmp_path / "worker.log").open("ab") as log:
@@ -76,6 +88,7 @@ def test_an_api_killed_mid_completion_loses_no_work(
         assert r.status_code == 201, r.text
         task_id = uuid.UUID(r.json()["task_id"])
         assert api.died() == -signal.SIGKILL  # at the completion
+        assert attempts(dsn, task_id) == [("running", "running")]  # nothing of it landed
         api.start()
         svc = Services.build(settings, dsn)
         try:

@@ -190,9 +190,6 @@ def test_a_statement_commits_as_it_runs_and_its_connection_goes_back_in_a_transa
     with pytest.raises(psycopg.errors.DivisionByZero), store.statement() as tx:
         tx.conn.execute("SELECT 1 / 0")
     assert tx.conn.autocommit is False
-    with store.transaction() as tx:  # the pool's connections still open a transaction
-        tx.conn.execute("SELECT 1")
-        assert tx.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
 
 
 def test_a_cancel_racing_the_release_that_woke_its_task_still_passes_the_slot_on(
