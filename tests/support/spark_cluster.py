@@ -116,7 +116,7 @@ class SparkCluster:
             url = f"http://127.0.0.1:{self.ui_port}/json/"
             with urllib.request.urlopen(url, timeout=2) as r:
                 return int(json.loads(r.read()).get("aliveworkers", 0))
-        except OSError:
+        except (OSError, ValueError):  # not up, or (still starting) its HTML page, not JSON
             return 0
 
     def _connect_up(self) -> bool:
