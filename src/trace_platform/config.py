@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8765
     api_url: str | None = None
+    # The workers' exchange (their claims and completions) on a listener of its own beside the
+    # API (api/exchange_listener.py): plain HTTP, the same internal token. The API process
+    # serves it on api_host:exchange_port when set; a worker uses exchange_url when set, and
+    # the API's own route whenever the listener cannot be reached. Lite sets both.
+    exchange_port: int | None = Field(default=None, ge=1, le=65535)
+    exchange_url: str | None = None
     internal_token: SecretStr | None = None
     # required: every user-facing call needs an API key; permissive (Lite only): calls without
     # a key act as the Lite admin. Endpoint shapes are the same either way.

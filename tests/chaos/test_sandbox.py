@@ -142,15 +142,17 @@ jobs:
     refused(report["connect"])  # the node itself is not reachable directly
 
 
-def test_rpc_pointing_at_the_platform_is_refused(stack: LiteStack) -> None:
+@pytest.mark.parametrize("service", ["api", "exchange listener"])
+def test_rpc_pointing_at_the_platform_is_refused(stack: LiteStack, service: str) -> None:
+    port = stack.port if service == "api" else stack.settings.exchange_port
     outcome = dag_probe(
         stack,
         admin(stack.services),
-        "sneaky",
+        f"sneaky_{service.replace(' ', '_')}",
         f"""
 worker_pools:
   rpc:
-    - env: {{RPC_URL: "http://127.0.0.1:{stack.port}/internal"}}
+    - env: {{RPC_URL: "http://127.0.0.1:{port}/internal"}}
 jobs:
   look:
     operator: probe

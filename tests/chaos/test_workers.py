@@ -86,6 +86,8 @@ def test_mixed_tasks_run_to_their_outcomes(stack: LiteStack) -> None:
     assert d.get_task(ids["events"]).events == 4
     wait_for(lambda: not stack.services.driver.receive("tasks", 1, 0.01), 20, "queue empty")
     assert_invariants(stack.services)
+    # The workers claimed and completed through the API's exchange listener.
+    assert stack.api.app.state.exchange_listener.server.answered >= len(ids)
 
 
 def test_duplicate_wakeups_run_operator_once(stack: LiteStack, tmp_path: Path) -> None:

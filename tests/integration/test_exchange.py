@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,10 +16,30 @@ import pytest
 
 from tests.integration.test_batches import claim_batch, new_tasks
 from tests.support.batching import one_batch
+from trace_platform.api.exchange_listener import ExchangeListener
 from trace_platform.contract import MAX_BATCH, ClaimRequest, CompleteItem
 from trace_platform.services import Services
 from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.http import Response
+
+
+@pytest.fixture(params=["route", "listener"])
+def ex(
+    request: pytest.FixtureRequest, api: httpx.Client, services: Services
+) -> Iterator[httpx.Client]:
+    """Where the exchanges go: the API's route, or its listener (api/exchange_listener.py),
+    which must answer every one of these tests alike."""
+    if request.param == "route":
+        yield api
+        return
+    listener = ExchangeListener(
+        services.dispatcher, services.internal_token or "", "127.0.0.1", 0
+    ).start()
+    headers = {"X-Internal-Token": services.internal_token or ""}
+    url = f"http://127.0.0.1:{listener.port}"
+    with httpx.Client(base_url=url, timeout=10, headers=headers) as client:
+        yield client
+    listener.stop()
 
 
 def exchange(
@@ -46,7 +67,7 @@ def rows(services: Services, ids: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def test_an_exchange_completes_then_claims_each_item_answered_for_itself(
-    api: httpx.Client, services: Services
+    api: httpx.Client, ex: httpx.Client, services: Services
 ) -> None:
     running = [r["claim"] for r in claim_batch(api, new_tasks(services, 4))]
     items = [
@@ -57,7 +78,7 @@ def test_an_exchange_completes_then_claims_each_item_answered_for_itself(
     tokens[3] = str(uuid.uuid4())  # wrong lease: refused alone
     fresh = new_tasks(services, 2)
     unknown = str(uuid.uuid4())
-    r = exchange(api, items, [*fresh, unknown], tokens)
+    r = exchange(ex, items, [*fresh, unknown], tokens)
     assert r.status_code == 200, r.text
     got = r.json()
     assert [x["task_id"] for x in got["completions"]] == [c["task_id"] for c in running]
@@ -85,21 +106,23 @@ def test_an_exchange_completes_then_claims_each_item_answered_for_itself(
     # The plain completions and the plain claims share one transaction (now() is its start).
     assert done["finished_at"] == claimed["started_at"] == state[fresh[1]]["started_at"]
     # Claimed, each fresh task is no longer claimable; its lease answers a completion.
-    again = exchange(api, [], fresh, None).json()["claims"]
+    again = exchange(ex, [], fresh, None).json()["claims"]
     assert all(x["error"]["error"] == "not_claimable" for x in again)
     fin = [{"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"} for c in claims]
-    r = exchange(api, fin, [], [c["lease_token"] for c in claims])
+    r = exchange(ex, fin, [], [c["lease_token"] for c in claims])
     assert [x["response"]["status"] for x in r.json()["completions"]] == ["succeeded"] * 2
 
 
-def test_an_exchange_needs_the_internal_token(api: httpx.Client, services: Services) -> None:
+def test_an_exchange_needs_the_internal_token(
+    api: httpx.Client, ex: httpx.Client, services: Services
+) -> None:
     """Refused unread without it (user keys included), as every /internal/* route."""
     (c,) = [r["claim"] for r in claim_batch(api, new_tasks(services, 1))]
     (fresh,) = new_tasks(services, 1)
     item = {"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"}
     body = {"completions": [item], "claims": [{"task_id": fresh, "worker_id": "x"}]}
     for headers in ({"X-Internal-Token": "guess"}, {"Authorization": "Bearer guess"}, {}):
-        with httpx.Client(base_url=api.base_url, timeout=10) as caller:  # not the API's token
+        with httpx.Client(base_url=ex.base_url, timeout=10) as caller:  # not the API's token
             r = caller.post(
                 "/internal/exchange",
                 json=body,
@@ -111,13 +134,13 @@ def test_an_exchange_needs_the_internal_token(api: httpx.Client, services: Servi
 
 
 def test_a_claim_after_its_own_completion_in_one_exchange_is_not_claimable(
-    api: httpx.Client, services: Services
+    api: httpx.Client, ex: httpx.Client, services: Services
 ) -> None:
     """A late second wake-up of a task riding with that task's completion: the completion lands
     first, so the claim is the usual 409 (dropped by the worker), never a second attempt."""
     (c,) = [r["claim"] for r in claim_batch(api, new_tasks(services, 1))]
     item = {"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"}
-    r = exchange(api, [item], [c["task_id"]], [c["lease_token"]])
+    r = exchange(ex, [item], [c["task_id"]], [c["lease_token"]])
     got = r.json()
     assert got["completions"][0]["response"]["status"] == "succeeded"
     assert got["claims"][0]["error"]["status"] == 409
@@ -129,7 +152,7 @@ def test_a_claim_after_its_own_completion_in_one_exchange_is_not_claimable(
     ["empty", "no tokens header", "tokens without completions", "a claim twice", "too many claims"],
 )
 def test_a_bad_exchange_is_a_clear_422_and_changes_nothing(
-    api: httpx.Client, services: Services, case: str
+    api: httpx.Client, ex: httpx.Client, services: Services, case: str
 ) -> None:
     running = [r["claim"] for r in claim_batch(api, new_tasks(services, 1))]
     items = [{"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"} for c in running]
@@ -146,7 +169,7 @@ def test_a_bad_exchange_is_a_clear_422_and_changes_nothing(
         claims = [fresh, fresh]
     else:
         claims = [str(uuid.uuid4()) for _ in range(MAX_BATCH + 1)]
-    r = exchange(api, items, claims, tokens)
+    r = exchange(ex, items, claims, tokens)
     assert r.status_code == 422, r.text
     message = r.json()["message"]
     expected = {
@@ -250,7 +273,7 @@ def test_a_completion_the_api_refuses_as_a_body_does_not_fail_the_claims_beside_
 
 
 def test_a_fault_in_the_claims_half_does_not_fail_the_completions(
-    api: httpx.Client, services: Services, monkeypatch: pytest.MonkeyPatch
+    api: httpx.Client, ex: httpx.Client, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trace_platform.dispatcher.lifecycle import Lifecycle
 
@@ -265,7 +288,7 @@ def test_a_fault_in_the_claims_half_does_not_fail_the_completions(
 
     monkeypatch.setattr(Lifecycle, "_payload_of", faulty)
     items = [{"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"} for c in running]
-    r = exchange(api, items, [good, bad], [c["lease_token"] for c in running])
+    r = exchange(ex, items, [good, bad], [c["lease_token"] for c in running])
     assert r.status_code == 200, r.text
     got = r.json()
     assert [x["response"]["status"] for x in got["completions"]] == ["succeeded"] * 2
@@ -277,7 +300,7 @@ def test_a_fault_in_the_claims_half_does_not_fail_the_completions(
 
 
 def test_reports_with_more_than_their_success_land_before_the_claims_are_leased(
-    api: httpx.Client, services: Services
+    api: httpx.Client, ex: httpx.Client, services: Services
 ) -> None:
     """A failure report (the full path) is done before the shared transaction starts, so no
     claim's lease runs while it is written; the plain ones share the claims' commit."""
@@ -287,7 +310,7 @@ def test_reports_with_more_than_their_success_land_before_the_claims_are_leased(
         {"task_id": plain["task_id"], "attempt": 1, "outcome": "succeeded"},
         {"task_id": failed["task_id"], "attempt": 1, "outcome": "failed", "error": "boom"},
     ]
-    r = exchange(api, items, [fresh], [plain["lease_token"], failed["lease_token"]])
+    r = exchange(ex, items, [fresh], [plain["lease_token"], failed["lease_token"]])
     got = r.json()
     assert [x["task_id"] for x in got["completions"]] == [plain["task_id"], failed["task_id"]]
     assert got["completions"][1]["response"]["status"] in ("queued", "failed")

@@ -1,6 +1,7 @@
-"""The loops an API process may run beside its routes: the outbox publisher, the reaper, the
+"""What an API process may run beside its routes: the outbox publisher, the reaper, the
 automatic cutover of completed rebuilds, the collector of retired files and the cron
-scheduler, each a daemon thread started and stopped by the app's lifespan."""
+scheduler, each a daemon thread started and stopped by the app's lifespan; and the workers'
+exchange listener (api/exchange_listener.py) when the settings give it a port."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
+from trace_platform.api.exchange_listener import ExchangeListener
 from trace_platform.control.changes import run_cutovers
 from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.objectstore import make_store
@@ -64,24 +66,40 @@ def background_threads(services: Services, stop: threading.Event) -> list[thread
     ]
 
 
+def exchange_listener(services: Services) -> ExchangeListener | None:
+    """The workers' exchange listener, serving, when the settings give it a port."""
+    s = services.settings
+    if s.exchange_port is None:
+        return None
+    token = services.internal_token or ""
+    return ExchangeListener(services.dispatcher, token, s.api_host, s.exchange_port).start()
+
+
 def lifespan(
     services: Services, *, background: bool
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """The app's lifespan: with `background`, the loops run while the app serves; on shutdown
-    they are told to stop and given five seconds each."""
+    """The app's lifespan: the exchange listener (if configured) and, with `background`, the
+    loops run while the app serves; on shutdown the listener stops and the loops are told to
+    stop and given five seconds each."""
 
     stop = threading.Event()
     threads: list[threading.Thread] = []
 
     @asynccontextmanager
-    async def run(_: FastAPI) -> AsyncIterator[None]:
+    async def run(app: FastAPI) -> AsyncIterator[None]:
+        listener = exchange_listener(services)
+        app.state.exchange_listener = listener
         if background:
             threads.extend(background_threads(services, stop))
             for t in threads:
                 t.start()
-        yield
-        stop.set()
-        for t in threads:
-            t.join(timeout=5)
+        try:
+            yield
+        finally:
+            if listener is not None:
+                listener.stop()
+            stop.set()
+            for t in threads:
+                t.join(timeout=5)
 
     return run

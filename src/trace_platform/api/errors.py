@@ -81,58 +81,73 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, list[str]]:
     return "; ".join(problems), problems
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(TraceError)
-    async def trace_error(_: Request, exc: TraceError) -> JSONResponse:
-        return error_response(exc.status_code, exc.code, exc.message, exc.detail)
+def http_error_response(
+    status: int, detail: Any, method: str, path: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """An HTTP-level refusal (an unknown route, a wrong method, an unreadable or oversized
+    body) in Trace's shape, its message the detail given, else one naming the request."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    message = detail if isinstance(detail, str) and detail else phrase
+    path = shorten(path, 200)
+    if status == 404 and message == phrase:
+        message = f"no endpoint {method} {path}"
+    elif status == 405 and message == phrase:
+        message = f"{method} is not allowed on {path}"
+    elif status == 400 and message == "There was an error parsing the body":
+        message = "the request body could not be read as JSON"
+    return error_response(
+        status, HTTP_CODES.get(status, f"http_{status}"), shorten(message), headers=headers
+    )
 
-    @app.exception_handler(DagInvalid)
-    async def dag_invalid(_: Request, exc: DagInvalid) -> JSONResponse:
-        """Every problem of a DAG file at once, as `trace dag validate` prints them."""
+
+def known_error(exc: BaseException, method: str, path: str) -> JSONResponse | None:
+    """The answer to an error a client's input causes, the same from every route (and from
+    the workers' exchange listener); None for anything else, which is a logged 500."""
+    if isinstance(exc, DagInvalid):  # a TraceError: first, for every problem at once
         problems = [shorten(p.render(exc.source)) for p in exc.problems[: MAX_PROBLEMS + 1]]
         return error_response(422, "invalid_dag", "; ".join(problems), {"problems": problems})
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    if isinstance(exc, TraceError):
+        return error_response(exc.status_code, exc.code, exc.message, exc.detail)
+    if isinstance(exc, RequestValidationError):
         message, problems = describe_validation(exc)
         return error_response(422, "invalid_request", message, {"errors": problems})
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """Unknown routes (404), wrong methods (405), unreadable or oversized bodies."""
-        status = exc.status_code
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = "Error"
-        message = exc.detail if isinstance(exc.detail, str) and exc.detail else phrase
-        path = shorten(request.url.path, 200)
-        if status == 404 and message == phrase:
-            message = f"no endpoint {request.method} {path}"
-        elif status == 405 and message == phrase:
-            message = f"{request.method} is not allowed on {path}"
-        elif status == 400 and message == "There was an error parsing the body":
-            message = "the request body could not be read as JSON"
-        return error_response(
-            status, HTTP_CODES.get(status, f"http_{status}"), shorten(message), headers=exc.headers
-        )
-
-    @app.exception_handler(RecursionError)
-    async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
-        """Input nested so deeply that handling it ran out of stack (a parser, a validator)."""
-        log.warning("input nested too deeply on %s %s: %s", request.method, request.url.path, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return http_error_response(exc.status_code, exc.detail, method, path, exc.headers)
+    if isinstance(exc, RecursionError):
+        # Input nested so deeply that handling it ran out of stack (a parser, a validator).
+        log.warning("input nested too deeply on %s %s: %s", method, path, exc)
         return error_response(422, "invalid_request", "the request is nested too deeply to process")
-
-    @app.exception_handler(psycopg.DataError)
-    async def unstorable(request: Request, exc: psycopg.DataError) -> JSONResponse:
-        """A value Postgres refuses (a NUL character, a number out of range): the client's."""
-        log.warning("unstorable value on %s %s: %s", request.method, request.url.path, exc)
+    if isinstance(exc, psycopg.DataError):
+        # A value Postgres refuses (a NUL character, a number out of range): the client's.
+        log.warning("unstorable value on %s %s: %s", method, path, exc)
         return error_response(
             422,
             "invalid_request",
             "the request holds a value that cannot be stored "
             "(for example a NUL character or a number out of range)",
         )
+    return None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def known(request: Request, exc: Exception) -> JSONResponse:
+        answer = known_error(exc, request.method, request.url.path)
+        if answer is None:  # registered only for the types known_error maps
+            raise exc
+        return answer
+
+    for kind in (
+        TraceError,
+        DagInvalid,
+        RequestValidationError,
+        StarletteHTTPException,
+        RecursionError,
+        psycopg.DataError,
+    ):
+        app.add_exception_handler(kind, known)
 
 
 async def answer_unless_started(

@@ -180,6 +180,10 @@ def serve_api(
 def worker(
     api_url: Annotated[str | None, typer.Option(help="Dispatcher API URL")] = None,
     concurrency: Annotated[int, typer.Option(min=1)] = 1,
+    exchange_url: Annotated[
+        str | None,
+        typer.Option(help="the API's exchange listener (TRACE_EXCHANGE_URL); else its route"),
+    ] = None,
     max_tasks: Annotated[int | None, typer.Option(help="exit after this many tasks")] = None,
 ) -> None:
     """Run a worker: receive wake-ups, claim, run operators, report. SIGTERM drains: no new
@@ -218,7 +222,10 @@ def worker(
             f"{internal_token_file(settings)})"
         )
     url = api_url or settings.resolved_api_url
-    client = DispatcherClient(url, internal_token=token, wrappers=concurrency)
+    exchange = exchange_url or settings.exchange_url
+    client = DispatcherClient(
+        url, internal_token=token, wrappers=concurrency, exchange_url=exchange
+    )
     store = make_store(settings)
     store.ensure_bucket()
     stop, abort = _drain_on_signals(settings.worker_drain_seconds)
@@ -244,7 +251,7 @@ def worker(
                 "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
             },
             trusted_env={"TRACE_SINK_DSN": data_dsn},
-            platform_ports=platform_ports(settings, url, [dsn, data_dsn]),
+            platform_ports=platform_ports(settings, [url, exchange], [dsn, data_dsn]),
             extra_binds=settings.sandbox_extra_binds,
             wait_seconds=wait_seconds,
             acks=acks,

@@ -26,8 +26,9 @@ class ApiServer:
         self, services: Services, host: str, port: int, *, background: bool = True
     ) -> None:
         self.url = f"http://{host}:{port}"
+        self.app = create_app(services, background=background)
         config = uvicorn.Config(
-            create_app(services, background=background),
+            self.app,
             host=host,
             port=port,
             log_level="warning",
@@ -49,7 +50,11 @@ class ApiServer:
 
 
 def worker_command(
-    api_url: str, *, concurrency: int = 1, extra: list[str] | None = None
+    api_url: str,
+    *,
+    concurrency: int = 1,
+    exchange_url: str | None = None,
+    extra: list[str] | None = None,
 ) -> list[str]:
     return [
         sys.executable,
@@ -60,6 +65,7 @@ def worker_command(
         api_url,
         "--concurrency",
         str(concurrency),
+        *(["--exchange-url", exchange_url] if exchange_url else []),
         *(extra or []),
     ]
 
@@ -76,6 +82,8 @@ class LiteStack:
         log_dir: Path | None = None,
         worker_concurrency: int = 1,
     ) -> None:
+        if settings.exchange_port is None:  # the workers' exchange on its own listener
+            settings = settings.model_copy(update={"exchange_port": free_port()})
         self.settings = settings
         self.n_workers = workers
         self.port = port or free_port()
@@ -89,6 +97,10 @@ class LiteStack:
     @property
     def url(self) -> str:
         return self.api.url
+
+    @property
+    def exchange_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.exchange_port}"
 
     def start(self) -> LiteStack:
         self.api.start()
@@ -120,7 +132,11 @@ class LiteStack:
         }
         with (self.log_dir / f"worker-{index}.out").open("ab") as logf:
             return subprocess.Popen(
-                worker_command(self.url, concurrency=self.worker_concurrency),
+                worker_command(
+                    self.url,
+                    concurrency=self.worker_concurrency,
+                    exchange_url=self.exchange_url,
+                ),
                 env=full_env,
                 stdout=logf,
                 stderr=logf,

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 # A completion larger than this (events, outputs, state) goes alone: a batch stays far below
 # the API's body limit whatever it holds.
 MAX_BATCHED_COMPLETION_BYTES = 16 * 1024
+# Seconds the API's routes carry the exchange after its listener could not be reached.
+LISTENER_PAUSE = 5.0
 
 T = TypeVar("T", bound=BaseModel)
 # One item of a worker's exchange with the API: a wake-up to claim, or an attempt's report.
@@ -78,12 +80,19 @@ class DispatcherClient:
         timeout: float = 30.0,
         retries: int = 5,
         wrappers: int = 8,
+        exchange_url: str | None = None,
     ) -> None:
-        """`wrappers`: how many wrapper threads share this client (sizes its connections)."""
+        """`wrappers`: how many wrapper threads share this client (sizes its connections);
+        `exchange_url`: the API's exchange listener (api/exchange_listener.py), which then
+        carries every claim and every batched completion, lone ones included, while it can
+        be reached (else the API's routes do)."""
         headers = {"Content-Type": "application/json"}
         if internal_token:
             headers["X-Internal-Token"] = internal_token
         self.http = Transport(base_url, headers, timeout, pool_size(wrappers))
+        # One batch is in flight at a time (the batcher's), so two connections are plenty.
+        self.listener = Transport(exchange_url, headers, timeout, 2) if exchange_url else None
+        self._listener_back_at = 0.0  # after a failure to reach it: when to try it again
         self.retries = retries
         # Off when the API answers a batch route 404/405 (an older API): one call per task;
         # `exchanges` likewise for `/internal/exchange` (then claims and completions apart).
@@ -96,15 +105,22 @@ class DispatcherClient:
         )
 
     def _call(
-        self, method: str, path: str, out: type[T], retries: int | None = None, **kw: Any
+        self,
+        method: str,
+        path: str,
+        out: type[T],
+        retries: int | None = None,
+        transport: Transport | None = None,
+        **kw: Any,
     ) -> T:
         """Transport failures are retried (every call is idempotent or fenced); HTTP errors
         are raised as ApiError with the server's code and message."""
         retries = self.retries if retries is None else retries
+        http = transport or self.http
         for attempt in range(retries + 1):
             began = time.monotonic()
             try:
-                r = self.http.request(method, path, **kw)
+                r = http.request(method, path, **kw)
                 break
             except TransportError as e:
                 # Said, not only retried: a request that waited out its timeout (30 s) was
@@ -139,7 +155,21 @@ class DispatcherClient:
         completions = [a for a in asks if not isinstance(a, ClaimRequest)]
         claimed: list[Claim | BaseException] | None = None
         completed: list[CompleteResponse | BaseException] | None = None
-        if claims and completions and self.exchanges:
+        refused = False
+        if self._listener_up():
+            try:
+                completed, claimed = self._exchange_call(completions, claims, listener=True)
+            except TransportError as e:  # not reachable now: the API's routes meanwhile
+                log.warning("exchange listener: %s; using the API for %.0fs", e, LISTENER_PAUSE)
+                self._listener_back_at = time.monotonic() + LISTENER_PAUSE
+            except ApiError as e:
+                if e.status in (401, 404, 405):  # not this API's listener: never again
+                    log.warning("exchange listener refused the exchange (%s); not used", e)
+                    self.listener = None
+                elif not _whole_batch_refused(e):
+                    raise
+                refused = _whole_batch_refused(e)
+        if claimed is None and not refused and claims and completions and self.exchanges:
             try:
                 completed, claimed = self._exchange_call(completions, claims)
             except ApiError as e:
@@ -147,8 +177,8 @@ class DispatcherClient:
                     self.exchanges = False  # an older API: claims and completions apart
                 elif not _whole_batch_refused(e):
                     raise
-                # Refused as a whole (one item's body fault, a task twice): each kind on its
-                # own batch route, where a refusal falls back to one item at a time.
+        # Refused as a whole (one item's body fault, a task twice): each kind on its own
+        # batch route, where a refusal falls back to one item at a time.
         # Apart: the completions first, as the exchange lands them.
         if completed is None:
             completed = self._complete_batch(completions) if completions else []
@@ -159,15 +189,25 @@ class DispatcherClient:
             next(next_claim) if isinstance(a, ClaimRequest) else next(next_completion) for a in asks
         ]
 
+    def _listener_up(self) -> bool:
+        return self.listener is not None and time.monotonic() >= self._listener_back_at
+
     def _exchange_call(
-        self, completions: list[tuple[Claim, CompleteItem]], claims: list[ClaimRequest]
+        self,
+        completions: list[tuple[Claim, CompleteItem]],
+        claims: list[ClaimRequest],
+        listener: bool = False,
     ) -> tuple[list[CompleteResponse | BaseException], list[Claim | BaseException]]:
+        """One exchange: on the API's route, or (`listener`) on its listener, tried once (a
+        failure to reach it goes to the API's routes, which retry)."""
         body = ExchangeBody(completions=[i for _, i in completions], claims=claims)
         tokens = ",".join(str(c.lease_token) for c, _ in completions)
         got = self._call(
             "POST",
             "/internal/exchange",
             ExchangeResponse,
+            retries=0 if listener else None,
+            transport=self.listener if listener else None,
             content=body.model_dump_json(),
             headers={LEASE_TOKENS_HEADER: tokens},
         )
@@ -315,6 +355,8 @@ class DispatcherClient:
 
     def close(self) -> None:
         self.http.close()
+        if self.listener is not None:
+            self.listener.close()
 
 
 def _raise_for_status(r: Response) -> None:

@@ -205,10 +205,14 @@ class _Janitor:
 _janitor = _Janitor()
 
 
-def platform_ports(settings: Settings, api_url: str, dsns: list[str]) -> set[int]:
-    """Loopback ports of the platform's own services: no operator egress may reach them."""
+def platform_ports(settings: Settings, api_urls: list[str | None], dsns: list[str]) -> set[int]:
+    """Loopback ports of the platform's own services (the API's, its exchange listener's, the
+    object store's, Postgres'): no operator egress may reach them."""
     ports = {settings.api_port}
-    ports.update(host_port(url)[1] for url in (api_url, settings.s3_endpoint_url) if url)
+    if settings.exchange_port is not None:
+        ports.add(settings.exchange_port)
+    urls = (*api_urls, settings.exchange_url, settings.s3_endpoint_url)
+    ports.update(host_port(url)[1] for url in urls if url)
     for dsn in dsns:
         with contextlib.suppress(psycopg.Error, ValueError):
             spec = str(conninfo_to_dict(dsn).get("port") or "")  # "5432,5433": one per host

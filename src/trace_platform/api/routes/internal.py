@@ -42,6 +42,7 @@ from trace_platform.contract import (
     LeaseRef,
     TaskPayload,
 )
+from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.errors import Invalid, TraceError
 from trace_platform.services import Services
 
@@ -111,6 +112,22 @@ def lease_tokens(header: str, n: int) -> list[UUID]:
     return tokens
 
 
+def exchange_answer(d: Dispatcher, body: ExchangeBody, x_lease_tokens: str | None) -> bytes:
+    """The exchange's answer, as JSON: the route's and the workers' listener's
+    (api/exchange_listener.py), so the two cannot differ."""
+    tokens = lease_tokens(x_lease_tokens or "", len(body.completions))
+    reqs = [
+        CompleteRequest(**dict(item), lease_token=token)
+        for item, token in zip(body.completions, tokens, strict=True)
+    ]
+    completed, claimed = d.exchange(reqs, body.claims)
+    answer = ExchangeResponse(
+        completions=_complete_results(reqs, completed),
+        claims=_claim_results(body.claims, claimed),
+    )
+    return answer.model_dump_json().encode()
+
+
 def router(services: Services) -> APIRouter:
     d = services.dispatcher
     r = trace_router()
@@ -124,18 +141,7 @@ def router(services: Services) -> APIRouter:
         ones, one commit): each answered as `/internal/complete-batch` and
         `/internal/claim-batch` would. The completions' lease tokens are in
         `X-Lease-Tokens`, as for a complete-batch (no header when there is no completion)."""
-        tokens = lease_tokens(x_lease_tokens or "", len(body.completions))
-        reqs = [
-            CompleteRequest(**dict(item), lease_token=token)
-            for item, token in zip(body.completions, tokens, strict=True)
-        ]
-        completed, claimed = d.exchange(reqs, body.claims)
-        return _json(
-            ExchangeResponse(
-                completions=_complete_results(reqs, completed),
-                claims=_claim_results(body.claims, claimed),
-            )
-        )
+        return Response(exchange_answer(d, body, x_lease_tokens), media_type="application/json")
 
     @r.post("/internal/claim", response_class=Response, responses=_doc(Claim))
     def claim(body: ClaimRequest) -> Response:

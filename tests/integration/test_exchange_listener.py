@@ -1,0 +1,331 @@
+"""The workers' exchange listener (api/exchange_listener.py) over real sockets: every refusal
+the API's route gives, given alike; what only a hand-written HTTP server can get wrong
+(the token before the body, Content-Length, slow and idle connections, the connection cap);
+and the worker's client, which uses it for every claim and batched completion while it can
+reach it and the API's routes otherwise. (tests/integration/test_exchange.py runs each of its
+exchange tests against both the route and the listener.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.test_batches import claim_batch, new_tasks
+from tests.integration.test_exchange import rows
+from trace_platform.api import exchange_listener as el
+from trace_platform.api.exchange_listener import ExchangeListener
+from trace_platform.api.gateway import MAX_BODY_BYTES
+from trace_platform.db.embedded import free_port
+from trace_platform.lite.stack import ApiServer
+from trace_platform.services import Services
+from trace_platform.worker.client import DispatcherClient
+from trace_platform.worker.http import Response
+
+
+@pytest.fixture
+def listener(services: Services) -> Iterator[ExchangeListener]:
+    got = ExchangeListener(services.dispatcher, services.internal_token or "", "127.0.0.1", 0)
+    yield got.start()
+    got.stop()
+
+
+def _raw(
+    port: int, request: bytes, *, read_timeout: float = 5.0
+) -> tuple[int, dict[str, Any], bytes]:
+    """One request on a fresh connection: (status, JSON answer, what followed it). `what
+    followed` is b"" when the server closed the connection after its answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed without an answer: {data!r}"
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = int(
+            next(
+                ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")
+            ).split(b":")[1]
+        )
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        body, tail = rest[:length], rest[length:]
+        if b"connection: close" in head.lower():
+            sock.settimeout(2)
+            tail += sock.recv(65536)  # b"": closed
+        return status, json.loads(body), tail
+
+
+def _post(
+    token: str | None,
+    body: bytes,
+    path: str = "/internal/exchange",
+    extra: str = "",
+    media: str | None = "application/json",
+) -> bytes:
+    auth = f"X-Internal-Token: {token}\r\n" if token is not None else ""
+    kind = f"Content-Type: {media}\r\n" if media else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}{kind}Content-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
+
+
+BODIES = {
+    "not JSON": b"not json",
+    "cut short": b'{"claims": [',
+    "nested too deep": b"[" * 100 + b"]" * 100,
+    "NaN": b'{"claims": NaN}',
+    "a number out of range": b'{"claims": [], "completions": 1e999}',
+    "a NUL": b'{"claims": [{"task_id": "\\u0000", "worker_id": "w"}]}',
+    "a lone surrogate": b'{"claims": [{"task_id": "\\ud800", "worker_id": "w"}]}',
+    "wrong types": b'{"claims": [{"task_id": 5, "worker_id": []}]}',
+    "an unknown field": b'{"claims": [], "completions": [], "more": 1}',
+    "a list": b"[]",
+    "empty": b"{}",
+    "not UTF-8": b'{"claims": "\xff"}',
+    "nothing": b"",
+}
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("case", sorted(BODIES))
+def test_each_bad_body_is_refused_as_the_route_refuses_it(
+    api: httpx.Client, listener: ExchangeListener, case: str
+) -> None:
+    token = api.headers["X-Internal-Token"]
+    for media in ("application/json", "application/merge-patch+json", None, "text/plain"):
+        headers = {"Content-Type": media} if media else {}
+        route = api.post("/internal/exchange", content=BODIES[case], headers=headers)
+        status, answer, _ = _raw(listener.port, _post(token, BODIES[case], media=media))
+        assert route.status_code == 422, route.text
+        assert (status, answer) == (route.status_code, route.json()), media
+
+
+def test_the_lease_tokens_are_checked_as_the_route_checks_them(
+    api: httpx.Client, listener: ExchangeListener, services: Services
+) -> None:
+    (c,) = [r["claim"] for r in claim_batch(api, new_tasks(services, 1))]
+    body = json.dumps(
+        {"completions": [{"task_id": c["task_id"], "attempt": 1, "outcome": "succeeded"}]}
+    ).encode()
+    for header in ("", "X-Lease-Tokens: nope\r\n", f"X-Lease-Tokens: {c['lease_token']},x\r\n"):
+        status, answer, _ = _raw(
+            listener.port, _post(api.headers["X-Internal-Token"], body, extra=header)
+        )
+        headers = dict(h.split(": ", 1) for h in header.strip().split("\r\n") if h)
+        route = api.post("/internal/exchange", content=body, headers={**JSON, **headers})
+        assert (status, answer) == (route.status_code, route.json()) and status == 422
+        assert c["lease_token"] not in json.dumps(answer)
+    assert rows(services, [c["task_id"]])[c["task_id"]]["status"] == "running"
+
+
+@pytest.mark.parametrize("token", [None, "guess", "", "é"])
+def test_without_the_token_nothing_is_read_or_done(
+    listener: ExchangeListener, services: Services, token: str | None
+) -> None:
+    """401 before the body is read (the connection ends), on any path and method."""
+    (fresh,) = new_tasks(services, 1)
+    body = json.dumps({"claims": [{"task_id": fresh, "worker_id": "x"}]}).encode()
+    head = _post(token, body)[: -len(body)]  # the headers only: the body is never needed
+    status, answer, tail = _raw(listener.port, head)
+    assert status == 401 and answer["error"] == "unauthorized" and tail == b""
+    for request in (_post(token, b"{}", path="/internal/claim"), b"GET / HTTP/1.1\r\n\r\n"):
+        status, answer, _ = _raw(listener.port, request)
+        assert status == 401 and answer["error"] == "unauthorized"
+    assert rows(services, [fresh])[fresh]["status"] == "queued"
+
+
+def test_what_it_does_not_serve_is_refused_in_traces_shape(
+    listener: ExchangeListener, services: Services
+) -> None:
+    token = services.internal_token or ""
+    cases = {
+        _post(token, b"{}", path="/internal/claim"): 404,
+        _post(token, b"{}", path="/internal/exchange?x=1"): 404,
+        f"GET /internal/exchange HTTP/1.1\r\nX-Internal-Token: {token}\r\n\r\n".encode(): 405,
+        b"BREW /internal/exchange HTTP/1.1\r\n\r\n": 501,
+        b"garbage\r\n\r\n": 400,
+    }
+    for request, expected in cases.items():
+        status, answer, tail = _raw(listener.port, request)
+        assert status == expected, (request, answer)
+        assert set(answer) == {"error", "message", "detail"} and tail == b""
+
+
+def test_a_body_must_have_one_content_length_within_the_limit(
+    listener: ExchangeListener, services: Services
+) -> None:
+    token = services.internal_token or ""
+    auth = f"POST /internal/exchange HTTP/1.1\r\nX-Internal-Token: {token}\r\n"
+    chunked = (auth + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n").encode()
+    assert _raw(listener.port, chunked)[:2][0] == 411
+    assert _raw(listener.port, (auth + "\r\n").encode())[0] == 411
+    two = (auth + "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}").encode()
+    assert _raw(listener.port, two)[0] == 411
+    assert _raw(listener.port, (auth + "Content-Length: -1\r\n\r\n").encode())[0] == 400
+    # Over the limit: answered from the headers alone (no byte of the body is sent here).
+    over = (auth + f"Content-Length: {MAX_BODY_BYTES + 1}\r\n\r\n").encode()
+    status, answer, tail = _raw(listener.port, over)
+    assert status == 413 and answer["error"] == "too_large" and tail == b""
+
+
+def test_a_nul_in_a_header_is_refused(listener: ExchangeListener, services: Services) -> None:
+    (fresh,) = new_tasks(services, 1)
+    body = json.dumps({"claims": [{"task_id": fresh, "worker_id": "x"}]}).encode()
+    status, answer, _ = _raw(
+        listener.port, _post(services.internal_token, body, extra="X-Other: a\x00b\r\n")
+    )
+    assert status == 422 and "NUL" in answer["message"]
+    assert rows(services, [fresh])[fresh]["status"] == "queued"
+
+
+def test_a_body_that_does_not_arrive_in_time_ends_the_connection(
+    listener: ExchangeListener, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(el, "REQUEST_SECONDS", 0.5)
+    (fresh,) = new_tasks(services, 1)
+    body = json.dumps({"claims": [{"task_id": fresh, "worker_id": "x"}]}).encode()
+    began = time.monotonic()
+    status, _, tail = _raw(listener.port, _post(services.internal_token, body)[:-5])
+    assert status == 408 and tail == b"" and time.monotonic() - began < 5
+    assert rows(services, [fresh])[fresh]["status"] == "queued"
+
+
+def test_a_connection_serves_one_request_after_another(
+    listener: ExchangeListener, services: Services
+) -> None:
+    ids = new_tasks(services, 2)
+    with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as sock:
+        reader = sock.makefile("rb")
+        for t in ids:
+            body = json.dumps({"claims": [{"task_id": t, "worker_id": "x"}]}).encode()
+            sock.sendall(_post(services.internal_token, body))
+            assert reader.readline().startswith(b"HTTP/1.1 200")
+            length = 0
+            while (line := reader.readline()) != b"\r\n":
+                if line.lower().startswith(b"content-length"):
+                    length = int(line.split(b":")[1])
+            assert json.loads(reader.read(length))["claims"][0]["claim"]["attempt"] == 1
+    assert listener.server.answered == 2
+
+
+def test_connections_over_the_cap_are_closed_unread_and_stop_ends_idle_ones(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(el, "MAX_CONNECTIONS", 2)
+    listener = ExchangeListener(services.dispatcher, services.internal_token or "", "127.0.0.1", 0)
+    listener.start()
+    try:
+        held = [socket.create_connection(("127.0.0.1", listener.port), timeout=5) for _ in range(2)]
+        time.sleep(0.2)  # both taken by their threads
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as third:
+            third.sendall(_post(services.internal_token, b"{}"))
+            assert third.recv(100) == b""  # closed, unanswered
+    finally:
+        listener.stop()
+    for sock in held:  # idle keep-alive connections end with the listener
+        sock.settimeout(5)
+        assert sock.recv(100) == b""
+        sock.close()
+
+
+# -- the worker's client ---------------------------------------------------------------------
+@pytest.fixture
+def api_server(services: Services) -> Iterator[ApiServer]:
+    server = ApiServer(services, "127.0.0.1", free_port(), background=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _spy(client: DispatcherClient) -> tuple[list[str], list[str]]:
+    """(paths asked of the API, paths asked of the listener) from now on."""
+    api_paths: list[str] = []
+    listener_paths: list[str] = []
+    for transport, paths in ((client.http, api_paths), (client.listener, listener_paths)):
+        if transport is None:
+            continue
+        request = transport.request
+
+        def spy(
+            method: str, path: str, _r: Any = request, _p: list[str] = paths, **kw: Any
+        ) -> Response:
+            _p.append(path)
+            return _r(method, path, **kw)
+
+        transport.request = spy  # type: ignore[method-assign]
+    return api_paths, listener_paths
+
+
+def test_the_client_claims_and_completes_through_the_listener(
+    api_server: ApiServer, listener: ExchangeListener, services: Services
+) -> None:
+    client = DispatcherClient(
+        api_server.url,
+        internal_token=services.internal_token,
+        exchange_url=f"http://127.0.0.1:{listener.port}",
+    )
+    ids = [uuid.UUID(t) for t in new_tasks(services, 2)]
+    to_api, to_listener = _spy(client)
+    first = client.claim(ids[0], "w")  # a lone claim
+    done = client.complete(first, "succeeded")  # a lone completion
+    second = client.claim(ids[1], "w")
+    assert (first.attempt, done.status, second.attempt) == (1, "succeeded", 1)
+    assert to_api == [] and to_listener == ["/internal/exchange"] * 3
+    assert [rows(services, [str(t)])[str(t)]["status"] for t in ids] == ["succeeded", "running"]
+    client.close()
+
+
+def test_the_client_uses_the_api_while_the_listener_is_away_and_comes_back_to_it(
+    api_server: ApiServer, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trace_platform.worker import client as client_module
+
+    monkeypatch.setattr(client_module, "LISTENER_PAUSE", 0.5)
+    port = free_port()  # nothing listens there yet
+    client = DispatcherClient(
+        api_server.url,
+        internal_token=services.internal_token,
+        exchange_url=f"http://127.0.0.1:{port}",
+    )
+    ids = [uuid.UUID(t) for t in new_tasks(services, 3)]
+    to_api, to_listener = _spy(client)
+    assert client.claim(ids[0], "w").attempt == 1
+    assert to_listener == ["/internal/exchange"] and to_api == ["/internal/claim"]
+    assert client.claim(ids[1], "w").attempt == 1  # within the pause: the API only
+    assert to_listener == ["/internal/exchange"] and to_api == ["/internal/claim"] * 2
+    listener = ExchangeListener(
+        services.dispatcher, services.internal_token or "", "127.0.0.1", port
+    )
+    listener.start()
+    try:
+        time.sleep(0.6)
+        assert client.claim(ids[2], "w").attempt == 1
+        assert to_listener == ["/internal/exchange"] * 2 and len(to_api) == 2
+    finally:
+        listener.stop()
+        client.close()
+
+
+def test_the_client_stops_using_a_url_that_is_not_a_listener(
+    api_server: ApiServer, services: Services
+) -> None:
+    """A misconfigured exchange URL (here the API under a path it does not serve: 404) is
+    given up on for good after one answer; the API's routes carry everything."""
+    client = DispatcherClient(
+        api_server.url,
+        internal_token=services.internal_token,
+        exchange_url=f"{api_server.url}/elsewhere",
+    )
+    ids = [uuid.UUID(t) for t in new_tasks(services, 2)]
+    assert [client.claim(t, "w").attempt for t in ids] == [1, 1]
+    assert client.listener is None
+    client.close()
