@@ -153,19 +153,24 @@ class Lifecycle:
             if r.task_id not in plain_ids
         }
         claim_fault: Exception | None = None
+        done: set[UUID] = set()
+        leased: dict[UUID, Claim] = {}
+        # Completions alone are one statement: in autocommit, as complete_many lands them.
+        opened = self.store.transaction if claims else self.store.statement
         try:
-            with self.store.transaction() as tx:
-                done = self._complete_plain(tx, plain)
-                try:
-                    leased = self._lease_plain(tx, claims, True)
-                except Exception as e:
-                    claim_fault = e
-                    raise
+            if plain or claims:
+                with opened() as tx:
+                    done = self._complete_plain(tx, plain)
+                    try:
+                        leased = self._lease_plain(tx, claims, True)
+                    except Exception as e:
+                        claim_fault = e
+                        raise
         except Exception:
             if claim_fault is None:
                 raise
             log.warning("an exchange's claims failed (%r): each is claimed alone", claim_fault)
-            with self.store.transaction() as tx:
+            with self.store.statement() as tx:
                 done = self._complete_plain(tx, plain)
             leased = {}
         answers.update(zip([r.task_id for r in plain], self._completed(plain, done), strict=True))
