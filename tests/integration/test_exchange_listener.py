@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -328,4 +329,149 @@ def test_the_client_stops_using_a_url_that_is_not_a_listener(
     ids = [uuid.UUID(t) for t in new_tasks(services, 2)]
     assert [client.claim(t, "w").attempt for t in ids] == [1, 1]
     assert client.listener is None
+    client.close()
+
+
+# -- what a review found (each failed before its fix) ----------------------------------------
+def test_a_client_dripping_its_headers_holds_no_connection_past_the_request_time(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the token too: the whole request, headers included, has REQUEST_SECONDS."""
+    monkeypatch.setattr(el, "REQUEST_SECONDS", 1.0)
+    listener = ExchangeListener(services.dispatcher, services.internal_token or "", "127.0.0.1", 0)
+    listener.start()
+    try:
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
+            sock.sendall(b"POST /internal/exchange HTTP/1.1\r\n")
+            began, ended = time.monotonic(), None
+            for i in range(20):  # one header line every 0.4 s
+                try:
+                    sock.sendall(f"X-Drip-{i}: a\r\n".encode())
+                    time.sleep(0.4)
+                except OSError:
+                    ended = time.monotonic()
+                    break
+            if ended is None:
+                sock.settimeout(5)
+                assert sock.recv(100) == b""  # closed
+                ended = time.monotonic()
+            assert ended - began < 4.5, ended - began
+    finally:
+        listener.stop()
+
+
+def test_a_content_length_too_long_for_int_is_refused_and_smuggles_nothing(
+    listener: ExchangeListener, services: Services
+) -> None:
+    token = services.internal_token or ""
+    request = (
+        f"POST /internal/exchange HTTP/1.1\r\nX-Internal-Token: {token}\r\n"
+        f"Content-Length: {'9' * 5000}\r\n\r\nGET /x HTTP/1.1\r\n\r\n"
+    ).encode()
+    status, answer, tail = _raw(listener.port, request)
+    assert status == 413 and answer["error"] == "too_large" and tail == b""
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        "X-Bad\x00Name: a\r\nX-Other: a\x00b\r\n",  # dropped with what follows, before
+        "no colon here\r\nTransfer-Encoding: chunked\r\n",
+        " folded: line\r\n",
+    ],
+)
+def test_malformed_header_lines_end_the_request(
+    listener: ExchangeListener, services: Services, lines: str
+) -> None:
+    (fresh,) = new_tasks(services, 1)
+    body = json.dumps({"claims": [{"task_id": fresh, "worker_id": "x"}]}).encode()
+    status, answer, tail = _raw(listener.port, _post(services.internal_token, body, extra=lines))
+    assert status == 400 and tail == b"", answer
+    assert rows(services, [fresh])[fresh]["status"] == "queued"
+
+
+def test_expect_continue_and_head_without_the_token_get_nothing_more(
+    listener: ExchangeListener, services: Services
+) -> None:
+    request = _post(None, b"{}", extra="Expect: 100-continue\r\n")[:-2]  # the body held back
+    status, _, tail = _raw(listener.port, request)
+    assert status == 401 and tail == b""  # no "100 Continue" first: the answer is the 401
+    token = services.internal_token
+    head = f"HEAD /internal/exchange HTTP/1.1\r\nX-Internal-Token: {token}\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as sock:
+        sock.sendall(head)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 405") and got.endswith(b"\r\n\r\n")  # no body
+
+
+def test_stop_lets_the_answer_being_made_go_out_and_ends_idle_connections(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = services.dispatcher
+    exchange = d.exchange
+
+    def slow(*a: Any, **k: Any) -> Any:
+        time.sleep(1.0)
+        return exchange(*a, **k)
+
+    monkeypatch.setattr(d, "exchange", slow)
+    listener = ExchangeListener(d, services.internal_token or "", "127.0.0.1", 0).start()
+    (fresh,) = new_tasks(services, 1)
+    body = json.dumps({"claims": [{"task_id": fresh, "worker_id": "x"}]}).encode()
+    idle = socket.create_connection(("127.0.0.1", listener.port), timeout=5)
+    got: list[Any] = []
+    asking = threading.Thread(
+        target=lambda: got.append(_raw(listener.port, _post(services.internal_token, body)))
+    )
+    asking.start()
+    time.sleep(0.3)  # the request is in
+    listener.stop()
+    asking.join(10)
+    assert got and got[0][0] == 200 and got[0][1]["claims"][0]["claim"]["attempt"] == 1
+    assert idle.recv(100) == b""
+    idle.close()
+
+
+def test_a_port_in_use_leaves_the_api_serving_without_a_listener(
+    services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trace_platform.api.background import exchange_listener
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = services.settings.model_copy(update={"exchange_port": port})
+        monkey = Services.__new__(Services)
+        monkey.__dict__.update(services.__dict__)
+        monkey.settings = settings
+        assert exchange_listener(monkey) is None
+    assert "cannot listen" in caplog.text
+
+
+@pytest.mark.parametrize("answer", ["server error", "not an exchange"])
+def test_the_client_leaves_a_listener_that_cannot_answer_for_the_api(
+    api_server: ApiServer, listener: ExchangeListener, services: Services, answer: str
+) -> None:
+    """A 5xx pauses the listener (LISTENER_PAUSE), an answer that is not an exchange's ends
+    its use; either way this claim is answered by the API's route."""
+    client = DispatcherClient(
+        api_server.url,
+        internal_token=services.internal_token,
+        exchange_url=f"http://127.0.0.1:{listener.port}",
+    )
+    assert client.listener is not None
+    client.listener.request = lambda *a, **k: (  # type: ignore[method-assign]
+        Response(503, b'{"error": "x", "message": "down"}')
+        if answer == "server error"
+        else Response(200, b"<html>hello</html>")
+    )
+    (t,) = [uuid.UUID(x) for x in new_tasks(services, 1)]
+    assert client.claim(t, "w").attempt == 1
+    if answer == "server error":
+        assert client.listener is not None and not client._listener_up()
+    else:
+        assert client.listener is None
     client.close()

@@ -5,6 +5,7 @@ exchange listener (api/exchange_listener.py) when the settings give it a port.""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -18,6 +19,8 @@ from trace_platform.objectstore import make_store
 from trace_platform.registry.collector import Collector, run_collector
 from trace_platform.services import Services
 from trace_platform.triggers.cron import run_scheduler
+
+log = logging.getLogger(__name__)
 
 
 def background_threads(services: Services, stop: threading.Event) -> list[threading.Thread]:
@@ -72,7 +75,17 @@ def exchange_listener(services: Services) -> ExchangeListener | None:
     if s.exchange_port is None:
         return None
     token = services.internal_token or ""
-    return ExchangeListener(services.dispatcher, token, s.api_host, s.exchange_port).start()
+    try:
+        listener = ExchangeListener(services.dispatcher, token, s.api_host, s.exchange_port)
+    except OSError as e:  # an optimisation, never a dependency: the API serves on without it
+        log.warning(
+            "the exchange listener cannot listen on %s:%d (%s); workers use the API's route",
+            s.api_host,
+            s.exchange_port,
+            e,
+        )
+        return None
+    return listener.start()
 
 
 def lifespan(
@@ -87,13 +100,13 @@ def lifespan(
 
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[None]:
-        listener = exchange_listener(services)
-        app.state.exchange_listener = listener
-        if background:
-            threads.extend(background_threads(services, stop))
-            for t in threads:
-                t.start()
+        listener = None
         try:
+            listener = app.state.exchange_listener = exchange_listener(services)
+            if background:
+                threads.extend(background_threads(services, stop))
+                for t in threads:
+                    t.start()
             yield
         finally:
             if listener is not None:

@@ -50,8 +50,10 @@ log = logging.getLogger("trace_platform.api.exchange")
 PATH = "/internal/exchange"
 MAX_CONNECTIONS = 256  # one thread each; a worker keeps about one
 IDLE_SECONDS = 75.0  # a keep-alive connection with no request in this long is closed
-REQUEST_SECONDS = 30.0  # from a request's headers to the last byte of its body
+REQUEST_SECONDS = 30.0  # from a request's first byte to the last of its body
+STOP_SECONDS = 5.0  # what `stop` gives the requests being answered to finish
 _CHUNK = 256 * 1024
+_MAX_LENGTH_DIGITS = 9  # a longer Content-Length is over any limit (and int() refuses 4,300+)
 
 
 class _Refused(Exception):
@@ -73,6 +75,44 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    def handle_one_request(self) -> None:
+        """One request, once its first byte is in: the whole of it (request line, headers,
+        body) and its answer within REQUEST_SECONDS, or the server's watchdog ends the
+        connection (a client dripping its headers holds no thread for longer)."""
+        try:
+            self.connection.settimeout(IDLE_SECONDS)
+            if not self.rfile.peek(1):  # the client closed the connection
+                self.close_connection = True
+                return
+        except OSError:  # idle too long, or reset
+            self.close_connection = True
+            return
+        self.began = time.monotonic()
+        # A second past the request's own timeouts: a late body is answered 408 first.
+        self.server.busy(self.connection, self.began + REQUEST_SECONDS + 1.0)
+        try:
+            self.connection.settimeout(REQUEST_SECONDS)
+            super().handle_one_request()
+        finally:
+            self.server.idle(self.connection)
+
+    def parse_request(self) -> bool:
+        """The base class's parse, and headers it read whole: a malformed header line (which
+        it would skip, with every line after it) ends the request, as uvicorn's 400 does."""
+        if not super().parse_request():
+            return False
+        if self.headers.defects or self.headers.get_payload():
+            self.send_error(400, "malformed request headers")
+            return False
+        return True
+
+    def handle_expect_100(self) -> bool:
+        """`Expect: 100-continue` invites the body: only with the token."""
+        if not self._authorized():
+            self.send_error(401, "internal endpoints need the platform's internal token")
+            return False
+        return bool(super().handle_expect_100())
+
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The base class's own refusals (a malformed request line, headers over its limits,
         an unsupported method) in Trace's shape; the connection ends."""
@@ -82,9 +122,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(refusal.body, code, close=True)
 
     def do_POST(self) -> None:
-        began = time.monotonic()
+        self.body_read = False
         try:
-            answer = self._exchange(began)
+            answer = self._exchange(self.began)
         except _Refused as e:
             self.close_connection = True
             self._send(error_response(e.status, e.code, e.message).body, e.status, close=True)
@@ -93,6 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
             refusal = known_error(e, "POST", self.path)
             if refusal is None:
                 refusal = _internal_error(self.path)
+            # A body not read whole would be read as the next request: the connection ends.
+            self.close_connection = self.close_connection or not self.body_read
             self._send(refusal.body, refusal.status_code)
             return
         self.server.answered += 1  # not atomic: a count to see it used, not an audit
@@ -171,9 +213,10 @@ class _Handler(BaseHTTPRequestHandler):
         lengths = self.headers.get_all("Content-Length") or []
         if len(lengths) != 1:
             raise _Refused(411, "length_required", "send the body with one Content-Length")
-        if not lengths[0].strip().isdigit() or not lengths[0].strip().isascii():
+        length = lengths[0].strip()
+        if not length.isascii() or not length.isdigit():
             raise _Refused(400, "bad_request", "Content-Length is not a number")
-        size = int(lengths[0])
+        size = int(length) if len(length) <= _MAX_LENGTH_DIGITS else MAX_BODY_BYTES + 1
         if size > MAX_BODY_BYTES:
             raise _Refused(
                 413, "too_large", f"request body is {size} bytes; the limit is {MAX_BODY_BYTES}"
@@ -196,8 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(
                 408, "timeout", f"the body did not arrive within {REQUEST_SECONDS:.0f}s"
             ) from None
-        finally:
-            self.connection.settimeout(IDLE_SECONDS)
+        self.body_read = True
         return b"".join(parts)
 
     def _send(self, body: bytes, status: int, close: bool = False) -> None:
@@ -208,6 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
             + ("Connection: close\r\n" if close or self.close_connection else "")
             + "\r\n"
         )
+        if self.command == "HEAD":
+            body = b""
         try:
             self.wfile.write(head.encode("latin-1") + body)  # one write: one segment
         except OSError:  # the worker went away; it retries elsewhere
@@ -251,44 +295,100 @@ class _Server(ThreadingHTTPServer):
         self.token = token.encode()
         self.answered = 0  # exchanges answered 200
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._open: set[socket.socket] = set()  # the connections being served
-        self._open_lock = threading.Lock()
+        # Every connection being served, and for one with a request in, its deadline.
+        self._open: dict[socket.socket, float | None] = {}
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._stopped = threading.Event()  # the watchdog's end
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
+        self._watchdog = threading.Thread(
+            target=self._watch, name="exchange-listener-watchdog", daemon=True
+        )
+        self._watchdog.start()
 
     def server_bind(self) -> None:
         # HTTPServer's also looks the host's name up (getfqdn): a DNS wait for nothing here.
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that reset mid-request: nothing to print a traceback about.
+        log.debug("connection from %s ended in error", client_address, exc_info=True)
+
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):  # over the cap: closed unread
             self.shutdown_request(request)
             return
+        with self._lock:  # registered before its thread runs: `stop` sees it
+            if self._stopping:
+                self._slots.release()
+                self.shutdown_request(request)
+                return
+            self._open[request] = None
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._forget(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            self._open.add(request)
         try:
             super().process_request_thread(request, client_address)
         finally:
-            with self._open_lock:
-                self._open.discard(request)
-            self._slots.release()
+            self._forget(request)
+
+    def _forget(self, request: Any) -> None:
+        with self._lock:
+            if request in self._open:
+                del self._open[request]
+                self._slots.release()
+            if self._stopping:
+                self._lock.notify_all()
+
+    def busy(self, conn: socket.socket, deadline: float) -> None:
+        with self._lock:
+            if conn in self._open:
+                self._open[conn] = deadline
+
+    def idle(self, conn: socket.socket) -> None:
+        with self._lock:
+            if conn in self._open:
+                self._open[conn] = None
+            if self._stopping:  # between requests: this one ends now
+                _end(conn)
+                self._lock.notify_all()
+
+    def _watch(self) -> None:
+        """Ends each connection whose request is not answered by its deadline (woken by
+        time alone: a request never wakes it)."""
+        while not self._stopped.wait(0.5):
+            with self._lock:
+                now = time.monotonic()
+                for conn, deadline in self._open.items():
+                    if deadline is not None and now > deadline:
+                        _end(conn)
 
     def close_connections(self) -> None:
-        """Ends every open connection (a keep-alive one would otherwise wait out its idle
-        time); a request being answered finishes its write or fails it."""
-        with self._open_lock:
-            conns = list(self._open)
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+        """Idle connections end now; a request being answered gets STOP_SECONDS to finish
+        (its answer sent), then its connection ends too."""
+        with self._lock:
+            self._stopping = True
+            for conn, deadline in self._open.items():
+                if deadline is None:
+                    _end(conn)
+            end = time.monotonic() + STOP_SECONDS
+            while any(d is not None for d in self._open.values()):
+                if not self._lock.wait(max(0.0, end - time.monotonic())):
+                    break
+            for conn in self._open:
+                _end(conn)
+        self._stopped.set()
+
+
+def _end(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
 
 
 class ExchangeListener:

@@ -159,16 +159,10 @@ class DispatcherClient:
         if self._listener_up():
             try:
                 completed, claimed = self._exchange_call(completions, claims, listener=True)
-            except TransportError as e:  # not reachable now: the API's routes meanwhile
-                log.warning("exchange listener: %s; using the API for %.0fs", e, LISTENER_PAUSE)
-                self._listener_back_at = time.monotonic() + LISTENER_PAUSE
-            except ApiError as e:
-                if e.status in (401, 404, 405):  # not this API's listener: never again
-                    log.warning("exchange listener refused the exchange (%s); not used", e)
-                    self.listener = None
-                elif not _whole_batch_refused(e):
-                    raise
-                refused = _whole_batch_refused(e)
+            except (TransportError, ApiError, ValueError) as e:
+                refused = isinstance(e, ApiError) and _whole_batch_refused(e)
+                if not refused:
+                    self._listener_failed(e)
         if claimed is None and not refused and claims and completions and self.exchanges:
             try:
                 completed, claimed = self._exchange_call(completions, claims)
@@ -191,6 +185,19 @@ class DispatcherClient:
 
     def _listener_up(self) -> bool:
         return self.listener is not None and time.monotonic() >= self._listener_back_at
+
+    def _listener_failed(self, e: Exception) -> None:
+        """The exchange goes to the API's routes instead: for LISTENER_PAUSE seconds when the
+        listener could not answer (unreachable, a server error), for good when what answers
+        is no listener of this API (401, 404, 405, an answer that is not an exchange's)."""
+        if isinstance(e, TransportError) or (isinstance(e, ApiError) and e.status >= 500):
+            log.warning("exchange listener: %s; using the API for %.0fs", e, LISTENER_PAUSE)
+            self._listener_back_at = time.monotonic() + LISTENER_PAUSE
+            return
+        log.warning("exchange listener: %s; not used from now on", e)
+        if self.listener is not None:
+            self.listener.close()
+        self.listener = None
 
     def _exchange_call(
         self,
