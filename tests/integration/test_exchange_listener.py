@@ -30,10 +30,16 @@ from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.http import Response
 
 
+def _listen(services: Services, port: int = 0) -> ExchangeListener:
+    """A listener serving `services` (with this module's settings as they are now)."""
+    got = ExchangeListener(services.dispatcher, services.internal_token or "", "127.0.0.1", port)
+    return got.start()
+
+
 @pytest.fixture
 def listener(services: Services) -> Iterator[ExchangeListener]:
-    got = ExchangeListener(services.dispatcher, services.internal_token or "", "127.0.0.1", 0)
-    yield got.start()
+    got = _listen(services)
+    yield got
     got.stop()
 
 
@@ -222,8 +228,7 @@ def test_connections_over_the_cap_are_closed_unread_and_stop_ends_idle_ones(
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(el, "MAX_CONNECTIONS", 2)
-    listener = ExchangeListener(services.dispatcher, services.internal_token or "", "127.0.0.1", 0)
-    listener.start()
+    listener = _listen(services)
     try:
         held = [socket.create_connection(("127.0.0.1", listener.port), timeout=5) for _ in range(2)]
         time.sleep(0.2)  # both taken by their threads
@@ -245,6 +250,12 @@ def api_server(services: Services) -> Iterator[ApiServer]:
     server.start()
     yield server
     server.stop()
+
+
+def _client(api_server: ApiServer, services: Services, exchange_url: str) -> DispatcherClient:
+    return DispatcherClient(
+        api_server.url, internal_token=services.internal_token, exchange_url=exchange_url
+    )
 
 
 def _spy(client: DispatcherClient) -> tuple[list[str], list[str]]:
@@ -269,11 +280,7 @@ def _spy(client: DispatcherClient) -> tuple[list[str], list[str]]:
 def test_the_client_claims_and_completes_through_the_listener(
     api_server: ApiServer, listener: ExchangeListener, services: Services
 ) -> None:
-    client = DispatcherClient(
-        api_server.url,
-        internal_token=services.internal_token,
-        exchange_url=f"http://127.0.0.1:{listener.port}",
-    )
+    client = _client(api_server, services, f"http://127.0.0.1:{listener.port}")
     ids = [uuid.UUID(t) for t in new_tasks(services, 2)]
     to_api, to_listener = _spy(client)
     first = client.claim(ids[0], "w")  # a lone claim
@@ -292,21 +299,14 @@ def test_the_client_uses_the_api_while_the_listener_is_away_and_comes_back_to_it
 
     monkeypatch.setattr(client_module, "LISTENER_PAUSE", 0.5)
     port = free_port()  # nothing listens there yet
-    client = DispatcherClient(
-        api_server.url,
-        internal_token=services.internal_token,
-        exchange_url=f"http://127.0.0.1:{port}",
-    )
+    client = _client(api_server, services, f"http://127.0.0.1:{port}")
     ids = [uuid.UUID(t) for t in new_tasks(services, 3)]
     to_api, to_listener = _spy(client)
     assert client.claim(ids[0], "w").attempt == 1
     assert to_listener == ["/internal/exchange"] and to_api == ["/internal/claim"]
     assert client.claim(ids[1], "w").attempt == 1  # within the pause: the API only
     assert to_listener == ["/internal/exchange"] and to_api == ["/internal/claim"] * 2
-    listener = ExchangeListener(
-        services.dispatcher, services.internal_token or "", "127.0.0.1", port
-    )
-    listener.start()
+    listener = _listen(services, port)
     try:
         time.sleep(0.6)
         assert client.claim(ids[2], "w").attempt == 1
@@ -321,11 +321,7 @@ def test_the_client_stops_using_a_url_that_is_not_a_listener(
 ) -> None:
     """A misconfigured exchange URL (here the API under a path it does not serve: 404) is
     given up on for good after one answer; the API's routes carry everything."""
-    client = DispatcherClient(
-        api_server.url,
-        internal_token=services.internal_token,
-        exchange_url=f"{api_server.url}/elsewhere",
-    )
+    client = _client(api_server, services, f"{api_server.url}/elsewhere")
     ids = [uuid.UUID(t) for t in new_tasks(services, 2)]
     assert [client.claim(t, "w").attempt for t in ids] == [1, 1]
     assert client.listener is None
@@ -338,8 +334,7 @@ def test_a_client_dripping_its_headers_holds_no_connection_past_the_request_time
 ) -> None:
     """Without the token too: the whole request, headers included, has REQUEST_SECONDS."""
     monkeypatch.setattr(el, "REQUEST_SECONDS", 1.0)
-    listener = ExchangeListener(services.dispatcher, services.internal_token or "", "127.0.0.1", 0)
-    listener.start()
+    listener = _listen(services)
     try:
         with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
             sock.sendall(b"POST /internal/exchange HTTP/1.1\r\n")
@@ -457,11 +452,7 @@ def test_the_client_leaves_a_listener_that_cannot_answer_for_the_api(
 ) -> None:
     """A 5xx pauses the listener (LISTENER_PAUSE), an answer that is not an exchange's ends
     its use; either way this claim is answered by the API's route."""
-    client = DispatcherClient(
-        api_server.url,
-        internal_token=services.internal_token,
-        exchange_url=f"http://127.0.0.1:{listener.port}",
-    )
+    client = _client(api_server, services, f"http://127.0.0.1:{listener.port}")
     assert client.listener is not None
     client.listener.request = lambda *a, **k: (  # type: ignore[method-assign]
         Response(503, b'{"error": "x", "message": "down"}')
