@@ -376,9 +376,12 @@ def main() -> None:
                     cold = stack_throughput(stack, warm)
                     rounds += 1
                 hosts = hosts_running(stack)
+                listener = stack.api.app.state.exchange_listener
+                answered0 = listener.server.answered if listener else 0
                 cpu0, ctxt0 = cpu_by_role(stack, postmaster), context_switches()
                 e2e = stack_throughput(stack, args.e2e_tasks)
                 cpu1, ctxt1 = cpu_by_role(stack, postmaster), context_switches()
+                answered = (listener.server.answered if listener else 0) - answered0
                 print(
                     f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
                     f"   {e2e:8.0f} tasks/s  (after {rounds} x {warm} warm-up tasks, the last"
@@ -391,6 +394,10 @@ def main() -> None:
                     + ", ".join(f"{r} {ms:.2f} ms" for r, ms in per_task.items())
                     + f" ({sum(per_task.values()):.2f} in all); machine-wide context switches"
                     f" per task: {(ctxt1 - ctxt0) / args.e2e_tasks:.0f}"
+                )
+                print(
+                    f"    claims and completions: {answered} exchanges on the API's exchange"
+                    " listener (api/exchange_listener.py) during the row"
                 )
         for threads in (1, 4):
             tput = core_throughput(settings, dsn, args.tasks, threads, 100)

@@ -7,8 +7,11 @@ exchange tests against both the route and the listener.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -24,6 +27,7 @@ from trace_platform.api import exchange_listener as el
 from trace_platform.api.exchange_listener import ExchangeListener
 from trace_platform.api.gateway import MAX_BODY_BYTES
 from trace_platform.db.embedded import free_port
+from trace_platform.errors import NotFound
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
 from trace_platform.worker.client import DispatcherClient
@@ -466,3 +470,83 @@ def test_the_client_leaves_a_listener_that_cannot_answer_for_the_api(
     else:
         assert client.listener is None
     client.close()
+
+
+class _Counting:
+    """A Dispatcher stand-in for the listener's own tests: counts its exchanges (every claim
+    answered "no such task")."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def exchange(self, completions: list[Any], claims: list[Any]) -> tuple[list[Any], list[Any]]:
+        self.calls += 1
+        return [], [NotFound("no such task") for _ in claims]
+
+
+def test_stop_does_nothing_for_a_request_it_has_already_ended() -> None:
+    """Requests arriving back to back while the listener stops: none is run after `stop`
+    returned (one run then is a lease no worker hears of)."""
+    body = json.dumps({"claims": [{"task_id": str(uuid.uuid4()), "worker_id": "w"}]}).encode()
+    late = 0
+    for _ in range(10):
+        d = _Counting()
+        listener = ExchangeListener(d, "tok", "127.0.0.1", 0).start()  # type: ignore[arg-type]
+        done = threading.Event()
+
+        def ask(port: int = listener.port, done: threading.Event = done) -> None:
+            with contextlib.suppress(OSError):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=3)
+                with sock, sock.makefile("rb") as answers:
+                    while not done.is_set() and sock.sendall(_post("tok", body)) is None:
+                        if not answers.readline():
+                            return
+                        while answers.readline() not in (b"\r\n", b""):
+                            pass
+                        answers.read1(65536)
+
+        askers = [threading.Thread(target=ask) for _ in range(6)]
+        for t in askers:
+            t.start()
+        time.sleep(0.3)
+        listener.stop()
+        at_stop = d.calls
+        time.sleep(0.3)
+        done.set()
+        for t in askers:
+            t.join(5)
+        late += d.calls != at_stop
+    assert late == 0
+
+
+def test_stop_ends_at_once_a_request_still_arriving_and_a_connection_that_said_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(el, "FIRST_SECONDS", 0.5)
+    listener = ExchangeListener(_Counting(), "tok", "127.0.0.1", 0).start()  # type: ignore[arg-type]
+    silent = socket.create_connection(("127.0.0.1", listener.port), timeout=5)
+    began = time.monotonic()
+    assert silent.recv(10) == b""  # a new connection that sends nothing: closed
+    assert time.monotonic() - began < 3
+    silent.close()
+    with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as one_byte:
+        one_byte.sendall(b"P")
+        time.sleep(0.2)
+        began = time.monotonic()
+        listener.stop()
+        assert time.monotonic() - began < 2  # no grace for a request not past the token
+        assert one_byte.recv(10) == b""
+
+
+def test_a_client_resetting_mid_body_is_not_an_error(
+    listener: ExchangeListener, services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = json.dumps({"claims": [{"task_id": str(uuid.uuid4()), "worker_id": "w"}]}).encode()
+    sock = socket.create_connection(("127.0.0.1", listener.port), timeout=5)
+    sock.sendall(_post(services.internal_token, body)[:-10])
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # a reset
+    time.sleep(0.5)
+    assert "unhandled error" not in caplog.text and not [
+        r for r in caplog.records if r.levelno >= logging.ERROR
+    ]

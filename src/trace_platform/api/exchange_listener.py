@@ -50,6 +50,7 @@ log = logging.getLogger("trace_platform.api.exchange")
 PATH = "/internal/exchange"
 MAX_CONNECTIONS = 256  # one thread each; a worker keeps about one
 IDLE_SECONDS = 75.0  # a keep-alive connection with no request in this long is closed
+FIRST_SECONDS = 10.0  # a new connection's first request starts within this, or it is closed
 REQUEST_SECONDS = 30.0  # from a request's first byte to the last of its body
 STOP_SECONDS = 5.0  # what `stop` gives the requests being answered to finish
 _CHUNK = 256 * 1024
@@ -69,6 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "trace"
     sys_version = ""
     timeout = IDLE_SECONDS  # the socket's: the wait for a request, and for each read within it
+    answered = 0  # requests this connection has had answered
     disable_nagle_algorithm = True  # each answer is one write; Nagle would hold it 40 ms
     server: _Server
 
@@ -80,7 +82,8 @@ class _Handler(BaseHTTPRequestHandler):
         body) and its answer within REQUEST_SECONDS, or the server's watchdog ends the
         connection (a client dripping its headers holds no thread for longer)."""
         try:
-            self.connection.settimeout(IDLE_SECONDS)
+            # A connection that has asked nothing yet gets less time to start (FIRST_SECONDS).
+            self.connection.settimeout(IDLE_SECONDS if self.answered else FIRST_SECONDS)
             if not self.rfile.peek(1):  # the client closed the connection
                 self.close_connection = True
                 return
@@ -89,7 +92,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.began = time.monotonic()
         # A second past the request's own timeouts: a late body is answered 408 first.
-        self.server.busy(self.connection, self.began + REQUEST_SECONDS + 1.0)
+        if not self.server.busy(self.connection, self.began + REQUEST_SECONDS + 1.0):
+            self.close_connection = True  # the listener is stopping: ended, nothing done
+            return
         try:
             self.connection.settimeout(REQUEST_SECONDS)
             super().handle_one_request()
@@ -138,6 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(refusal.body, refusal.status_code)
             return
         self.server.answered += 1  # not atomic: a count to see it used, not an audit
+        self.answered += 1
         self._send(answer, 200)
 
     def _not_here(self) -> None:
@@ -167,6 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(
                 401, "unauthorized", "internal endpoints need the platform's internal token"
             )
+        if not self.server.answering(self.connection):  # stop's grace is for workers' calls
+            raise _Refused(503, "unavailable", "the exchange listener is stopping")
         if self.path != PATH:
             raise _Refused(404, "not_found", f"no endpoint POST {self.path[:200]} here")
         body = self._body(began)
@@ -239,6 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(
                 408, "timeout", f"the body did not arrive within {REQUEST_SECONDS:.0f}s"
             ) from None
+        except OSError:  # the client reset the connection: nothing to answer, quietly
+            raise _Refused(400, "bad_request", "the connection ended mid-body") from None
         self.body_read = True
         return b"".join(parts)
 
@@ -295,8 +305,10 @@ class _Server(ThreadingHTTPServer):
         self.token = token.encode()
         self.answered = 0  # exchanges answered 200
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        # Every connection being served, and for one with a request in, its deadline.
+        # Every connection being served, and for one with a request in, its deadline; those
+        # whose request is past the token (stop waits for their answers, and no other's).
         self._open: dict[socket.socket, float | None] = {}
+        self._answering: set[socket.socket] = set()
         self._lock = threading.Condition()
         self._stopping = False
         self._stopped = threading.Event()  # the watchdog's end
@@ -340,21 +352,35 @@ class _Server(ThreadingHTTPServer):
 
     def _forget(self, request: Any) -> None:
         with self._lock:
+            self._answering.discard(request)
             if request in self._open:
                 del self._open[request]
                 self._slots.release()
             if self._stopping:
                 self._lock.notify_all()
 
-    def busy(self, conn: socket.socket, deadline: float) -> None:
+    def busy(self, conn: socket.socket, deadline: float) -> bool:
+        """A request is in on `conn`, to be answered by `deadline`; False: the listener is
+        stopping (or ended `conn`), and nothing is to be done for it."""
         with self._lock:
-            if conn in self._open:
-                self._open[conn] = deadline
+            if self._stopping or conn not in self._open:
+                return False
+            self._open[conn] = deadline
+            return True
+
+    def answering(self, conn: socket.socket) -> bool:
+        """`conn`'s request passed the token: `stop` lets its answer go out. False: too late."""
+        with self._lock:
+            if self._stopping:
+                return False
+            self._answering.add(conn)
+            return True
 
     def idle(self, conn: socket.socket) -> None:
         with self._lock:
             if conn in self._open:
                 self._open[conn] = None
+            self._answering.discard(conn)
             if self._stopping:  # between requests: this one ends now
                 _end(conn)
                 self._lock.notify_all()
@@ -370,15 +396,15 @@ class _Server(ThreadingHTTPServer):
                         _end(conn)
 
     def close_connections(self) -> None:
-        """Idle connections end now; a request being answered gets STOP_SECONDS to finish
-        (its answer sent), then its connection ends too."""
+        """A request past the token gets STOP_SECONDS to be answered, then its connection
+        ends too; every other connection (idle, or its request still arriving) ends now."""
         with self._lock:
             self._stopping = True
-            for conn, deadline in self._open.items():
-                if deadline is None:
+            for conn in self._open:
+                if conn not in self._answering:
                     _end(conn)
             end = time.monotonic() + STOP_SECONDS
-            while any(d is not None for d in self._open.values()):
+            while self._answering:
                 if not self._lock.wait(max(0.0, end - time.monotonic())):
                     break
             for conn in self._open:
@@ -411,7 +437,8 @@ class ExchangeListener:
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for a serve_forever that runs
+            self.server.shutdown()
         self.server.server_close()
         self.server.close_connections()
         self.thread.join(timeout=5)
