@@ -550,3 +550,31 @@ def test_a_client_resetting_mid_body_is_not_an_error(
     assert "unhandled error" not in caplog.text and not [
         r for r in caplog.records if r.levelno >= logging.ERROR
     ]
+
+
+def test_the_client_tries_a_listener_that_stays_away_less_and_less_often(
+    api_server: ApiServer, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trace_platform.worker import client as client_module
+
+    monkeypatch.setattr(client_module, "LISTENER_PAUSE", 0.2)
+    monkeypatch.setattr(client_module, "LISTENER_PAUSE_MAX", 0.5)
+    port = free_port()  # nothing listens there yet
+    client = _client(api_server, services, f"http://127.0.0.1:{port}")
+    ids = [uuid.UUID(t) for t in new_tasks(services, 4)]
+    pauses = []
+    for t in ids[:3]:
+        time.sleep(max(0.0, client._listener_back_at - time.monotonic()) + 0.02)
+        assert client.claim(t, "w").attempt == 1  # by the API's route
+        pauses.append(client._listener_back_at - time.monotonic())
+    assert 0.1 < pauses[0] <= 0.2 and 0.3 < pauses[1] <= 0.4 and 0.4 < pauses[2] <= 0.5, pauses
+    listener = _listen(services, port)
+    try:
+        time.sleep(0.55)
+        to_api, to_listener = _spy(client)
+        assert client.claim(ids[3], "w").attempt == 1
+        assert to_listener == ["/internal/exchange"] and to_api == []
+        assert client._listener_failures == 0  # an answer: the next failure pauses 0.2 s again
+    finally:
+        listener.stop()
+        client.close()

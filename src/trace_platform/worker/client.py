@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 # A completion larger than this (events, outputs, state) goes alone: a batch stays far below
 # the API's body limit whatever it holds.
 MAX_BATCHED_COMPLETION_BYTES = 16 * 1024
-# Seconds the API's routes carry the exchange after its listener could not be reached.
+# Seconds the API's routes carry the exchange after its listener could not be reached
+# (doubled for each failure in a row, up to the max).
 LISTENER_PAUSE = 5.0
+LISTENER_PAUSE_MAX = 60.0
 
 T = TypeVar("T", bound=BaseModel)
 # One item of a worker's exchange with the API: a wake-up to claim, or an attempt's report.
@@ -93,6 +95,7 @@ class DispatcherClient:
         # One batch is in flight at a time (the batcher's), so two connections are plenty.
         self.listener = Transport(exchange_url, headers, timeout, 2) if exchange_url else None
         self._listener_back_at = 0.0  # after a failure to reach it: when to try it again
+        self._listener_failures = 0  # in a row
         self.retries = retries
         # Off when the API answers a batch route 404/405 (an older API): one call per task;
         # `exchanges` likewise for `/internal/exchange` (then claims and completions apart).
@@ -159,6 +162,7 @@ class DispatcherClient:
         if self._listener_up():
             try:
                 completed, claimed = self._exchange_call(completions, claims, listener=True)
+                self._listener_failures = 0
             except (TransportError, ApiError, ValueError) as e:
                 refused = isinstance(e, ApiError) and _whole_batch_refused(e)
                 if not refused:
@@ -191,8 +195,13 @@ class DispatcherClient:
         listener could not answer (unreachable, a server error), for good when what answers
         is no listener of this API (401, 404, 405, an answer that is not an exchange's)."""
         if isinstance(e, TransportError) or (isinstance(e, ApiError) and e.status >= 500):
-            log.warning("exchange listener: %s; using the API for %.0fs", e, LISTENER_PAUSE)
-            self._listener_back_at = time.monotonic() + LISTENER_PAUSE
+            # Twice as long after each failure in a row (a listener gone for good, e.g. an
+            # API without one, costs a try a minute, not a warning every 5 s); an answer
+            # resets it.
+            pause = min(LISTENER_PAUSE * 2**self._listener_failures, LISTENER_PAUSE_MAX)
+            self._listener_failures += 1
+            log.warning("exchange listener: %s; using the API for %.0fs", e, pause)
+            self._listener_back_at = time.monotonic() + pause
             return
         log.warning("exchange listener: %s; not used from now on", e)
         if self.listener is not None:
