@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -443,10 +444,12 @@ def test_a_port_in_use_leaves_the_api_serving_without_a_listener(
         taken.listen()
         port = taken.getsockname()[1]
         settings = services.settings.model_copy(update={"exchange_port": port})
-        monkey = Services.__new__(Services)
-        monkey.__dict__.update(services.__dict__)
-        monkey.settings = settings
-        assert exchange_listener(monkey) is None
+        taken_port = SimpleNamespace(
+            settings=settings,
+            dispatcher=services.dispatcher,
+            internal_token=services.internal_token,
+        )
+        assert exchange_listener(taken_port) is None  # type: ignore[arg-type]
     assert "cannot listen" in caplog.text
 
 

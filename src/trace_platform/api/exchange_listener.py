@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import email.message
+import functools
 import json
 import logging
 import secrets
@@ -39,11 +40,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from trace_platform.api.errors import error_response, http_error_response, known_error
-from trace_platform.api.gateway import MAX_BODY_BYTES, parse_json
+from trace_platform.api.gateway import MAX_BODY_BYTES, nul_header, parse_json
 from trace_platform.api.routes.internal import exchange_answer
 from trace_platform.contract import LEASE_TOKENS_HEADER, ExchangeBody
 from trace_platform.dispatcher.core import Dispatcher
-from trace_platform.errors import Invalid
 
 log = logging.getLogger("trace_platform.api.exchange")
 
@@ -70,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "trace"
     sys_version = ""
     timeout = IDLE_SECONDS  # the socket's: the wait for a request, and for each read within it
-    answered = 0  # requests this connection has had answered
+    served = 0  # requests this connection has had answered
     disable_nagle_algorithm = True  # each answer is one write; Nagle would hold it 40 ms
     server: _Server
 
@@ -83,7 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
         connection (a client dripping its headers holds no thread for longer)."""
         try:
             # A connection that has asked nothing yet gets less time to start (FIRST_SECONDS).
-            self.connection.settimeout(IDLE_SECONDS if self.answered else FIRST_SECONDS)
+            self.connection.settimeout(IDLE_SECONDS if self.served else FIRST_SECONDS)
             if not self.rfile.peek(1):  # the client closed the connection
                 self.close_connection = True
                 return
@@ -129,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.body_read = False
         try:
-            answer = self._exchange(self.began)
+            answer = self._exchange()
         except _Refused as e:
             self.close_connection = True
             self._send(error_response(e.status, e.code, e.message).body, e.status, close=True)
@@ -143,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(refusal.body, refusal.status_code)
             return
         self.server.answered += 1  # not atomic: a count to see it used, not an audit
-        self.answered += 1
+        self.served += 1
         self._send(answer, 200)
 
     def _not_here(self) -> None:
@@ -167,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return secrets.compare_digest(raw, self.server.token)
 
-    def _exchange(self, began: float) -> bytes:
+    def _exchange(self) -> bytes:
         # The token before anything else, as on the API: without it, every path is a 401.
         if not self._authorized():
             raise _Refused(
@@ -177,10 +177,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(503, "unavailable", "the exchange listener is stopping")
         if self.path != PATH:
             raise _Refused(404, "not_found", f"no endpoint POST {self.path[:200]} here")
-        body = self._body(began)
+        body = self._body()
         for key, value in self.headers.items():
             if "\x00" in value:
-                raise Invalid(f"header {key[:100]!r} holds a NUL")
+                raise nul_header(key)
         if not body:  # as FastAPI answers a required body that is missing
             missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
             raise RequestValidationError([missing])
@@ -215,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
                 ]
             ) from None
 
-    def _body(self, began: float) -> bytes:
+    def _body(self) -> bytes:
         if "Transfer-Encoding" in self.headers:
             raise _Refused(411, "length_required", "send the body with a Content-Length")
         lengths = self.headers.get_all("Content-Length") or []
@@ -234,7 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             while left:
                 # Each read waits no longer than what is left of the request's time.
-                wait = began + REQUEST_SECONDS - time.monotonic()
+                wait = self.began + REQUEST_SECONDS - time.monotonic()
                 if wait <= 0:
                     raise TimeoutError
                 self.connection.settimeout(wait)
@@ -275,6 +275,7 @@ def _phrase(status: int) -> str:
         return "Error"
 
 
+@functools.lru_cache(maxsize=64)  # workers send one; a hostile caller cannot grow it
 def _json_type(content_type: str | None) -> bool:
     """A JSON media type, as FastAPI decides it (no Content-Type: not JSON, strictly)."""
     if not content_type:

@@ -252,7 +252,13 @@ def check_request(request: Request, rules: dict[str, Rule]) -> None:
             raise Invalid(f"query parameter {shorten(repr(key), 100)} holds a NUL character")
     for key, value in request.scope["headers"]:
         if b"\x00" in value:
-            raise Invalid(f"header {shorten(repr(key.decode('latin-1')), 100)} holds a NUL")
+            raise nul_header(key.decode("latin-1"))
+
+
+def nul_header(name: str) -> Invalid:
+    """The refusal of a header whose value holds a NUL (the API's and the exchange
+    listener's)."""
+    return Invalid(f"header {shorten(repr(name), 100)} holds a NUL")
 
 
 class TraceRoute(APIRoute):
