@@ -242,6 +242,7 @@ def stack_throughput(stack: LiteStack, n: int) -> float:
         with svc.pool.connection() as conn:
             left = conn.execute(
                 "SELECT (SELECT count(*) FROM queue_messages) + "
+                "(SELECT coalesce(sum(cardinality(held)), 0) FROM queue_leases) + "
                 "(SELECT count(*) FROM outbox WHERE sent_at IS NULL) AS n"
             ).fetchone()
         return left is not None and left["n"] == 0

@@ -179,7 +179,7 @@ class Ours:
         self.q.close()
 
     def reset(self) -> None:
-        sql(self.dsn, "TRUNCATE queue_messages, queue_dead")
+        sql(self.dsn, "TRUNCATE queue_messages, queue_leases, queue_dead")
 
     def preload(self, n: int) -> None:
         self.reset()
@@ -233,7 +233,12 @@ class Ours:
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - t0
-        left = scalar(self.dsn, "SELECT count(*) FROM queue_messages")
+        # Every message acked: none left to deliver, and no batch lease still holding one.
+        left = scalar(
+            self.dsn,
+            "SELECT (SELECT count(*) FROM queue_messages)"
+            " + (SELECT coalesce(sum(cardinality(held)), 0) FROM queue_leases)",
+        )
         if sum(done) != n or left:
             raise RuntimeError(f"pgqueue drained {sum(done)}/{n}, {left} left")
         return n / elapsed
@@ -294,7 +299,7 @@ class Bare:
         self.dsn = dsn
 
     def reset(self) -> None:
-        sql(self.dsn, "TRUNCATE queue_messages, queue_dead")
+        sql(self.dsn, "TRUNCATE queue_messages, queue_leases, queue_dead")
 
     def enqueue_single(self, n: int) -> float:
         self.reset()

@@ -23,7 +23,14 @@ def snapshot(services: Services) -> dict[str, Any]:
     with services.pool.connection() as conn:
         return {
             t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
-            for t in ("task_status", "task_attempts", "events", "outbox", "queue_messages")
+            for t in (
+                "task_status",
+                "task_attempts",
+                "events",
+                "outbox",
+                "queue_messages",
+                "queue_leases",
+            )
         }
 
 

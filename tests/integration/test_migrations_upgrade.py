@@ -1,6 +1,7 @@
-"""Migrations 0020-0023 applied to an install holding data (migrated to 0019 first): the
+"""Migrations 0020-0024 applied to an install holding data (migrated to 0019 first): the
 pool backfill, the reaper's restated indexes, the commits' range index and the whole writers'
-columns serve the rows written before them."""
+columns serve the rows written before them, and the queue's batch leases (0024) leave what
+was leased in place before them leased."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
+from tests.support.queue_conformance import wake
 from tests.support.servers import empty_database
 from tests.support.tasks import bare_dataset
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db import migrate as mig
+from trace_platform.queue.pgqueue import PgQueue
 from trace_platform.store.tasks.params import PoolKey, ReadsParams
 from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
 
@@ -55,7 +59,7 @@ def _task(
     return tid
 
 
-def test_0020_to_0023_on_an_install_with_data(db_at_0019: str) -> None:
+def test_0020_to_0024_on_an_install_with_data(db_at_0019: str) -> None:
     with psycopg.connect(db_at_0019, row_factory=dict_row) as conn:
         conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'o')", [LITE_ORG_ID])
         conn.execute(
@@ -102,9 +106,26 @@ def test_0020_to_0023_on_an_install_with_data(db_at_0019: str) -> None:
             "FROM generate_series(0, 99) AS g",
             [ds, version],
         )
+        # Queue rows as the old code leaves them: one leased in place, one ready.
+        token = str(uuid.uuid4())
+        leased = conn.execute(
+            "INSERT INTO queue_messages (queue_name, payload, attempts, lease_token, lease_until)"
+            " VALUES ('tasks', %s, 1, %s, now() + interval '1 hour') RETURNING id",
+            [Jsonb(wake()), token],
+        ).fetchone()["id"]
+        conn.execute(
+            "INSERT INTO queue_messages (queue_name, payload) VALUES ('tasks', %s)", [Jsonb(wake())]
+        )
         conn.commit()
 
-    assert mig.migrate(db_at_0019) == ["0020", "0021", "0022", "0023"]
+    assert mig.migrate(db_at_0019) == ["0020", "0021", "0022", "0023", "0024"]
+
+    queue = PgQueue.from_dsn(db_at_0019)
+    try:
+        (ready,) = queue.receive("tasks", 20, 30)  # a batch lease; the leased row is skipped
+        assert queue.ack_many("tasks", [ready.receipt, f"{leased}:{token}"]) == 2
+    finally:
+        queue.close()
 
     with psycopg.connect(db_at_0019, row_factory=dict_row) as conn:
         pools = {

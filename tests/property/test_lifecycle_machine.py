@@ -61,7 +61,7 @@ class Lifecycle(RuleBasedStateMachine):
         with self.svc.pool.connection() as conn:
             conn.execute(
                 "TRUNCATE task_registry, task_status, task_attempts, events, outbox, "
-                "queue_messages, queue_dead"
+                "queue_messages, queue_leases, queue_dead"
             )
             conn.execute(
                 "UPDATE pool_slots SET leased_by_task = NULL, leased_job = NULL, leased_at = NULL"

@@ -74,14 +74,18 @@ def dead_local_worker(worker_id: str | None) -> bool:
 
 
 # A queued task is lost unless something will wake it: a wake-up in the queue (visible,
-# delayed or held by a worker) or in the outbox, a leased slot of its pool (its release wakes
-# the pool's waiting tasks), or its DAG's resume (paused).
+# delayed or held by a worker, in place or in a batch's lease row) or in the outbox, a leased
+# slot of its pool (its release wakes the pool's waiting tasks), or its DAG's resume (paused).
 LOST_TASKS = """
 SELECT s.task_id, r.job, s.attempt
 FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
 WHERE s.status = 'queued'
   AND NOT EXISTS (SELECT 1 FROM queue_messages m WHERE m.payload ->> 'task_id' = s.task_id::text)
+  AND NOT EXISTS (SELECT 1 FROM queue_leases l,
+                  unnest(l.ids) WITH ORDINALITY AS h(id, n)
+                  WHERE h.id = ANY(l.held)
+                    AND l.payloads -> (h.n - 1)::int ->> 'task_id' = s.task_id::text)
   AND NOT EXISTS (SELECT 1 FROM outbox o
                   WHERE o.sent_at IS NULL AND o.payload ->> 'task_id' = s.task_id::text)
   AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)

@@ -7,6 +7,8 @@ from functools import cache
 from importlib import resources
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+# `{{_part}}` in a query stands for the block named `_part` (a fragment several queries share).
+_PART = re.compile(r"\{\{(_\w+)\}\}")
 
 
 @cache
@@ -17,7 +19,7 @@ def load(group: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
+    return {name: _PART.sub(lambda m: queries[m[1]], q) for name, q in queries.items()}
 
 
 class Queries:

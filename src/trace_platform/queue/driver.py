@@ -47,7 +47,12 @@ class QueueDriver(Protocol):
     def extend_visibility(
         self, queue_name: str, receipt: str, visibility_timeout_seconds: float
     ) -> bool:
-        """Push the lease out to now + timeout; False if the lease was lost."""
+        """Push the lease out to now + timeout; False if the lease was lost.
+
+        A driver that leases a batch as one (pgqueue, from BATCH_LEASE_MIN messages) may
+        extend the message's batch-mates with it, and then never shortens the lease while
+        the batch holds any of them. Give a message back early with `nack`, not by
+        extending it to zero."""
 
     def nack(self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0) -> bool:
         """Give a message back after a failure, recording `error`; the last allowed
