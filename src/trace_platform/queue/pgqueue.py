@@ -50,9 +50,9 @@ log = logging.getLogger(__name__)
 QUEUE_PLANS = f"{GENERIC_PLANS} -c enable_seqscan=off -c enable_bitmapscan=off"
 _SWEEP_EVERY = 1.0  # seconds between dead-letter sweeps per queue and driver
 # From this many messages a receive leases them as one batch (a queue_leases row, migration
-# 0024); fewer are leased in place. Measured against the bare SKIP LOCKED loop (durable, paired):
-# at 100 messages in place was 0.89x / 0.75x (1 / 4 consumers) against 1.18x-1.52x /
-# 1.22x-1.48x for a batch lease. Below, batch leases against in place, durable drains, paired
+# 0024); fewer are leased in place. Measured against the bare SKIP LOCKED loop (durable, paired,
+# 3 runs of 3 pairs): at 100 messages, in place 0.75-1.07x / 0.55-0.81x (1 / 4 consumers),
+# as a batch lease 0.91-0.99x / 0.89-1.30x. Below, batch leases against in place, durable drains, paired
 # (medians of 3): acked as whole batches, at 4 / 8 / 16 / 32 messages 1.07 / 0.95 / 0.97 / 1.12
 # with 1 consumer and 1.32 / 1.42 / 1.12 / 1.07 with 4; acked one message at a time, as a worker
 # acks (each ack then rewrites the batch's row), 0.89 / 0.93 / 0.98 / 1.00 and 1.00 / 0.96 /
@@ -208,10 +208,13 @@ class PgQueue:
         if now - self._last_sweep.get(queue_name, 0.0) > _SWEEP_EVERY:
             self._last_sweep[queue_name] = now
             self._sweep(queue_name)
-        limit = min(max_messages, max(BATCH_LEASE_MAX, BATCH_LEASE_MIN))
+        # A batch lease holds at most BATCH_LEASE_MAX; a lease in place has no cap.
+        limit = (
+            max_messages if max_messages < BATCH_LEASE_MIN else min(max_messages, BATCH_LEASE_MAX)
+        )
         with self.relaxed.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
             ids, attempts, payloads, _acked, expired = cur.execute(
-                _Q.receive if limit >= BATCH_LEASE_MIN else _Q.receive_in_place,
+                _Q.receive_in_place if max_messages < BATCH_LEASE_MIN else _Q.receive,
                 {
                     "queue": queue_name,
                     "limit": limit,

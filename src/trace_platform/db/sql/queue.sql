@@ -68,6 +68,10 @@ acks AS (
          + (SELECT coalesce(sum(n), 0) FROM released)
          + (SELECT coalesce(sum(n), 0) FROM thinned)
 
+-- name: _expired
+-- Whether a batch lease of the queue has run out (the driver then `restore`s it).
+EXISTS (SELECT 1 FROM queue_leases WHERE queue_name = %(queue)s AND lease_until < now())
+
 -- name: _pick
 -- The ids of the oldest ready messages of the queue, up to `limit`, locked (SKIP LOCKED),
 -- after `_settle` (not those it just acked). Matches queue_ready_idx, so the ready rows of
@@ -122,8 +126,7 @@ WITH {{_settle}}, picked AS (
 SELECT ids, ARRAY(SELECT n + 1 FROM unnest(attempts) AS n) AS attempts,
        payloads::text AS payloads,
        {{_settled}} AS acked,
-       EXISTS (SELECT 1 FROM queue_leases
-               WHERE queue_name = %(queue)s AND lease_until < now()) AS expired
+       {{_expired}} AS expired
 FROM (SELECT 1) AS one LEFT JOIN held ON true;
 
 -- name: receive_in_place
@@ -148,8 +151,7 @@ SELECT array_agg(id ORDER BY id) AS ids,
        array_agg(attempts ORDER BY id) AS attempts,
        json_agg(payload ORDER BY id)::text AS payloads,
        {{_settled}} AS acked,
-       EXISTS (SELECT 1 FROM queue_leases
-               WHERE queue_name = %(queue)s AND lease_until < now()) AS expired
+       {{_expired}} AS expired
 FROM leased;
 
 -- name: ack_many
