@@ -231,30 +231,35 @@ def stack_throughput(stack: LiteStack, n: int) -> float:
     noop = TaskSpec(job="bench_e2e", operator="noop")
     ids = [r.task_id for r in svc.dispatcher.create_tasks([(noop, "queued")] * n)]
     # The API server runs in this process and the poll shares the database with the path
-    # measured: checking n task ids (a probe per id in each of task_status's partitions, about
-    # 45 ms of Postgres CPU for 2,000) every few ms took a third of a core from the row. So
-    # wait, cheaply, until no wake-up or outbox row is left (a task's wake-up is acked only
-    # after its completion committed), then check the ids; the end time comes from the tasks
-    # themselves, so the poll's period does not count.
+    # measured: checking n task ids (a probe per id in each of task_status's partitions; 7-32
+    # ms for 2,000, and up to a third of a second for 5,000 under load) every few ms took a
+    # third of a core from the row, and once a second still took its share. So wait, cheaply,
+    # until no wake-up or outbox row is left (a task's wake-up is acked only after its
+    # completion committed), then check the ids; the end time comes from the tasks themselves,
+    # so the poll's period does not count. Should some other message linger in the queue, the
+    # count stops moving: the ids are checked once it has stood still for a second.
     literal = "{" + ",".join(map(str, ids)) + "}"
 
-    def settled() -> bool:
+    def waiting() -> int:
         with svc.pool.connection() as conn:
             left = conn.execute(
                 "SELECT (SELECT count(*) FROM queue_messages) + "
                 "(SELECT coalesce(sum(cardinality(held)), 0) FROM queue_leases) + "
                 "(SELECT count(*) FROM outbox WHERE sent_at IS NULL) AS n"
             ).fetchone()
-        return left is not None and left["n"] == 0
+        assert left is not None
+        return int(left["n"])
 
     deadline = time.monotonic() + 600
-    checked = time.monotonic()
+    seen, moved = -1, time.monotonic()
     while True:
-        # At least once a second regardless, should some other message linger in the queue.
-        if settled() or time.monotonic() - checked > 1.0:
+        left = waiting()
+        if left != seen:
+            seen, moved = left, time.monotonic()
+        if left == 0 or time.monotonic() - moved > 1.0:
             if (last := finished_at(svc, literal, n)) is not None:
                 break
-            checked = time.monotonic()
+            moved = time.monotonic()
         if time.monotonic() > deadline:
             raise TimeoutError("bench step timed out")
         time.sleep(0.05)
