@@ -463,6 +463,27 @@ def test_reaper_does_not_count_state_conflicts_as_tries(services: Services, path
     assert d.get_task(r.task_id).status == "queued"  # one real try of two: retried
 
 
+def test_the_invariants_see_wakeups_a_batch_lease_holds(services: Services) -> None:
+    """A wake-up held in a batch lease (a receive of 16 or more) keeps its task from being
+    lost; acked with its task still queued, the task is lost."""
+    ids = [services.dispatcher.create_task(spec()).task_id for _ in range(20)]
+    services.publisher.drain()
+    got = services.driver.receive(Q, 20, 60)
+    assert len(got) == 20
+    with services.pool.connection() as conn:
+        assert conn.execute("SELECT count(*) AS n FROM queue_leases").fetchone() == {"n": 1}
+    assert_invariants(services)
+    gone = [m for m in got if m.payload["task_id"] in {str(i) for i in ids[:3]}]
+    assert services.driver.ack_many(Q, [m.receipt for m in gone]) == 3
+    with pytest.raises(AssertionError, match="lost") as lost:
+        assert_invariants(services)
+    assert all(str(i) in str(lost.value) for i in ids[:3])
+    assert not any(str(i) in str(lost.value) for i in ids[3:])
+    for task_id in ids[:3]:
+        services.dispatcher.cancel(task_id)
+    assert_invariants(services)
+
+
 def test_the_invariants_catch_a_lost_task_and_an_orphan_wakeup(services: Services) -> None:
     """The checker itself can fail: a queued task whose wake-up vanished is lost, and a
     wake-up for a task that does not exist is an orphan."""

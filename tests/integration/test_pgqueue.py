@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 import uuid
@@ -284,10 +285,16 @@ def test_two_acks_of_a_batch_at_once_both_land(pgq: PgQueue, dsn: str) -> None:
     first, second = batch[-2:]
     settle = Queries("queue").ack_many
     with psycopg.connect(dsn) as one, psycopg.connect(dsn) as two:
-        got = {"one": one.execute(settle, {"receipts": pgqueue._grouped([first.receipt])})}
+        got = {
+            "one": one.execute(
+                settle, {"queue": "q", "receipts": pgqueue._grouped([first.receipt])}
+            )
+        }
         blocked = threading.Thread(
             target=lambda: got.update(
-                two=two.execute(settle, {"receipts": pgqueue._grouped([second.receipt])})
+                two=two.execute(
+                    settle, {"queue": "q", "receipts": pgqueue._grouped([second.receipt])}
+                )
             )
         )
         blocked.start()
@@ -404,7 +411,7 @@ def test_settles_naming_the_same_batches_in_opposite_orders_do_not_deadlock(
 
         def run(name: str, conn: psycopg.Connection[Any], receipts: str) -> None:
             try:
-                got[name] = conn.execute(settle, {"receipts": receipts}).fetchone()
+                got[name] = conn.execute(settle, {"queue": "q", "receipts": receipts}).fetchone()
                 conn.commit()
             except psycopg.Error as e:
                 got[name] = e
@@ -436,6 +443,43 @@ def test_a_token_spelled_in_capitals_settles_the_same_batch(pgq: PgQueue) -> Non
     receipts = [shout(m.receipt) if i % 2 else m.receipt for i, m in enumerate(batch)]
     assert pgq.ack_many("q", receipts) == n
     assert pgq.receive("q", n, 30) == []
+
+
+def test_a_receive_of_more_batches_than_the_stack_is_deep_gets_them_all(
+    pgq: PgQueue, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches follow one another in a loop: a receive of more batches than Python's
+    recursion limit (as a batch of BATCH_LEASE_MAX = 1 makes it) gets every message, each
+    batch leased once (recursing, it stopped at the limit with the rest left queued)."""
+    monkeypatch.setattr(pgqueue, "BATCH_LEASE_MAX", 1)
+    n = sys.getrecursionlimit() + 100
+    pgq.publish_many("q", [wake() for _ in range(n)])
+    got = pgq.receive("q", n, 30)
+    assert len(got) == n and len({m.receipt for m in got}) == n
+    with psycopg.connect(dsn) as conn:
+        # A batch each while 16 or more were still wanted; the last few leased in place.
+        in_batches = n - (BATCH_LEASE_MIN - 1)
+        assert conn.execute("SELECT count(*) FROM queue_leases").fetchone() == (in_batches,)
+        assert conn.execute("SELECT count(*) FROM queue_messages").fetchone() == (n - in_batches,)
+    assert pgq.receive("q", n, 30) == []
+    assert pgq.ack_many("q", [m.receipt for m in got]) == n
+
+
+def test_a_lease_shorter_than_its_receive_gives_each_message_once(
+    pgq: PgQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a receive whose own batches expired before it ended (a lease shorter
+    than the call) put them back and leased them again, returning each message several times
+    in one call. Its own batches wait for the next receive, like any other expired lease."""
+    monkeypatch.setattr(pgqueue, "BATCH_LEASE_MAX", 5)
+    pgq.publish_many("q", [wake() for _ in range(20)])
+    got = pgq.receive("q", 40, 0)
+    ids = [m.receipt.split(":")[0] for m in got]
+    assert len(ids) == 20 == len(set(ids))
+    assert {m.delivery_count for m in got} == {1}
+    again = pgq.receive("q", 40, 30)  # expired: back, and leased by the next receive
+    assert sorted(m.receipt.split(":")[0] for m in again) == sorted(ids)
+    assert {m.delivery_count for m in again} == {2}
 
 
 def test_a_receive_above_the_cap_is_several_batches_and_each_is_put_back_whole(

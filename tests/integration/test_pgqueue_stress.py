@@ -162,7 +162,8 @@ def test_a_message_made_ready_under_a_receive_is_leased_by_it(dsn: str) -> None:
         time.sleep(0.5)  # the receive took its snapshot and waits on the held row
         mid, token = lapsed.receipt.split(":")
         nacked = nacker.execute(
-            Queries("queue").nack, {"id": int(mid), "token": token, "error": "e", "delay": 0}
+            Queries("queue").nack,
+            {"queue": "r", "id": int(mid), "token": token, "error": "e", "delay": 0},
         ).fetchall()
         nacker.commit()
         assert len(nacked) == 1

@@ -77,15 +77,20 @@ def dead_local_worker(worker_id: str | None) -> bool:
 # delayed or held by a worker, in place or in a batch's lease row) or in the outbox, a leased
 # slot of its pool (its release wakes the pool's waiting tasks), or its DAG's resume (paused).
 LOST_TASKS = """
+WITH held AS MATERIALIZED (
+  -- The wake-ups batch leases hold: each lease's arrays read once, side by side (as the
+  -- queue's `restore` does), not its payloads array once per message for every task.
+  SELECT m.payload ->> 'task_id' AS task_id
+  FROM queue_leases l,
+       ROWS FROM (unnest(l.ids), jsonb_array_elements(l.payloads)) AS m(id, payload)
+  WHERE (l.token, m.id) IN (SELECT h.token, unnest(h.held) FROM queue_leases h)
+)
 SELECT s.task_id, r.job, s.attempt
 FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
 WHERE s.status = 'queued'
   AND NOT EXISTS (SELECT 1 FROM queue_messages m WHERE m.payload ->> 'task_id' = s.task_id::text)
-  AND NOT EXISTS (SELECT 1 FROM queue_leases l,
-                  unnest(l.ids) WITH ORDINALITY AS h(id, n)
-                  WHERE h.id = ANY(l.held)
-                    AND l.payloads -> (h.n - 1)::int ->> 'task_id' = s.task_id::text)
+  AND NOT EXISTS (SELECT 1 FROM held WHERE held.task_id = s.task_id::text)
   AND NOT EXISTS (SELECT 1 FROM outbox o
                   WHERE o.sent_at IS NULL AND o.payload ->> 'task_id' = s.task_id::text)
   AND NOT EXISTS (SELECT 1 FROM dags d WHERE d.dag_id = r.dag_id AND d.paused)

@@ -69,6 +69,32 @@ class QueueDriverConformance:
         assert driver.ack(queue, first.receipt) is False  # the lease moved on
         assert driver.ack(queue, second.receipt) is True
 
+    def test_a_receipt_settles_only_through_its_own_queue(
+        self, driver: QueueDriver, queue: str
+    ) -> None:
+        """Through another queue's name a receipt holds nothing: its ack, extend, nack and a
+        receive carrying it change nothing; through its own, each works."""
+        other = queue + "_other"
+        driver.publish_many(queue, [wake() for _ in range(20)])
+        driver.publish(other, wake())
+        msgs = driver.receive(queue, 20, 0.5)  # a batch (whatever the driver leases as one)
+        assert len(msgs) == 20
+        first, second, third = msgs[0], msgs[1], msgs[2]
+        assert driver.ack(other, first.receipt) is False
+        assert driver.ack_many(other, [m.receipt for m in msgs]) == 0
+        assert driver.extend_visibility(other, second.receipt, 30) is False
+        assert driver.nack(other, third.receipt, "not mine") is False
+        assert len(driver.receive(other, 10, 30, ack=[m.receipt for m in msgs])) == 1
+        time.sleep(0.7)  # every lease ran out: nothing above settled or extended any of them
+        again = driver.receive(queue, 30, 30)
+        assert len(again) == 20 and {m.delivery_count for m in again} == {2}
+        assert driver.extend_visibility(queue, again[0].receipt, 30)
+        assert driver.nack(queue, again[1].receipt, "mine")
+        assert driver.ack_many(queue, [m.receipt for m in again[2:]]) == 18
+        back = driver.receive(queue, 10, 30)
+        assert len(back) == 1 and back[0].delivery_count == 3
+        assert driver.ack(queue, back[0].receipt) and driver.ack(queue, again[0].receipt)
+
     def test_extend_visibility(self, driver: QueueDriver, queue: str) -> None:
         driver.publish(queue, wake())
         msg = driver.receive(queue, 1, 0.5)[0]

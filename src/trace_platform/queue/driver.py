@@ -39,7 +39,9 @@ class QueueDriver(Protocol):
         refused before anything happens."""
 
     def ack(self, queue_name: str, receipt: str) -> bool:
-        """Delete a received message; False if the receipt no longer holds the lease."""
+        """Delete a received message; False if the receipt no longer holds the lease. A
+        receipt settles (ack, extend, nack) only through the name of the queue it came from:
+        through any other it is a receipt that holds nothing."""
 
     def ack_many(self, queue_name: str, receipts: list[str]) -> int:
         """Batched ack; returns how many receipts still held their lease."""

@@ -201,13 +201,51 @@ class PgQueue:
     def _lease(
         self, queue_name: str, max_messages: int, visibility: float, acks: str = ""
     ) -> list[Message]:
+        """Up to `max_messages`, as one statement per batch (a batch lease holds at most
+        BATCH_LEASE_MAX), the first also settling `acks`. Only the first may raise: each
+        batch commits, so a failure after one must not lose it (its delivery is counted); it
+        is logged and the receive returns what it has (the next receive or sweep goes on)."""
+        msgs: list[Message] = []
+        mine: list[str] = []  # this call's batches: never put back and leased again by it
+        expired = False  # a batch saw an expired lease: put back, and leased if there is room
+        first = True
+        while True:
+            want = max_messages - len(msgs)
+            try:
+                got, full, saw_expired = self._lease_once(queue_name, want, visibility, acks, mine)
+            except Exception as e:
+                if first:
+                    raise  # nothing committed: the caller keeps its acks
+                log.warning("receive of %s stopped at %d messages: %s", queue_name, len(msgs), e)
+                break
+            first, acks = False, ""  # the acks are settled: the first statement committed
+            msgs += got
+            expired = expired or saw_expired
+            if full and len(got) < want:  # more wanted, maybe ready: the next batch
+                continue
+            try:  # what ran out goes back now, not at the next sweep
+                ready = expired and self._restore(queue_name, mine)
+            except Exception as e:
+                log.warning("receive of %s stopped at %d messages: %s", queue_name, len(msgs), e)
+                break
+            if not ready or len(msgs) >= max_messages:
+                break
+            expired = False  # leased at once, as there is room
+        return msgs
+
+    def _lease_once(
+        self, queue_name: str, max_messages: int, visibility: float, acks: str, mine: list[str]
+    ) -> tuple[list[Message], bool, bool]:
+        """One statement's batch: (its messages, whether it was full, whether it saw an
+        expired lease); its token is added to `mine`."""
         # One fresh token per batch: a receipt is (id, token), so a redelivery (a later batch)
         # never matches an older receipt of the same message.
         token = str(uuid4())
         now = time.monotonic()
         if now - self._last_sweep.get(queue_name, 0.0) > _SWEEP_EVERY:
             self._last_sweep[queue_name] = now
-            self._sweep(queue_name)
+            self._sweep(queue_name, mine)
+        mine.append(token)
         # A batch lease holds at most BATCH_LEASE_MAX; a lease in place has no cap.
         limit = (
             max_messages if max_messages < BATCH_LEASE_MIN else min(max_messages, BATCH_LEASE_MAX)
@@ -230,30 +268,20 @@ class PgQueue:
                 ids or (), attempts or (), json.loads(payloads or "[]"), strict=True
             )
         ]
-        # The batch above is committed: a failure from here on must not lose it (its delivery
-        # is counted), so it is only logged, and the next receive or sweep tries again.
-        try:
-            if len(msgs) == limit < max_messages:  # more wanted, maybe ready: the next batch
-                msgs += self._lease(queue_name, max_messages - limit, visibility)
-            # What ran out goes back now, not at the next sweep, and is leased at once when
-            # the batch has room.
-            if expired and self._restore(queue_name) and len(msgs) < max_messages:
-                msgs += self._lease(queue_name, max_messages - len(msgs), visibility)
-        except Exception as e:
-            log.warning("receive of %s stopped at %d messages: %s", queue_name, len(msgs), e)
-        return msgs
+        return msgs, len(msgs) == limit, bool(expired)
 
-    def _sweep(self, queue_name: str) -> None:
+    def _sweep(self, queue_name: str, mine: list[str] | None = None) -> None:
         """Expired leases back in the queue (or dead), and rows an older version leased in
         place whose final lease expired, dead."""
-        self._restore(queue_name)
+        self._restore(queue_name, mine)
         with self.pool.connection() as conn:  # durable: a dead letter is a record
             conn.execute(_Q.dead_letter, {"queue": queue_name})
 
-    def _restore(self, queue_name: str) -> int:
-        """Puts back the messages of this queue's expired leases; how many are ready again."""
+    def _restore(self, queue_name: str, mine: list[str] | None = None) -> int:
+        """Puts back the messages of this queue's expired leases (but `mine`, the batches of
+        the receive asking); how many are ready again."""
         with self.pool.connection() as conn:  # durable: it may write dead letters
-            row = conn.execute(_Q.restore, {"queue": queue_name}).fetchone()
+            row = conn.execute(_Q.restore, {"queue": queue_name, "mine": mine or []}).fetchone()
         return int(row["ready"]) if row else 0
 
     def receive(
@@ -307,7 +335,7 @@ class PgQueue:
             return 0
         joined = _grouped(receipts)
         with self.relaxed.connection() as conn:
-            row = conn.execute(_Q.ack_many, {"receipts": joined}).fetchone()
+            row = conn.execute(_Q.ack_many, {"queue": queue_name, "receipts": joined}).fetchone()
         return int(row["acked"]) if row else 0
 
     def extend_visibility(
@@ -317,7 +345,12 @@ class PgQueue:
         with self.relaxed.connection() as conn:
             row = conn.execute(
                 _Q.extend_visibility,
-                {"id": msg_id, "token": token, "visibility": visibility_timeout_seconds},
+                {
+                    "queue": queue_name,
+                    "id": msg_id,
+                    "token": token,
+                    "visibility": visibility_timeout_seconds,
+                },
             ).fetchone()
             return bool(row and row["extended"])
 
@@ -326,7 +359,13 @@ class PgQueue:
         with self.relaxed.connection() as conn:
             row = conn.execute(
                 _Q.nack,
-                {"id": msg_id, "token": token, "error": error[:4000], "delay": delay_seconds},
+                {
+                    "queue": queue_name,
+                    "id": msg_id,
+                    "token": token,
+                    "error": error[:4000],
+                    "delay": delay_seconds,
+                },
             ).fetchone()
             if row is None:
                 return False
