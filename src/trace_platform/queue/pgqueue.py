@@ -213,19 +213,16 @@ class PgQueue:
             want = max_messages - len(msgs)
             try:
                 got, full, saw_expired = self._lease_once(queue_name, want, visibility, acks, mine)
+                first, acks = False, ""  # the acks are settled: the first statement committed
+                msgs += got
+                expired = expired or saw_expired
+                if full and len(got) < want:  # more wanted, maybe ready: the next batch
+                    continue
+                # What ran out goes back now, not at the next sweep.
+                ready = expired and self._restore(queue_name, mine)
             except Exception as e:
                 if first:
                     raise  # nothing committed: the caller keeps its acks
-                log.warning("receive of %s stopped at %d messages: %s", queue_name, len(msgs), e)
-                break
-            first, acks = False, ""  # the acks are settled: the first statement committed
-            msgs += got
-            expired = expired or saw_expired
-            if full and len(got) < want:  # more wanted, maybe ready: the next batch
-                continue
-            try:  # what ran out goes back now, not at the next sweep
-                ready = expired and self._restore(queue_name, mine)
-            except Exception as e:
                 log.warning("receive of %s stopped at %d messages: %s", queue_name, len(msgs), e)
                 break
             if not ready or len(msgs) >= max_messages:
