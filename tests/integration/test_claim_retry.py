@@ -153,26 +153,6 @@ def test_a_retry_renews_a_lease_that_ran_on_while_its_answer_was_lost(
     assert again["attempt"] == 1 and answered == row["lease_until"]
 
 
-def test_a_wrapper_tries_its_claim_again_after_a_server_error_with_the_same_key(
-    client: DispatcherClient, services: Services
-) -> None:
-    """The claim commits, then a proxy answers 502: the wrapper tries again with the same key
-    and runs the task now (before, a new key got a 409 and the task waited out its lease)."""
-    import types
-
-    from trace_platform.worker.wrapper import Wrapper
-
-    (task_id,) = new_tasks(services, 1)
-    bad_gateway = Response(502, b'{"error": "bad_gateway", "message": "upstream reset"}')
-    failed = _spoil_first_answer(client, "/internal/claim", lambda _: bad_gateway)
-    wrapper = types.SimpleNamespace(
-        client=client, worker_id="w1", _within_lease=Wrapper._within_lease
-    )
-    got = Wrapper._claim(wrapper, uuid.UUID(task_id))  # type: ignore[arg-type]
-    assert failed and got.attempt == 1
-    assert _status(services, task_id)["lease_token"] == str(got.lease_token)
-
-
 def test_a_client_claims_from_an_api_that_knows_no_claim_key(
     client: DispatcherClient, services: Services
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.queue_conformance import wake
 from trace_platform.queue.pgqueue import PgQueue
-from trace_platform.worker.wrapper import HeldAcks, receive_batcher
+from trace_platform.worker.wrapper import HeldAcks
 
 Q = "tasks"
 
@@ -51,16 +51,15 @@ def left(driver: Counting) -> int:
 
 
 def test_the_next_receive_carries_the_held_acks(driver: Counting) -> None:
-    acks = HeldAcks(driver, Q, linger=60)  # never alone, here
-    recv = receive_batcher(driver, Q, 30, 0, acks)  # type: ignore[arg-type]
+    acks = HeldAcks(driver, Q, linger=60)  # type: ignore[arg-type]  # never alone, here
     for _ in range(3):
         driver.publish(Q, wake())
-    first = recv.submit(None)
-    assert first is not None and left(driver) == 3
+    (first,) = acks.receive(1, 30, 0)
+    assert left(driver) == 3
     acks.submit(first.receipt)
     assert left(driver) == 3  # held, not yet sent
-    second = recv.submit(None)
-    assert second is not None and second.receipt != first.receipt
+    (second,) = acks.receive(1, 30, 0)
+    assert second.receipt != first.receipt
     assert left(driver) == 2  # the first is gone, in the second's statement
     assert "ack_many" not in driver.calls and "ack" not in driver.calls
 
@@ -81,14 +80,13 @@ def test_a_failed_receive_keeps_its_acks_and_flush_sends_them(driver: Counting) 
     driver.publish(Q, wake())
     (msg,) = driver.receive(Q, 1, 30)
     acks.submit(msg.receipt)
-    broken = receive_batcher(driver, "", 30, 0, acks)  # type: ignore[arg-type]
 
     def refuse(*a: Any, **kw: Any) -> Any:
         raise ConnectionError("the database went away")
 
     driver.driver.receive = refuse  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
-        broken.submit(None)
+        acks.receive(1, 30, 0)
     assert left(driver) == 1
     acks.flush()  # as a wrapper's run does on exit
     assert left(driver) == 0
@@ -99,15 +97,14 @@ def test_a_failed_receive_keeps_its_acks_and_flush_sends_them(driver: Counting) 
 def test_a_held_ack_whose_lease_ran_out_spares_the_next_lease(driver: Counting) -> None:
     """Held past its lease (the message redelivered to another wrapper), a receipt carried by a
     receive deletes nothing: the new lease's holder still owns, and acks, the message."""
-    acks = HeldAcks(driver, Q, linger=60)
-    recv = receive_batcher(driver, Q, 30, 0, acks)  # type: ignore[arg-type]
+    acks = HeldAcks(driver, Q, linger=60)  # type: ignore[arg-type]
     driver.publish(Q, wake())
     (old,) = driver.receive(Q, 1, 0.2)
     acks.submit(old.receipt)
     time.sleep(0.4)  # the lease runs out while the ack is held
     (new,) = driver.receive(Q, 1, 30)
     assert new.receipt != old.receipt
-    assert recv.submit(None) is None  # carries the stale receipt: nothing ready, nothing gone
+    assert acks.receive(1, 30, 0) == []  # carries the stale receipt: nothing ready, nothing gone
     assert left(driver) == 1
     assert driver.ack(Q, new.receipt) and left(driver) == 0
 
@@ -129,14 +126,13 @@ def test_the_linger_thread_ends_when_nothing_is_held(driver: Counting) -> None:
 
 
 def test_a_malformed_receipt_is_dropped_not_held_forever(driver: Counting) -> None:
-    acks = HeldAcks(driver, Q, linger=60)
-    recv = receive_batcher(driver, Q, 30, 0, acks)  # type: ignore[arg-type]
+    acks = HeldAcks(driver, Q, linger=60)  # type: ignore[arg-type]
     driver.publish(Q, wake())
     acks.submit("not a receipt")
     with pytest.raises(ValueError):
-        recv.submit(None)
+        acks.receive(1, 30, 0)
     assert left(driver) == 1  # nothing leased by the refused statement
-    assert recv.submit(None) is not None  # the next receive is not poisoned
+    assert len(acks.receive(1, 30, 0)) == 1  # the next receive is not poisoned
     acks.submit("not a receipt either")
     with pytest.raises(ValueError):
         acks.flush()  # nor is the flush: dropped there too

@@ -19,7 +19,7 @@ import pytest
 
 from trace_platform.worker import host_link
 from trace_platform.worker.host_link import HostLink
-from trace_platform.worker.wrapper import Wrapper
+from trace_platform.worker.wrapper import Running, Wrapper
 
 
 def _host(script: str) -> subprocess.Popen[bytes]:
@@ -232,7 +232,6 @@ def test_a_slow_heartbeat_does_not_stop_the_supervisor_reading_its_host(
         client=SimpleNamespace(heartbeat=heartbeat),
         visibility=60,
         _extend=lambda msg: None,
-        _final_report=lambda claim, msg, outcome, clock, **kw: reported.append(outcome),
         _report=lambda claim, outcome, **kw: reported.append(outcome),
     )
     claim = SimpleNamespace(
@@ -241,10 +240,9 @@ def test_a_slow_heartbeat_does_not_stop_the_supervisor_reading_its_host(
         task_id=uuid4(),
         attempt=1,
     )
+    run = Running(claim, None, None, host, None, [], None)  # type: ignore[arg-type]
     supervise = threading.Thread(
-        target=Wrapper._supervise,
-        args=(wrapper, claim, None, threading.Event(), None, host, None),
-        daemon=True,
+        target=Wrapper._supervise, args=(wrapper, run, threading.Event()), daemon=True
     )
     supervise.start()
     supervise.join(8)

@@ -16,7 +16,7 @@ from trace_platform.contract import (
     HeartbeatRequest,
     progress_text,
 )
-from trace_platform.worker.wrapper import _bounded_progress
+from trace_platform.worker.wrapper import bounded_progress
 
 CLAIM = Claim(
     task_id=uuid.uuid4(),
@@ -43,11 +43,11 @@ def test_the_heartbeat_carries_at_most_a_small_report() -> None:
     with pytest.raises(ValueError, match="progress is larger"):
         HeartbeatRequest(**ref, progress={"x": "y" * MAX_PROGRESS_BYTES})
     # The wrapper never sends what the API would refuse (a refused heartbeat loses the lease).
-    assert _bounded_progress({"rows": 5}, CLAIM) == {"rows": 5}
-    big = _bounded_progress({"x": "y" * MAX_PROGRESS_BYTES}, CLAIM)
+    assert bounded_progress({"rows": 5}, CLAIM) == {"rows": 5}
+    big = bounded_progress({"x": "y" * MAX_PROGRESS_BYTES}, CLAIM)
     assert big is not None and "over 4096 bytes" in big["dropped"]
     HeartbeatRequest(**ref, progress=big)
-    assert _bounded_progress(["not", "an", "object"], CLAIM) is None
+    assert bounded_progress(["not", "an", "object"], CLAIM) is None
 
 
 def test_runs_show_prints_each_tasks_last_report_as_text() -> None:

@@ -194,12 +194,8 @@ def worker(
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import SandboxUnavailable, resolve
     from trace_platform.worker.client import DispatcherClient
-    from trace_platform.worker.wrapper import (
-        HeldAcks,
-        Wrapper,
-        platform_ports,
-        receive_batcher,
-    )
+    from trace_platform.worker.reactor import Reactor
+    from trace_platform.worker.wrapper import HeldAcks, Wrapper, platform_ports
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -229,13 +225,9 @@ def worker(
     store = make_store(settings)
     store.ensure_bucket()
     stop, abort = _drain_on_signals(settings.worker_drain_seconds)
-    # One for all wrappers: their receives, and the acks each receive carries, coalesce into
-    # one statement.
+    # One for all wrappers: their wake-ups come in one receive, which acks what it holds.
     wait_seconds = min(2.0, settings.queue_poll_seconds * 5)
     acks = HeldAcks(driver, settings.task_queue)
-    receiver = receive_batcher(
-        driver, settings.task_queue, settings.worker_visibility_seconds, wait_seconds, acks
-    )
     wrappers = [
         Wrapper(
             driver,
@@ -255,21 +247,11 @@ def worker(
             extra_binds=settings.sandbox_extra_binds,
             wait_seconds=wait_seconds,
             acks=acks,
-            receiver=receiver,
         )
         for _ in range(concurrency)
     ]
-    threads = [
-        threading.Thread(target=w.run, args=(stop, max_tasks, abort), name=f"wrapper-{i}")
-        for i, w in enumerate(wrappers)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        # Timed: Python runs a signal's handler only in the main thread, and a SIGTERM the
-        # kernel gave another thread left a plain join() asleep (the worker never drained).
-        while t.is_alive():
-            t.join(0.5)
+    # One thread drives them all (worker/reactor.py): this one, where signals are handled.
+    Reactor(wrappers).run(stop, max_tasks, abort)
     client.close()
     driver.close()
 

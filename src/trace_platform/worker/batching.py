@@ -1,6 +1,6 @@
-"""Group commit for a worker's calls: the wrapper threads of one worker each ask for one thing
-(claim this wake-up, complete this attempt, ack this message); what they ask while a batch is
-in flight goes out together in the next one. No call waits for company: a lone caller's batch
+"""Group commit for a worker's calls from its wrappers' threads (worker/reactor.py hands them the
+attempts that can wait): each asks for one thing (claim this wake-up, complete this attempt);
+what they ask while a batch is in flight goes out together in the next one. No call waits for company: a lone caller's batch
 leaves at once, so one wrapper pays nothing and eight share one request and one commit."""
 
 from __future__ import annotations

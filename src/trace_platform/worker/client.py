@@ -1,10 +1,11 @@
 """HTTP client of the Dispatcher's internal API, held by the wrapper only (never the operator).
 
-One client serves all of a worker's wrapper threads: their claims and completions are
-coalesced (`worker/batching.py`) into one request when more than one is waiting, so eight
-wrappers share one request and one commit: `/internal/exchange` when it holds both (one
-wrapper's finished attempt and another's next wake-up), else `/internal/claim-batch` or
-`/internal/complete-batch` (a lone item: its one-task route)."""
+One client serves all of a worker's wrappers. The worker's loop (`worker/reactor.py`) sends
+all the claims and completions it has at once (`exchange`); the threads that supervise longer
+attempts have theirs coalesced (`worker/batching.py`) when more than one is waiting. Either way
+one request and one commit carry them: `/internal/exchange` when it holds both (finished
+attempts and next wake-ups), else `/internal/claim-batch` or `/internal/complete-batch` (a lone
+item: its one-task route)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class DispatcherClient:
         wrappers: int = 8,
         exchange_url: str | None = None,
     ) -> None:
-        """`wrappers`: how many wrapper threads share this client (sizes its connections);
+        """`wrappers`: how many wrappers share this client (sizes its connections);
         `exchange_url`: the API's exchange listener (api/exchange_listener.py), which then
         carries every claim and every batched completion, lone ones included, while it can
         be reached (else the API's routes do)."""
@@ -318,20 +319,46 @@ class DispatcherClient:
         operator_state: dict[str, Any] | None = None,
         operator_state_revision: int = 0,
     ) -> CompleteResponse:
-        item = CompleteItem(
-            task_id=claim.task_id,
-            attempt=claim.attempt,
-            outcome=outcome,  # type: ignore[arg-type]
+        item = complete_item(
+            claim,
+            outcome,
             error=error,
             retryable=retryable,
-            final_events=final_events or [],
-            outputs=outputs or [],
+            final_events=final_events,
+            outputs=outputs,
             operator_state=operator_state,
             operator_state_revision=operator_state_revision,
         )
-        if len(item.model_dump_json().encode()) > MAX_BATCHED_COMPLETION_BYTES:  # bytes, not chars
+        if _oversize(item):
             return self._complete_one(claim, item)
         return cast(CompleteResponse, self._exchange.submit((claim, item)))
+
+    def exchange(self, asks: list[Ask]) -> list[Claim | CompleteResponse | BaseException]:
+        """Claims and completions together, answered each in its order (an error is that
+        item's): a worker's loop sends all it has at once. A completion over
+        MAX_BATCHED_COMPLETION_BYTES goes alone; an error of the request itself is every
+        other item's."""
+        answers: dict[int, Claim | CompleteResponse | BaseException] = {}
+        for n, ask in enumerate(asks):
+            if not isinstance(ask, ClaimRequest) and _oversize(ask[1]):
+                answers[n] = _answer(lambda a=ask: self._complete_one(*a))
+        rest = [n for n in range(len(asks)) if n not in answers]
+        for start in range(0, len(rest), MAX_BATCH):
+            part = rest[start : start + MAX_BATCH]
+            got: list[Claim | CompleteResponse | BaseException]
+            try:
+                got = self._exchange_batch([asks[n] for n in part])
+            except Exception as e:
+                got = [e] * len(part)
+            answers.update(zip(part, got, strict=True))
+        return [answers[n] for n in range(len(asks))]
+
+    def claim_request(self, task_id: UUID, worker_id: str) -> ClaimRequest:
+        """A claim of the task with a fresh key (unless the API takes none): tried again with
+        the same request, a claim whose answer was lost gets the lease it took."""
+        return ClaimRequest(
+            task_id=task_id, worker_id=worker_id, claim_id=uuid4() if self.claim_keys else None
+        )
 
     def _complete_one(self, claim: Claim, item: CompleteItem) -> CompleteResponse:
         body = item.model_dump_json(exclude={"task_id", "attempt"})
@@ -373,6 +400,35 @@ class DispatcherClient:
         self.http.close()
         if self.listener is not None:
             self.listener.close()
+
+
+def complete_item(
+    claim: Claim,
+    outcome: str,
+    *,
+    error: str | None = None,
+    retryable: bool = True,
+    final_events: list[EventIn] | None = None,
+    outputs: list[OutputCommit] | None = None,
+    operator_state: dict[str, Any] | None = None,
+    operator_state_revision: int = 0,
+) -> CompleteItem:
+    """The attempt's report, as one completion of a batch."""
+    return CompleteItem(
+        task_id=claim.task_id,
+        attempt=claim.attempt,
+        outcome=outcome,  # type: ignore[arg-type]
+        error=error,
+        retryable=retryable,
+        final_events=final_events or [],
+        outputs=outputs or [],
+        operator_state=operator_state,
+        operator_state_revision=operator_state_revision,
+    )
+
+
+def _oversize(item: CompleteItem) -> bool:
+    return len(item.model_dump_json().encode()) > MAX_BATCHED_COMPLETION_BYTES  # bytes
 
 
 def _raise_for_status(r: Response) -> None:

@@ -1,5 +1,5 @@
-"""What an operator host says, read by the wrapper thread that supervises it, off the host's
-pipe itself: no reader thread between them. A reader thread cost each message two wake-ups
+"""What an operator host says, read by whoever supervises it (the worker's loop, or its
+wrapper's thread) off the host's pipe itself: no reader thread between them. A reader thread cost each message two wake-ups
 (the thread's, then the wrapper's, through a queue), on every task.
 
 The wrapper's own helpers (the thread serving a store request) `post` their notes into the
@@ -56,6 +56,11 @@ class HostLink:
         # What the reader gets once the queue is empty: reading has stopped.
         self._last: dict[str, Any] | None = None
         self._closed = False
+
+    def fds(self) -> list[int]:
+        """The descriptors `get` waits on, for a caller that waits on many links at once (and
+        then calls `get(0)` on those ready)."""
+        return list(self._watched)
 
     def post(self, msg: dict[str, Any]) -> None:
         """From any thread: `msg` goes to the reader after the lines read so far."""

@@ -21,9 +21,9 @@ from trace_platform.sandbox.gateway import verified_tls
 
 
 def pool_size(wrappers: int) -> int:
-    """Connections kept for a worker of `wrappers` wrapper threads: each one's heartbeats and
-    events, and its report thread's completion, may be in flight at once, and the claim
-    batches besides. A request past them opens a connection of its own (never a wait), which
+    """Connections kept for a worker of `wrappers` wrappers: each one's thread may have a
+    heartbeat or an event and a completion in flight at once, and the loop's exchanges
+    besides. A request past them opens a connection of its own (never a wait), which
     urllib3 then closes with a warning."""
     return 2 * wrappers + 4
 

@@ -91,8 +91,12 @@ class OperatorHost:
         self.tenant: tuple[Any, ...] | None = None
         self.link: HostLink | None = None  # the running process's messages
 
+    def runs_for(self, tenant: tuple[Any, ...]) -> bool:
+        """Whether this host runs, for `tenant` (its next task then starts at once)."""
+        return self.proc is not None and self.proc.poll() is None and self.tenant == tenant
+
     def ensure(self, tenant: tuple[Any, ...]) -> None:
-        if self.proc is not None and self.proc.poll() is None and self.tenant == tenant:
+        if self.runs_for(tenant):
             return
         self.kill()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

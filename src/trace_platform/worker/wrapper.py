@@ -18,8 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from trace_platform.config import Settings
 from trace_platform.contract import (
     MAX_PROGRESS_BYTES,
     Claim,
+    CompleteResponse,
     EventIn,
     OutputCommit,
     TaskPayload,
@@ -43,7 +43,6 @@ from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, host_port, is_url
 from trace_platform.sandbox.hostdir import TaskDirs
 from trace_platform.sandbox.tcp_forward import TcpForward, connect_address
-from trace_platform.worker.batching import Batcher
 from trace_platform.worker.client import ApiError, DispatcherClient, transient
 from trace_platform.worker.host_link import HostLink
 from trace_platform.worker.operator_host import HostUnresponsive, OperatorHost, write_msg
@@ -51,9 +50,6 @@ from trace_platform.worker.store_proxy import ScopedStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# How long a wrapper tries one claim again while the API is away (well within any lease; the
-# last try is a second before it ends, as for a lease).
-CLAIM_RETRY_SECONDS = 5.0
 
 
 class LeaseClock:
@@ -64,11 +60,6 @@ class LeaseClock:
     def __init__(self, lease_until: datetime) -> None:
         self.deadline = 0.0
         self.renew(lease_until)
-
-    @classmethod
-    def for_seconds(cls, seconds: float) -> LeaseClock:
-        """A clock that ends `seconds` from now: a retry budget before any lease is held."""
-        return cls(datetime.now(UTC) + timedelta(seconds=seconds))
 
     def renew(self, lease_until: datetime) -> None:
         span = (lease_until - datetime.now(UTC)).total_seconds()
@@ -112,6 +103,17 @@ class HeldAcks:
                 self._since = time.monotonic()
             return taken
 
+    def receive(self, max_messages: int, visibility: float, wait_seconds: float) -> list[Message]:
+        """Up to `max_messages` wake-ups, leased by the statement that acks what is held."""
+        settled = self.take()
+        try:
+            return self.driver.receive(
+                self.queue_name, max_messages, visibility, wait_seconds, ack=settled
+            )
+        except Exception as e:
+            self.failed(settled, e)
+            raise
+
     def give_back(self, receipts: list[str]) -> None:
         with self._lock:
             if receipts and not self._held:
@@ -151,33 +153,6 @@ class HeldAcks:
                 log.warning("could not ack %s's finished wake-ups: %s", self.queue_name, e)
                 with self._lock:
                     self._since = time.monotonic()
-
-
-def receive_batcher(
-    driver: QueueDriver,
-    queue_name: str,
-    visibility: float,
-    wait_seconds: float,
-    acks: HeldAcks | None = None,
-) -> Batcher[None, Message | None]:
-    """Wake-ups for one worker's idle wrappers, leased together: each waiting wrapper asks for
-    one, and one `receive` leases as many as are waiting (one statement for all of them), and
-    acks what `acks` holds in that same statement. A wrapper answered None (fewer were ready)
-    asks again."""
-
-    def run(asks: list[None]) -> list[Message | BaseException | None]:
-        settled = acks.take() if acks is not None else []
-        try:
-            msgs: list[Message | None] = list(
-                driver.receive(queue_name, len(asks), visibility, wait_seconds, ack=settled)
-            )
-        except Exception as e:
-            if acks is not None:
-                acks.failed(settled, e)
-            raise
-        return [*msgs, *[None] * (len(asks) - len(msgs))]
-
-    return Batcher(run, 100)
 
 
 class _Janitor:
@@ -238,13 +213,11 @@ class Wrapper:
         platform_ports: set[int] | None = None,
         extra_binds: list[Path] | None = None,
         acks: HeldAcks | None = None,
-        receiver: Batcher[None, Message | None] | None = None,
     ) -> None:
         """`host_env`: added to every host's allowlisted environment (Spark settings, the
         operator registry); `trusted_env`: in the task env of trusted platform operators only
         (a sink's data DSN); `platform_ports`: loopback ports no operator may reach (API,
-        Postgres, object store endpoint); `acks`, `receiver`: the worker's shared `HeldAcks`
-        and the `receive_batcher` that carries them (the same visibility and wait)."""
+        Postgres, object store endpoint); `acks`: the worker's shared `HeldAcks`."""
         self.driver = driver
         self.client = client
         self.store = store
@@ -256,9 +229,6 @@ class Wrapper:
         self.platform_ports = platform_ports or set()
         self.wait_seconds = wait_seconds
         self.acks = acks or HeldAcks(driver, queue_name)
-        self.receiver = receiver or receive_batcher(
-            driver, queue_name, visibility_seconds, wait_seconds, self.acks
-        )
         self.spark_master = (host_env or {}).get("TRACE_SPARK_MASTER", "local[*]")
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
         self.host = OperatorHost(
@@ -269,142 +239,47 @@ class Wrapper:
         self.trusted_host = OperatorHost(
             home, safe_id + "-trusted", Policy("off"), extra_env=host_env
         )
-        self.tasks_run = 0
-        # Pipelining (the run loop only): an attempt's final report and its ack go on in the
-        # background while this wrapper claims and starts the next one; at most one report
-        # is outstanding (`_flush` waits for it before the next is handed over, and on exit).
-        self._defer = False
-        self._ack_deferred = False
-        self._reporter: ThreadPoolExecutor | None = None
-        self._pending: Future[None] | None = None
 
-    # -- main loop -----------------------------------------------------------------------
-    def run(
-        self,
-        stop: threading.Event,
-        max_tasks: int | None = None,
-        abort: threading.Event | None = None,
-    ) -> None:
-        """Takes wake-ups until `stop`; a running attempt goes on until it ends or `abort`
-        (then it is handed back unfinished). Without `abort`, `stop` is both."""
-        failures = 0
-        abort = abort or stop
-        self._defer = True
-        try:
-            while not stop.is_set():
-                try:
-                    msg = self.receiver.submit(None)
-                    if msg is not None:
-                        self.handle(msg, abort)
-                    failures = 0
-                except Exception:  # database or API unreachable: back off, never die
-                    failures += 1
-                    log.exception("worker loop error (%d in a row)", failures)
-                    stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
-                if max_tasks is not None and self.tasks_run >= max_tasks:
-                    return
-        finally:
-            self._defer = False
-            self._flush()
-            try:  # the last wake-ups' acks (else they are delivered again, and dropped)
-                self.acks.flush()
-            except Exception as e:
-                log.warning("could not ack the last wake-ups: %s", e)
-            if self._reporter is not None:
-                self._reporter.shutdown()
-                self._reporter = None
-            self.host.kill()
-            self.trusted_host.kill()
+    def close(self) -> None:
+        """Stops this wrapper's hosts (whatever they run)."""
+        self.host.kill()
+        self.trusted_host.kill()
 
-    def _flush(self) -> None:
-        """Waits for the outstanding background report (its errors were handled there)."""
-        if self._pending is not None:
-            with contextlib.suppress(Exception):
-                self._pending.result()
-            self._pending = None
-
-    def _final_report(
-        self, claim: Claim, msg: Message, outcome: str, clock: LeaseClock, **kw: Any
-    ) -> None:
-        """The attempt's outcome as the operator ended it, then the wake-up's ack: in the
-        background when the run loop pipelines (the host is free for the next task now),
-        otherwise at once (the caller acks)."""
-        if not self._defer:
-            self._report(claim, outcome, clock=clock, **kw)
-            return
-        self._flush()
-        if self._reporter is None:
-            self._reporter = ThreadPoolExecutor(1, thread_name_prefix=f"report-{self.worker_id}")
-        self._pending = self._reporter.submit(self._report_and_ack, claim, msg, outcome, clock, kw)
-        self._ack_deferred = True
-
-    def _report_and_ack(
-        self, claim: Claim, msg: Message, outcome: str, clock: LeaseClock, kw: dict[str, Any]
-    ) -> None:
-        try:
-            self._report(claim, outcome, clock=clock, **kw)
-        except Exception as e:  # the API away past the lease: the reaper retries the attempt
-            log.exception("task %s attempt %s: report failed", claim.task_id, claim.attempt)
-            with contextlib.suppress(Exception):
-                self.driver.nack(self.queue_name, msg.receipt, f"report failed: {e}", 1)
-            return
-        # After the completion's commit (or its refusal), as in `handle`.
-        self.acks.submit(msg.receipt)
-
-    def handle(self, msg: Message, stop: threading.Event | None = None) -> None:
+    def wakeup_task(self, msg: Message) -> uuid.UUID | None:
+        """The task a wake-up names; a message that is none is nacked (None)."""
         try:
             wake = payloads.decode(msg.payload)
         except payloads.PayloadError as e:
             self.driver.nack(self.queue_name, msg.receipt, f"poison message: {e}")
-            return
+            return None
         if not isinstance(wake, payloads.TaskWakeup):
             self.driver.nack(self.queue_name, msg.receipt, f"not a task wake-up: kind={wake.kind}")
+            return None
+        return wake.task_id
+
+    def refused_claim(self, msg: Message, task_id: uuid.UUID, e: ApiError) -> None:
+        """A claim the API refused. Not claimable (the wake-up was only a hint), or it may
+        not run (403: the Dispatcher already failed it, saying why): nothing for this worker
+        to do, the wake-up is acked. Anything else: it comes again in a second."""
+        if e.status in (403, 404, 409):
+            log.debug("dropping wake-up for %s: %s", task_id, e.message)
+            self.acks.submit(msg.receipt)
             return
+        self.driver.nack(self.queue_name, msg.receipt, f"claim failed: {e}", delay_seconds=1)
+
+    def attempt(self, claim: Claim, msg: Message, run: Callable[[], None]) -> None:
+        """`run`: the claimed attempt, supervised to its end and reported. Then its wake-up's
+        ack is held for the next receive: after the completion's commit (or its refusal), so
+        a wake-up lost before this is only delivered again, and the claim refuses it."""
         try:
-            claim = self._claim(wake.task_id)
-        except ApiError as e:
-            # Not claimable (the wake-up was only a hint), or it may not run (403: the
-            # Dispatcher already failed it, saying why): nothing for this worker to do.
-            if e.status in (403, 404, 409):
-                log.debug("dropping wake-up for %s: %s", wake.task_id, e.message)
-                self.driver.ack(self.queue_name, msg.receipt)
-                return
-            self.driver.nack(self.queue_name, msg.receipt, f"claim failed: {e}", delay_seconds=1)
-            return
-        self.tasks_run += 1
-        self._ack_deferred = False
-        try:
-            self._run_claimed(claim, msg, stop or threading.Event())
+            run()
         except Exception as e:
             # The lease is ours until it expires; the reaper retries the attempt after that.
             log.exception("task %s attempt %s: wrapper error", claim.task_id, claim.attempt)
-            self.host.kill()
-            self.trusted_host.kill()
-            if not self._ack_deferred:  # else its background report settles the message
-                self.driver.nack(
-                    self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1
-                )
+            self.close()
+            self.driver.nack(self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1)
             return
-        if self._ack_deferred:  # the background report acks it after its completion
-            self._ack_deferred = False
-            return
-        # After the completion's commit (or its refusal): a wake-up lost before this is only
-        # delivered again, and the claim refuses it. The run loop's next receive carries it;
-        # a lone call acks it now.
         self.acks.submit(msg.receipt)
-        if not self._defer:
-            self.acks.flush()
-
-    def _claim(self, task_id: uuid.UUID) -> Claim:
-        """The wake-up's claim, tried again with the same key while the API is away (for up
-        to CLAIM_RETRY_SECONDS): a claim that committed before its answer was lost is then
-        answered with its lease, instead of the task waiting out that lease unrun."""
-        key = uuid.uuid4()
-        return self._within_lease(
-            LeaseClock.for_seconds(CLAIM_RETRY_SECONDS),
-            f"claim of {task_id}",
-            lambda: self.client.claim(task_id, self.worker_id, claim_id=key),
-        )
 
     # -- one attempt ---------------------------------------------------------------------
     def _extend(self, msg: Message) -> None:
@@ -431,30 +306,19 @@ class Wrapper:
     def _report(
         self, claim: Claim, outcome: str, clock: LeaseClock | None = None, **kw: Any
     ) -> None:
-        if isinstance(kw.get("error"), str):  # operator text: no NULs (Postgres refuses them)
-            kw["error"] = kw["error"].replace("\x00", "\\0")
+        kw = _clean(kw)
         try:
             res = self._within_lease(
                 clock, "completion", lambda: self.client.complete(claim, outcome, **kw)
             )
-            # A success at debug: the Dispatcher records every outcome, and a log line per
-            # task was about a tenth of the worker's CPU on short tasks.
-            level = logging.DEBUG if res.status == "succeeded" else logging.INFO
-            log.log(level, "task %s attempt %s -> %s", claim.task_id, claim.attempt, res.status)
-        except ApiError as e:
-            log.warning("completion of %s attempt %s refused: %s", claim.task_id, claim.attempt, e)
-            if outcome == "succeeded" and e.status in (403, 413, 422):
-                # What the operator produced was refused (not its own dataset, malformed): the
-                # attempt fails now, naming why, instead of waiting for its lease to expire.
-                self._report(
-                    claim, "failed", error=f"completion refused: {e.message}", retryable=False
-                )
-        except ValueError as e:  # refused by the client's own validation (too many events)
-            log.warning("completion of %s attempt %s invalid: %s", claim.task_id, claim.attempt, e)
-            if outcome == "succeeded":
-                self._report(claim, "failed", error=f"completion invalid: {e}", retryable=False)
+        except (ApiError, ValueError) as e:
+            follow = refused_report(claim, outcome, e)
+            if follow is not None:
+                self._report(claim, "failed", **follow)
+            return
+        reported(claim, res)
 
-    def _run_claimed(self, claim: Claim, msg: Message, stop: threading.Event) -> None:
+    def run_claimed(self, claim: Claim, msg: Message, stop: threading.Event) -> None:
         # The claim carries the payload (read under the lease it took); an older API's does
         # not, and then it is fetched.
         task = claim.task if claim.task is not None else self.client.fetch(claim)
@@ -463,9 +327,7 @@ class Wrapper:
             return
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
-        trusted = task.operator in TRUSTED_OPERATORS and task.runtime == "ecs_platform"
-        host = self.trusted_host if trusted else self.host
-        env = dict(task.slot_env)
+        host, env = self._host_for(task)
         if task.slot_secret_names:
             try:
                 env.update(self.client.secrets(claim))
@@ -474,8 +336,6 @@ class Wrapper:
                     self._report(claim, "failed", error=e.message, retryable=False)
                     return
                 raise
-        if trusted:
-            env.update(self.trusted_env)
         gateways: list[Gateway | TcpForward] = []
         dirs: TaskDirs | None = None
         try:
@@ -483,16 +343,9 @@ class Wrapper:
             task, env = self._egress(host, task, env, gateways)
             spark_remote = self._spark_remote(host, task, gateways)
             dirs = host.new_task(task)
-            scoped = ScopedStore(self.store, task, dirs.work, dirs.inbox, host.policy.uid)
-            host.send(
-                {
-                    "type": "run",
-                    "task": task.model_dump(mode="json"),
-                    "env": env,
-                    "workdir": str(dirs.work),
-                    "spark_remote": spark_remote,
-                }
-            )
+            scoped = self._scoped(task, host, dirs)
+            run = Running(claim, msg, task, host, dirs, gateways, scoped, self.visibility)
+            host.send(_run_message(task, env, dirs, spark_remote))
         except EgressRefused as e:
             self._close(gateways, dirs)
             self._report(claim, "failed", error=f"network egress refused: {e}", retryable=False)
@@ -502,13 +355,59 @@ class Wrapper:
             host.kill()
             self._report(claim, "failed", error=f"operator host failed to start: {e}")
             return
+        self.supervised(run, stop)
+
+    def start_ready(self, claim: Claim, msg: Message) -> Running | None:
+        """The claimed attempt started at once, when nothing in its start can wait: its
+        payload came with the claim, it is to run, and it needs no secret, no network egress
+        and no Spark forward from a host that already runs for its tenant. None: nothing was
+        done, and `run_claimed` starts it (it may wait on the API, or on a host's start)."""
+        task = claim.task
+        if task is None or task.status != "running" or task.slot_secret_names:
+            return None
+        host, env = self._host_for(task)
+        if (
+            not host.runs_for((task.org_id, task.dag_id))
+            or _task_urls(task, env)
+            or self._spark_forwarded(task)
+        ):
+            return None
+        dirs = host.new_task(task)
         try:
-            self._supervise(claim, msg, stop, task, host, scoped)
+            host.send(_run_message(task, env, dirs, None))
+        except Exception as e:  # a host gone, or not reading: `run_claimed` starts another
+            log.warning("task %s: operator host did not take it (%s); restarting", task.task_id, e)
+            host.kill()
+            self._close([], dirs)
+            return None
+        scoped = self._scoped(task, host, dirs)
+        return Running(claim, msg, task, host, dirs, [], scoped, self.visibility)
+
+    def supervised(
+        self, run: Running, stop: threading.Event, first: dict[str, Any] | None = None
+    ) -> None:
+        """`run` supervised to its end and reported (`first`: a message already read)."""
+        try:
+            self._supervise(run, stop, first)
         finally:
-            # A run that never asked the store anything (a late answer could still write into
-            # its inbox) and left its directories as made: they serve the host's next run.
-            kept = dirs is not None and not scoped.used and host.recycle(dirs)
-            self._close(gateways, None if kept else dirs)
+            self.finish(run)
+
+    def finish(self, run: Running) -> None:
+        # A run that never asked the store anything (a late answer could still write into
+        # its inbox) and left its directories as made: they serve the host's next run.
+        kept = not run.scoped.used and run.host.recycle(run.dirs)
+        self._close(run.gateways, None if kept else run.dirs)
+
+    def _host_for(self, task: TaskPayload) -> tuple[OperatorHost, dict[str, str]]:
+        """The host the task runs in, and its environment (slot env; a trusted sink's DSN)."""
+        env = dict(task.slot_env)
+        if task.operator in TRUSTED_OPERATORS and task.runtime == "ecs_platform":
+            env.update(self.trusted_env)
+            return self.trusted_host, env
+        return self.host, env
+
+    def _scoped(self, task: TaskPayload, host: OperatorHost, dirs: TaskDirs) -> ScopedStore:
+        return ScopedStore(self.store, task, dirs.work, dirs.inbox, host.policy.uid)
 
     def _egress(
         self,
@@ -519,10 +418,8 @@ class Wrapper:
     ) -> tuple[TaskPayload, dict[str, str]]:
         """Every RPC URL the task may use (slot env and secrets, config.rpc_url) is checked;
         in the sandbox each becomes a gateway on the host's own loopback."""
-        urls = {v for v in env.values() if is_url(v)}
+        urls = _task_urls(task, env)
         rpc = task.config.get("rpc_url")
-        if isinstance(rpc, str) and is_url(rpc):
-            urls.add(rpc)
         for url in sorted(urls):
             check_upstream(url, self.platform_ports)
         if not host.policy.isolated or not urls:
@@ -543,7 +440,7 @@ class Wrapper:
         """The Spark Connect URL the task's operator uses, when the configured master is one
         (`sc://`) and the operator may run on the cluster (CLUSTER_OPERATORS): in the sandbox,
         a forward from the host's own loopback to that endpoint."""
-        if not self.spark_master.startswith("sc://") or task.operator not in CLUSTER_OPERATORS:
+        if not self._spark_forwarded(task):
             return None
         name, port, rest = connect_address(self.spark_master)
         check_upstream(f"http://{name}:{port}/", self.platform_ports)
@@ -552,6 +449,9 @@ class Wrapper:
         fwd = TcpForward(host.listen(), name, port)
         forwards.append(fwd)
         return f"sc://127.0.0.1:{fwd.port}{rest}"
+
+    def _spark_forwarded(self, task: TaskPayload) -> bool:
+        return self.spark_master.startswith("sc://") and task.operator in CLUSTER_OPERATORS
 
     @staticmethod
     def _serve_store(
@@ -580,28 +480,26 @@ class Wrapper:
             _janitor.remove(dirs)
 
     def _supervise(
-        self,
-        claim: Claim,
-        msg: Message,
-        stop: threading.Event,
-        task: TaskPayload,
-        host: OperatorHost,
-        scoped: ScopedStore,
+        self, run: Running, stop: threading.Event, first: dict[str, Any] | None = None
     ) -> None:
-        beat_every = max(0.2, min(claim.heartbeat_seconds, self.visibility / 3))
-        next_beat = time.monotonic() + beat_every
-        progress: dict[str, Any] | None = None
+        claim, msg, task, host, scoped = run.claim, run.msg, run.task, run.host, run.scoped
+        every = beat_every(claim, self.visibility)
+        next_beat = run.beat_at
+        progress = run.progress
         store_busy = False
-        clock = LeaseClock(claim.lease_until)
+        clock = run.clock
         link = host.link
         assert link is not None  # the host runs: `ensure` made it
         while True:
-            out = link.get(timeout=max(0.0, next_beat - time.monotonic()))
+            if first is not None:
+                out, first = first, None
+            else:
+                out = link.get(timeout=max(0.0, next_beat - time.monotonic()))
             if out is None or time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + beat_every
+                next_beat = time.monotonic() + every
                 try:
                     hb = self.client.heartbeat(
-                        claim, progress, timeout=min(5.0, max(1.0, 2 * beat_every))
+                        claim, progress, timeout=min(5.0, max(1.0, 2 * every))
                     )
                 except Exception as e:
                     if not transient(e):  # lease lost (reaped) or superseded: stop at once
@@ -613,7 +511,7 @@ class Wrapper:
                         )
                         host.kill()
                         return
-                    if clock.left() <= beat_every:  # lost before the next try: the reaper's now
+                    if clock.left() <= every:  # lost before the next try: the reaper's now
                         log.warning(
                             "task %s attempt %s: no heartbeat accepted before the lease ran out "
                             "(%s); stopping operator",
@@ -632,7 +530,7 @@ class Wrapper:
                         e,
                         clock.left(),
                     )
-                    next_beat = time.monotonic() + min(beat_every, 1.0)
+                    next_beat = time.monotonic() + min(every, 1.0)
                     hb = None
                 if hb is not None:
                     clock.renew(hb.lease_until)
@@ -676,7 +574,7 @@ class Wrapper:
                 )
                 return
             elif kind == "progress":
-                progress = _bounded_progress(out.get("progress"), claim)
+                progress = bounded_progress(out.get("progress"), claim)
             elif kind == "event":
                 event = EventIn.model_validate(out["event"])
                 try:
@@ -695,24 +593,9 @@ class Wrapper:
                         retryable=retryable,
                     )
                     return
-            elif kind == "done":
-                finals = [EventIn.model_validate(e) for e in out["final_events"]]
-                outputs = [OutputCommit.model_validate(o) for o in out.get("outputs", [])]
-                self._final_report(
-                    claim,
-                    msg,
-                    "succeeded",
-                    clock,
-                    final_events=finals,
-                    outputs=outputs,
-                    operator_state=out.get("state"),
-                    operator_state_revision=task.operator_state_revision,
-                )
-                return
-            elif kind == "failed":
-                self._final_report(
-                    claim, msg, "failed", clock, error=out["error"], retryable=out["retryable"]
-                )
+            elif kind in ("done", "failed"):
+                outcome, kw = final_report(out, task)
+                self._report(claim, outcome, clock=clock, **kw)
                 return
             elif kind == "exit":
                 host.kill()  # one that closed its output may still run
@@ -726,6 +609,109 @@ class Wrapper:
                 return
 
 
+def beat_every(claim: Claim, visibility: float) -> float:
+    """Seconds between an attempt's heartbeats (each also extends its wake-up's visibility)."""
+    return max(0.2, min(claim.heartbeat_seconds, visibility / 3))
+
+
+class Running:
+    """An attempt its host runs, and what supervising it needs."""
+
+    __slots__ = (
+        "beat_at",
+        "claim",
+        "clock",
+        "dirs",
+        "gateways",
+        "host",
+        "msg",
+        "progress",
+        "scoped",
+        "task",
+    )
+
+    def __init__(
+        self,
+        claim: Claim,
+        msg: Message,
+        task: TaskPayload,
+        host: OperatorHost,
+        dirs: TaskDirs,
+        gateways: list[Gateway | TcpForward],
+        scoped: ScopedStore,
+        visibility: float = 60.0,
+    ) -> None:
+        self.claim, self.msg, self.task, self.host = claim, msg, task, host
+        self.dirs, self.gateways, self.scoped = dirs, gateways, scoped
+        self.clock = LeaseClock(claim.lease_until)
+        self.beat_at = time.monotonic() + beat_every(claim, visibility)  # the next heartbeat
+        self.progress: dict[str, Any] | None = None  # the operator's last report of it
+
+
+def _run_message(
+    task: TaskPayload, env: dict[str, str], dirs: TaskDirs, spark_remote: str | None
+) -> dict[str, Any]:
+    return {
+        "type": "run",
+        "task": task.model_dump(mode="json"),
+        "env": env,
+        "workdir": str(dirs.work),
+        "spark_remote": spark_remote,
+    }
+
+
+def _task_urls(task: TaskPayload, env: dict[str, str]) -> set[str]:
+    """Every RPC URL the task may use: its env's (slot env, secrets) and config.rpc_url."""
+    urls = {v for v in env.values() if is_url(v)}
+    rpc = task.config.get("rpc_url")
+    if isinstance(rpc, str) and is_url(rpc):
+        urls.add(rpc)
+    return urls
+
+
+def _clean(kw: dict[str, Any]) -> dict[str, Any]:
+    """A report's arguments as the API takes them: operator text has no NULs (Postgres
+    refuses them)."""
+    if isinstance(kw.get("error"), str):
+        return {**kw, "error": kw["error"].replace("\x00", "\\0")}
+    return kw
+
+
+def reported(claim: Claim, res: CompleteResponse) -> None:
+    # A success at debug: the Dispatcher records every outcome, and a log line per task was
+    # about a tenth of the worker's CPU on short tasks.
+    level = logging.DEBUG if res.status == "succeeded" else logging.INFO
+    log.log(level, "task %s attempt %s -> %s", claim.task_id, claim.attempt, res.status)
+
+
+def refused_report(claim: Claim, outcome: str, e: ApiError | ValueError) -> dict[str, Any] | None:
+    """A completion refused, by the API (ApiError) or the client's own validation
+    (ValueError: too many events): what the attempt reports instead, if anything. What a
+    success produced was refused (not its own dataset, malformed): the attempt fails now,
+    naming why, instead of waiting for its lease to expire."""
+    if isinstance(e, ApiError):
+        log.warning("completion of %s attempt %s refused: %s", claim.task_id, claim.attempt, e)
+        if outcome == "succeeded" and e.status in (403, 413, 422):
+            return {"error": f"completion refused: {e.message}", "retryable": False}
+        return None
+    log.warning("completion of %s attempt %s invalid: %s", claim.task_id, claim.attempt, e)
+    if outcome == "succeeded":
+        return {"error": f"completion invalid: {e}", "retryable": False}
+    return None
+
+
+def final_report(out: dict[str, Any], task: TaskPayload) -> tuple[str, dict[str, Any]]:
+    """The outcome and report of a host's `done` or `failed` message."""
+    if out["type"] == "done":
+        return "succeeded", {
+            "final_events": [EventIn.model_validate(e) for e in out["final_events"]],
+            "outputs": [OutputCommit.model_validate(o) for o in out.get("outputs", [])],
+            "operator_state": out.get("state"),
+            "operator_state_revision": task.operator_state_revision,
+        }
+    return "failed", {"error": out["error"], "retryable": out["retryable"]}
+
+
 def _exit_reason(code: int | None) -> str:
     """How a host ended, from its `exit` message (no code: it closed its output, ran on)."""
     if code is None:
@@ -733,7 +719,7 @@ def _exit_reason(code: int | None) -> str:
     return f"signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _bounded_progress(reported: Any, claim: Claim) -> dict[str, Any] | None:
+def bounded_progress(reported: Any, claim: Claim) -> dict[str, Any] | None:
     """An operator's progress report as the heartbeat may carry it: a JSON object within
     MAX_PROGRESS_BYTES (a heartbeat refused for it would cost the task its lease): a larger one
     is replaced by a note saying so, anything but an object is ignored."""

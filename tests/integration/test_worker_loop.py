@@ -1,0 +1,226 @@
+"""The worker's loop (worker/reactor.py) against a real API, Postgres queue and operator hosts:
+short attempts live their whole life in the loop, on hosts that live on; whatever can wait (a
+host's start, a message other than the end, a heartbeat due) goes to the wrapper's own thread;
+a claim or a report that fails on the way is tried again, and a wake-up is acked only after its
+attempt's report was answered."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.test_claim_retry import _spoil_first_answer
+from tests.support.queue_conformance import wake
+from tests.support.wait import wait_for
+from trace_platform.config import Settings
+from trace_platform.contract import DatasetRef, TaskSpec
+from trace_platform.objectstore import make_store
+from trace_platform.queue.pgqueue import PgQueue
+from trace_platform.services import Services
+from trace_platform.worker.client import DispatcherClient
+from trace_platform.worker.http import Response
+from trace_platform.worker.reactor import Reactor
+from trace_platform.worker.wrapper import HeldAcks, Wrapper
+
+Q = "tasks"
+BAD_GATEWAY = Response(502, b'{"error": "bad_gateway", "message": "upstream reset"}')
+
+
+class Loop:
+    """A worker's loop over `n` wrappers, run in a thread; `submit` queues tasks for it."""
+
+    def __init__(
+        self, settings: Settings, services: Services, client: DispatcherClient, dsn: str, n: int
+    ) -> None:
+        self.services = services
+        self.driver = PgQueue.from_dsn(dsn, poll_seconds=0.2)
+        store = make_store(settings)
+        store.ensure_bucket()
+        acks = HeldAcks(self.driver, Q)
+        self.wrappers = [
+            Wrapper(
+                self.driver,
+                client,
+                store,
+                home=settings.home,
+                visibility_seconds=30,
+                wait_seconds=0.2,
+                host_env={"TRACE_OPERATOR_REGISTRY": "testing"},
+                acks=acks,
+            )
+            for _ in range(n)
+        ]
+        self.reactor = Reactor(self.wrappers)
+        self.stop, self.abort = threading.Event(), threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self, max_tasks: int | None = None) -> None:
+        self.thread = threading.Thread(
+            target=self.reactor.run, args=(self.stop, max_tasks, self.abort), daemon=True
+        )
+        self.thread.start()
+
+    def submit(
+        self, operator: str = "noop", n: int = 1, outputs: int = 0, **config: Any
+    ) -> list[uuid.UUID]:
+        made = [DatasetRef(dataset_uuid=uuid.uuid4()) for _ in range(outputs)]
+        spec = TaskSpec(job="loop", operator=operator, config=config, outputs=made)
+        ids = [self.services.dispatcher.create_task(spec).task_id for _ in range(n)]
+        for task_id in ids:  # no outbox publisher runs here: the wake-ups, as it sends them
+            self.driver.publish(Q, wake(task_id))
+        return ids
+
+    def status(self, task_id: uuid.UUID) -> tuple[str, int]:
+        view = self.services.dispatcher.get_task(task_id)
+        return view.status, view.attempt
+
+    def wait_done(self, ids: list[uuid.UUID], timeout: float = 60) -> None:
+        wait_for(
+            lambda: all(self.status(t)[0] == "succeeded" for t in ids),
+            timeout,
+            "every task succeeded",
+        )
+
+    def queued(self) -> int:
+        with self.driver.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM queue_messages)"
+                " + (SELECT coalesce(sum(cardinality(held)), 0) FROM queue_leases) AS n"
+            ).fetchone()
+        assert row is not None
+        return int(row["n"])
+
+    def close(self, timeout: float = 30) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+            assert not self.thread.is_alive(), "the loop did not end"
+
+
+@pytest.fixture
+def loop_of(
+    settings: Settings, services: Services, client: DispatcherClient, dsn: str
+) -> Iterator[Callable[[int], Loop]]:
+    made: list[Loop] = []
+
+    def make(n: int) -> Loop:
+        made.append(Loop(settings, services, client, dsn, n))
+        return made[-1]
+
+    yield make
+    for loop in made:
+        loop.abort.set()
+        loop.close()
+        loop.driver.close()
+
+
+def test_short_attempts_run_in_the_loop_on_hosts_that_live_on(
+    loop_of: Callable[[int], Loop],
+) -> None:
+    loop = loop_of(2)
+    loop.start()
+    first = loop.submit(n=4)
+    loop.wait_done(first)
+    hosts = {w.host.proc.pid for w in loop.wrappers if w.host.proc is not None}
+    started = loop.reactor.handoffs  # each host's start went to its wrapper's thread
+    assert len(hosts) <= 2 and 1 <= started <= 2, (hosts, started)
+    second = loop.submit(n=20)
+    loop.wait_done(second)
+    # The same hosts ran them all (one started by a thread that ended would have died with
+    # it), and none left the loop.
+    assert {w.host.proc.pid for w in loop.wrappers if w.host.proc is not None} == hosts
+    assert loop.reactor.handoffs == started
+    loop.close()
+    assert loop.queued() == 0  # every wake-up acked, the last ones on the way out
+    assert all(loop.status(t) == ("succeeded", 1) for t in first + second)
+
+
+def test_an_attempt_that_says_more_than_its_end_goes_to_its_thread(
+    loop_of: Callable[[int], Loop],
+) -> None:
+    """An event mid-run takes a call to the API: its wrapper's thread sends it, and supervises
+    the attempt to its end; the loop goes on with the others meanwhile."""
+    loop = loop_of(2)
+    loop.start()
+    loop.wait_done(loop.submit(n=2))  # hosts up: later attempts start in the loop
+    before = loop.reactor.handoffs
+    (talker,) = loop.submit("emit_events", outputs=1, count=3, final=1)
+    quiet = loop.submit(n=6)
+    loop.wait_done([talker, *quiet])
+    assert loop.reactor.handoffs == before + 1
+    assert loop.services.dispatcher.get_task(talker).events == 3
+
+
+def test_a_long_attempt_heartbeats_from_its_thread(loop_of: Callable[[int], Loop]) -> None:
+    """Longer than its lease (2 s): kept only by heartbeats, which its thread sends once the
+    first comes due (every 0.3 s here)."""
+    loop = loop_of(1)
+    loop.start()
+    loop.wait_done(loop.submit(n=1))
+    (long,) = loop.submit("sleep", seconds=3)
+    loop.wait_done([long], 30)
+    assert loop.status(long) == ("succeeded", 1)
+
+
+def test_a_claim_whose_answer_was_lost_is_tried_again_with_its_key(
+    loop_of: Callable[[int], Loop], client: DispatcherClient
+) -> None:
+    """The claim commits, then a proxy answers 502: the loop asks again with the same request,
+    gets the lease it took, and runs the task now (a new key would get a 409, and the task
+    would wait out its lease)."""
+    loop = loop_of(1)
+    spoiled = _spoil_first_answer(client, "/internal/claim", lambda _: BAD_GATEWAY)
+    loop.start()
+    (task,) = loop.submit()
+    loop.wait_done([task], 20)
+    assert spoiled and loop.status(task) == ("succeeded", 1)
+
+
+def test_a_report_that_fails_is_tried_again_and_its_wakeup_acked_after(
+    loop_of: Callable[[int], Loop], client: DispatcherClient
+) -> None:
+    loop = loop_of(1)
+    loop.start()
+    loop.wait_done(loop.submit(n=1))  # its host up: the next one is reported by the loop
+    seen: list[int] = []
+
+    def spoil(_: Response) -> Response:
+        seen.append(loop.queued())  # the answer is lost after the report committed
+        return BAD_GATEWAY
+
+    spoiled = _spoil_first_answer(client, "/internal/task-complete", spoil)
+    (task,) = loop.submit()
+    loop.wait_done([task], 20)
+    wait_for(lambda: seen, 10, "the report's answer")
+    assert spoiled and seen == [1]  # its wake-up still held when the report was answered
+    wait_for(lambda: loop.queued() == 0, 10, "its wake-up acked")
+    assert loop.status(task) == ("succeeded", 1)
+
+
+def test_abort_hands_back_what_runs(loop_of: Callable[[int], Loop]) -> None:
+    loop = loop_of(2)
+    loop.start()
+    loop.wait_done(loop.submit(n=2))
+    (long,) = loop.submit("sleep", seconds=60)
+    wait_for(lambda: loop.status(long)[0] == "running", 20, "running")
+    loop.abort.set()
+    loop.close(20)
+    status, attempt = loop.status(long)
+    assert status == "queued" and attempt == 1, (status, attempt)
+    view = loop.services.dispatcher.get_task(long)
+    assert "worker shut down" in (view.last_error or "")
+
+
+def test_max_tasks_ends_the_loop_once_that_many_ran(loop_of: Callable[[int], Loop]) -> None:
+    loop = loop_of(2)
+    ids = loop.submit(n=5)
+    loop.start(max_tasks=3)
+    assert loop.thread is not None
+    loop.thread.join(60)
+    assert not loop.thread.is_alive() and loop.reactor.tasks_run == 3
+    done = [t for t in ids if loop.status(t)[0] == "succeeded"]
+    assert len(done) == 3 and loop.queued() == 2
