@@ -6,11 +6,15 @@ attempt's report was answered."""
 
 from __future__ import annotations
 
+import json
+import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.integration.test_claim_retry import _spoil_first_answer
@@ -21,12 +25,21 @@ from trace_platform.contract import DatasetRef, TaskSpec
 from trace_platform.objectstore import make_store
 from trace_platform.queue.pgqueue import PgQueue
 from trace_platform.services import Services
+from trace_platform.worker import reactor
 from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.http import Response
 from trace_platform.worker.reactor import Reactor
 from trace_platform.worker.wrapper import HeldAcks, Wrapper
 
 Q = "tasks"
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """A heartbeat every second (a 3 s lease): an attempt stays in the loop that long."""
+    return settings.model_copy(update={"heartbeat_seconds": 1.0, "lease_seconds": 3.0})
+
+
 BAD_GATEWAY = Response(502, b'{"error": "bad_gateway", "message": "upstream reset"}')
 
 
@@ -156,14 +169,74 @@ def test_an_attempt_that_says_more_than_its_end_goes_to_its_thread(
 
 
 def test_a_long_attempt_heartbeats_from_its_thread(loop_of: Callable[[int], Loop]) -> None:
-    """Longer than its lease (2 s): kept only by heartbeats, which its thread sends once the
-    first comes due (every 0.3 s here)."""
+    """Longer than its lease (3 s): kept only by heartbeats, which its thread sends once the
+    first comes due (every second here)."""
     loop = loop_of(1)
     loop.start()
     loop.wait_done(loop.submit(n=1))
-    (long,) = loop.submit("sleep", seconds=3)
+    before = loop.reactor.handoffs
+    (long,) = loop.submit("sleep", seconds=4)
     loop.wait_done([long], 30)
-    assert loop.status(long) == ("succeeded", 1)
+    assert loop.status(long) == ("succeeded", 1) and loop.reactor.handoffs == before + 1
+
+
+def test_a_flood_of_progress_reports_does_not_hold_up_the_end(
+    loop_of: Callable[[int], Loop],
+) -> None:
+    """Hundreds of lines read off the pipe at once, more than a turn takes: the rest, the end
+    among them, are taken at the next turns, not when the first heartbeat comes due (then by
+    the attempt's thread)."""
+    loop = loop_of(1)
+    loop.start()
+    loop.wait_done(loop.submit(n=1))
+    before = loop.reactor.handoffs
+    (wrapper,) = loop.wrappers
+    start = wrapper.start_ready
+
+    def start_then_look_away(claim: Any, msg: Any) -> Any:
+        run = start(claim, msg)
+        time.sleep(0.5)  # the loop busy: the host writes its every line meanwhile
+        return run
+
+    wrapper.start_ready = start_then_look_away  # type: ignore[method-assign]
+    chatty = loop.submit(progress=500)
+    loop.wait_done(chatty, 30)
+    assert loop.reactor.handoffs == before  # it ended in the loop, within its first second
+
+
+def test_a_nack_that_fails_loses_no_wrapper(loop_of: Callable[[int], Loop]) -> None:
+    """The database away while the loop nacks a poison message: logged, and the wrapper
+    reserved for it serves the next wake-up (with one wrapper, nothing else would run)."""
+    loop = loop_of(1)
+
+    def away(*a: Any, **kw: Any) -> Any:
+        raise ConnectionError("the database went away")
+
+    loop.driver.nack = away  # type: ignore[method-assign]
+    with psycopg.connect(loop.driver.dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO queue_messages (queue_name, payload) VALUES (%s, %s)",
+            (Q, json.dumps({"kind": "no such kind"})),
+        )
+    loop.start()  # one wrapper: the poison, the oldest, comes first
+    (task,) = loop.submit()
+    loop.wait_done([task], 20)
+
+
+def test_a_wrappers_thread_outlives_a_job_that_fails() -> None:
+    """A job's error ends the job, not the thread (a host it started would die with it)."""
+    jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+    ran: list[str] = []
+
+    def fails() -> None:
+        raise RuntimeError("the database went away")
+
+    thread = threading.Thread(target=reactor._serve, args=(jobs,), daemon=True)
+    thread.start()
+    for job in (fails, lambda: ran.append("next"), None):
+        jobs.put(job)
+    thread.join(5)
+    assert ran == ["next"] and not thread.is_alive()
 
 
 def test_a_claim_whose_answer_was_lost_is_tried_again_with_its_key(

@@ -194,7 +194,7 @@ def worker(
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import SandboxUnavailable, resolve
     from trace_platform.worker.client import DispatcherClient
-    from trace_platform.worker.reactor import Reactor
+    from trace_platform.worker.reactor import Reactor, loop_client
     from trace_platform.worker.wrapper import HeldAcks, Wrapper, platform_ports
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -251,7 +251,9 @@ def worker(
         for _ in range(concurrency)
     ]
     # One thread drives them all (worker/reactor.py): this one, where signals are handled.
-    Reactor(wrappers).run(stop, max_tasks, abort)
+    own = loop_client(url, token, exchange)
+    Reactor(wrappers, own).run(stop, max_tasks, abort)
+    own.close()
     client.close()
     driver.close()
 

@@ -28,12 +28,16 @@ class NoopConfig(OperatorConfig):
 
     record_to: str | None = None
     record_env: list[str] = Field(default_factory=list)
+    progress: int = Field(default=0, ge=0, le=100_000)
 
 
 def noop(ctx: OperatorContext) -> None:
-    """config: record_to (a file path: appends "task_id attempt", so a run can be counted) and
-    record_env (names of the task's env vars whose values are appended too)."""
+    """config: record_to (a file path: appends "task_id attempt", so a run can be counted),
+    record_env (names of the task's env vars whose values are appended too) and progress (how
+    many progress reports it sends first)."""
     cfg = NoopConfig.from_ctx(ctx)
+    for n in range(cfg.progress):
+        ctx.progress(n=n)
     ctx.log.info("noop task %s attempt %s", ctx.task.task_id, ctx.task.attempt)
     if path := cfg.record_to:
         env = " ".join(f"{k}={ctx.env.get(k, '')}" for k in cfg.record_env)

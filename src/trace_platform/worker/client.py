@@ -98,6 +98,7 @@ class DispatcherClient:
         self._listener_back_at = 0.0  # after a failure to reach it: when to try it again
         self._listener_failures = 0  # in a row
         self.retries = retries
+        self.timeout = timeout
         # Off when the API answers a batch route 404/405 (an older API): one call per task;
         # `exchanges` likewise for `/internal/exchange` (then claims and completions apart).
         self.batches = True
@@ -307,28 +308,9 @@ class DispatcherClient:
             **_lease(claim),
         )
 
-    def complete(
-        self,
-        claim: Claim,
-        outcome: str,
-        *,
-        error: str | None = None,
-        retryable: bool = True,
-        final_events: list[EventIn] | None = None,
-        outputs: list[OutputCommit] | None = None,
-        operator_state: dict[str, Any] | None = None,
-        operator_state_revision: int = 0,
-    ) -> CompleteResponse:
-        item = complete_item(
-            claim,
-            outcome,
-            error=error,
-            retryable=retryable,
-            final_events=final_events,
-            outputs=outputs,
-            operator_state=operator_state,
-            operator_state_revision=operator_state_revision,
-        )
+    def complete(self, claim: Claim, outcome: str, **report: Any) -> CompleteResponse:
+        """The attempt's report (`complete_item`'s arguments)."""
+        item = complete_item(claim, outcome, **report)
         if _oversize(item):
             return self._complete_one(claim, item)
         return cast(CompleteResponse, self._exchange.submit((claim, item)))

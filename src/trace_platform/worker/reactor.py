@@ -27,7 +27,13 @@ from collections.abc import Callable
 
 from trace_platform.contract import Claim, ClaimRequest, CompleteItem, CompleteResponse
 from trace_platform.queue.driver import Message
-from trace_platform.worker.client import ApiError, Ask, complete_item, transient
+from trace_platform.worker.client import (
+    ApiError,
+    Ask,
+    DispatcherClient,
+    complete_item,
+    transient,
+)
 from trace_platform.worker.wrapper import (
     LeaseClock,
     Running,
@@ -39,6 +45,9 @@ from trace_platform.worker.wrapper import (
 )
 
 log = logging.getLogger(__name__)
+# The loop's own calls to the API are tried once, within this many seconds: the loop tries
+# again itself, and every attempt it runs waits while it waits.
+EXCHANGE_SECONDS = 5.0
 # How long a claim is tried again while the API is away (the last try a second before it ends,
 # as for a lease).
 CLAIM_RETRY_SECONDS = 5.0
@@ -50,6 +59,18 @@ LOOK_EVERY = 0.5
 IDLE_MIN, IDLE_MAX = 0.005, 0.2
 # What one host's messages may take of a turn (one writing progress on cannot hold the loop).
 MESSAGES_A_TURN = 64
+
+
+def loop_client(api_url: str, internal_token: str, exchange_url: str | None) -> DispatcherClient:
+    """The loop's client of the API (its threads keep the worker's, which retries)."""
+    return DispatcherClient(
+        api_url,
+        internal_token=internal_token,
+        timeout=EXCHANGE_SECONDS,
+        retries=0,
+        wrappers=1,
+        exchange_url=exchange_url,
+    )
 
 
 class _Claiming:
@@ -76,12 +97,13 @@ class _Report:
 
 
 class Reactor:
-    def __init__(self, wrappers: list[Wrapper]) -> None:
+    def __init__(self, wrappers: list[Wrapper], client: DispatcherClient | None = None) -> None:
         """`wrappers`: one worker's, sharing one queue driver, API client and `HeldAcks`, with
-        the same visibility and receive wait."""
+        the same visibility and receive wait. `client`: the loop's own (`loop_client`), else
+        the wrappers'."""
         first = wrappers[0]
         self.wrappers = wrappers
-        self.driver, self.client, self.acks = first.driver, first.client, first.acks
+        self.driver, self.client, self.acks = first.driver, client or first.client, first.acks
         self.queue_name = first.queue_name
         self.visibility = first.visibility
         self.wait_seconds = first.wait_seconds
@@ -95,6 +117,8 @@ class Reactor:
         self._runs: dict[Wrapper, Running] = {}  # attempts running under this loop
         self._claiming: list[_Claiming] = []
         self._reports: list[_Report] = []
+        self._unread: set[Wrapper] = set()  # running here, a turn's messages not all taken
+        self._troubled = False  # the last exchange met the API away
         self._receive_at = 0.0  # after a failed receive: not before this
         self._failures = 0
         self._idle_wait = 0.0
@@ -183,11 +207,30 @@ class Reactor:
         self._claiming = [c for c in self._claiming if c.retry_at > now]
         asks: list[Ask] = [(r.claim, r.item) for r in reports]
         asks += [c.req for c in claims]
+        if self._troubled:
+            # The last exchange met the API away, and this one may wait out its timeout: an
+            # attempt whose heartbeat would come due meanwhile goes to its thread first.
+            horizon = now + 2 * self.client.timeout
+            for wrapper, run in list(self._runs.items()):
+                if run.beat_at < horizon:
+                    self._hand_off(wrapper, abort)
         answers = self.client.exchange(asks)
+        self._troubled = any(isinstance(a, Exception) and transient(a) for a in answers)
+        # Each answer on its own: one that fails to be taken loses none of the others.
         for report, answer in zip(reports, answers[: len(reports)], strict=True):
-            self._reported(report, answer)
+            try:
+                self._reported(report, answer)
+            except Exception as e:
+                log.exception("task %s: report's answer not taken", report.claim.task_id)
+                self._nack(report.msg, f"report failed: {e}")
         for claiming, answer in zip(claims, answers[len(reports) :], strict=True):
-            self._claimed(claiming, answer, abort)
+            try:
+                self._claimed(claiming, answer, abort)
+            except Exception as e:
+                log.exception("task %s: claim's answer not taken", claiming.req.task_id)
+                self._nack(claiming.msg, f"claim failed: {e}")
+                if not self._placed(claiming.wrapper):
+                    self._give_back(claiming.wrapper)
 
     def _reported(self, report: _Report, answer: object) -> None:
         claim, outcome = report.claim, report.item.outcome
@@ -208,8 +251,7 @@ class Reactor:
             return
         else:  # the API away past the lease: the reaper retries the attempt
             log.error("task %s attempt %s: report failed: %s", claim.task_id, claim.attempt, answer)
-            with contextlib.suppress(Exception):
-                self.driver.nack(self.queue_name, report.msg.receipt, f"report failed: {answer}", 1)
+            self._nack(report.msg, f"report failed: {answer}")
             return
         self.acks.submit(report.msg.receipt)
 
@@ -237,9 +279,16 @@ class Reactor:
             wrapper.refused_claim(msg, claiming.req.task_id, error)
         else:
             log.error("claim of %s failed: %s", claiming.req.task_id, error)
-            with contextlib.suppress(Exception):
-                self.driver.nack(self.queue_name, msg.receipt, f"claim failed: {error}", 1)
+            self._nack(msg, f"claim failed: {error}")
         self._give_back(wrapper)
+
+    def _nack(self, msg: Message, why: str) -> None:
+        self.wrappers[0].nack(msg, why, delay_seconds=1)
+
+    def _placed(self, wrapper: Wrapper) -> bool:
+        """Whether `wrapper` is idle, running an attempt here, or away on one."""
+        with self._lock:
+            return wrapper in self._idle or wrapper in self._away or wrapper in self._runs
 
     def _report(
         self, claim: Claim, msg: Message, outcome: str, clock: LeaseClock, **kw: object
@@ -281,11 +330,15 @@ class Reactor:
             for fd in run.host.link.fds():
                 poll.register(fd, select.POLLIN)
                 by_fd[fd] = wrapper
+        if self._unread:  # lines already read off a pipe, waiting to be taken
+            timeout = 0.0
         ready = {by_fd.get(fd) for fd, _ in poll.poll(timeout * 1000)}
+        ready |= self._unread
+        self._unread = set()
         with contextlib.suppress(BlockingIOError):
             os.read(self._wake_r, 4096)
         for wrapper in ready:
-            if wrapper is not None:
+            if wrapper is not None and wrapper in self._runs:
                 self._heard(wrapper, abort)
         now = time.monotonic()
         for wrapper, run in list(self._runs.items()):
@@ -319,6 +372,7 @@ class Reactor:
             # attempt's own thread answers it, and supervises it from now on.
             self._hand_off(wrapper, abort, first=out)
             return
+        self._unread.add(wrapper)  # more may be read already: taken next turn, at once
 
     def _hand_off(
         self,
@@ -389,5 +443,10 @@ class Reactor:
 
 
 def _serve(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+    """A wrapper's thread: its jobs, one at a time, until None. A job's error ends the job
+    only (the thread must live on: the hosts it started die with it)."""
     while (job := jobs.get()) is not None:
-        job()
+        try:
+            job()
+        except Exception:
+            log.exception("a wrapper's job failed")

@@ -50,6 +50,9 @@ from trace_platform.worker.store_proxy import ScopedStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# How long a host running for its tenant may take to read a task's start (`start_ready`): an
+# idle host reads at once, and one that does not is restarted.
+START_SEND_SECONDS = 5.0
 
 
 class LeaseClock:
@@ -250,12 +253,20 @@ class Wrapper:
         try:
             wake = payloads.decode(msg.payload)
         except payloads.PayloadError as e:
-            self.driver.nack(self.queue_name, msg.receipt, f"poison message: {e}")
+            self.nack(msg, f"poison message: {e}")
             return None
         if not isinstance(wake, payloads.TaskWakeup):
-            self.driver.nack(self.queue_name, msg.receipt, f"not a task wake-up: kind={wake.kind}")
+            self.nack(msg, f"not a task wake-up: kind={wake.kind}")
             return None
         return wake.task_id
+
+    def nack(self, msg: Message, why: str, delay_seconds: float = 0) -> None:
+        """The wake-up back on the queue, saying why. A nack that fails (the database away)
+        is only logged: the message comes again once its visibility lapses."""
+        try:
+            self.driver.nack(self.queue_name, msg.receipt, why, delay_seconds=delay_seconds)
+        except Exception as e:
+            log.warning("could not nack a wake-up (%s): %s", why, e)
 
     def refused_claim(self, msg: Message, task_id: uuid.UUID, e: ApiError) -> None:
         """A claim the API refused. Not claimable (the wake-up was only a hint), or it may
@@ -265,7 +276,7 @@ class Wrapper:
             log.debug("dropping wake-up for %s: %s", task_id, e.message)
             self.acks.submit(msg.receipt)
             return
-        self.driver.nack(self.queue_name, msg.receipt, f"claim failed: {e}", delay_seconds=1)
+        self.nack(msg, f"claim failed: {e}", delay_seconds=1)
 
     def attempt(self, claim: Claim, msg: Message, run: Callable[[], None]) -> None:
         """`run`: the claimed attempt, supervised to its end and reported. Then its wake-up's
@@ -277,7 +288,7 @@ class Wrapper:
             # The lease is ours until it expires; the reaper retries the attempt after that.
             log.exception("task %s attempt %s: wrapper error", claim.task_id, claim.attempt)
             self.close()
-            self.driver.nack(self.queue_name, msg.receipt, f"wrapper error: {e}", delay_seconds=1)
+            self.nack(msg, f"wrapper error: {e}", delay_seconds=1)
             return
         self.acks.submit(msg.receipt)
 
@@ -374,10 +385,10 @@ class Wrapper:
             return None
         dirs = host.new_task(task)
         try:
-            host.send(_run_message(task, env, dirs, None))
+            host.send(_run_message(task, env, dirs, None), timeout=START_SEND_SECONDS)
         except Exception as e:  # a host gone, or not reading: `run_claimed` starts another
             log.warning("task %s: operator host did not take it (%s); restarting", task.task_id, e)
-            host.kill()
+            host.kill(grace=0)  # wedged: no grace (the caller waits on it)
             self._close([], dirs)
             return None
         scoped = self._scoped(task, host, dirs)
