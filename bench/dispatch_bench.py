@@ -8,7 +8,8 @@
 3. throughput of no-op tasks through the full lifecycle: (a) the Dispatcher core in-process
    (create -> outbox -> queue -> claim -> complete -> ack, batched, several threads), and (b)
    end to end through the Lite stack with real worker processes (HTTP internal API, operator
-   host). Under each end-to-end row: the CPU per task of each role (the API, in this process
+   host), 2 workers x 1, 4, 8 and 32 wrappers (`--workers`, `--wrappers`; `--repeat` rows
+   each). Under each end-to-end row: the CPU per task of each role (the API, in this process
    with the bench's polling; Postgres; the workers; their operator hosts) and the machine's
    context switches per task, over the row.
 
@@ -349,6 +350,12 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=5000)
     ap.add_argument("--e2e-tasks", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--wrappers",
+        default="1,4,8,32",
+        help="the end-to-end rows' wrappers per worker (each its own operator host)",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="end-to-end rows per arrangement")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="trace-dispatch-bench-", dir="/tmp"))
@@ -368,7 +375,7 @@ def main() -> None:
             print(f"trigger request -> running (HTTP, warm worker):      {fmt(lat)}")
             lat2 = commit_to_downstream(stack, args.runs)
             print(f"upstream commit -> downstream running:               {fmt(lat2)}")
-        for conc in (1, 4, 8):
+        for conc in (int(w) for w in args.wrappers.split(",")):
             with LiteStack(
                 settings, workers=args.workers, dsn=dsn, worker_concurrency=conc
             ) as stack:
@@ -382,29 +389,30 @@ def main() -> None:
                     cold = stack_throughput(stack, warm)
                     rounds += 1
                 hosts = hosts_running(stack)
-                listener = stack.api.app.state.exchange_listener
-                answered0 = listener.server.answered if listener else 0
-                cpu0, ctxt0 = cpu_by_role(stack, postmaster), context_switches()
-                e2e = stack_throughput(stack, args.e2e_tasks)
-                cpu1, ctxt1 = cpu_by_role(stack, postmaster), context_switches()
-                answered = (listener.server.answered if listener else 0) - answered0
-                print(
-                    f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
-                    f"   {e2e:8.0f} tasks/s  (after {rounds} x {warm} warm-up tasks, the last"
-                    f" at {cold:.0f}/s; {hosts}/{wrappers} hosts running before the row)"
-                )
-                # Where the time goes (the row's span; the poll after its last task included).
-                per_task = {r: (cpu1[r] - cpu0[r]) * 1000 / args.e2e_tasks for r in ROLES}
-                print(
-                    "    CPU per task: "
-                    + ", ".join(f"{r} {ms:.2f} ms" for r, ms in per_task.items())
-                    + f" ({sum(per_task.values()):.2f} in all); machine-wide context switches"
-                    f" per task: {(ctxt1 - ctxt0) / args.e2e_tasks:.0f}"
-                )
-                print(
-                    f"    claims and completions: {answered} exchanges on the API's exchange"
-                    " listener (api/exchange_listener.py) during the row"
-                )
+                for _ in range(args.repeat):  # rows on the same warm stack
+                    listener = stack.api.app.state.exchange_listener
+                    answered0 = listener.server.answered if listener else 0
+                    cpu0, ctxt0 = cpu_by_role(stack, postmaster), context_switches()
+                    e2e = stack_throughput(stack, args.e2e_tasks)
+                    cpu1, ctxt1 = cpu_by_role(stack, postmaster), context_switches()
+                    answered = (listener.server.answered if listener else 0) - answered0
+                    print(
+                        f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
+                        f"   {e2e:8.0f} tasks/s  (after {rounds} x {warm} warm-up tasks, the last"
+                        f" at {cold:.0f}/s; {hosts}/{wrappers} hosts running before the rows)"
+                    )
+                    # Where the time goes (the row's span; the poll after its last task included).
+                    per_task = {r: (cpu1[r] - cpu0[r]) * 1000 / args.e2e_tasks for r in ROLES}
+                    print(
+                        "    CPU per task: "
+                        + ", ".join(f"{r} {ms:.2f} ms" for r, ms in per_task.items())
+                        + f" ({sum(per_task.values()):.2f} in all); machine-wide context switches"
+                        f" per task: {(ctxt1 - ctxt0) / args.e2e_tasks:.0f}"
+                    )
+                    print(
+                        f"    claims and completions: {answered} exchanges on the API's exchange"
+                        " listener (api/exchange_listener.py) during the row"
+                    )
         for threads in (1, 4):
             tput = core_throughput(settings, dsn, args.tasks, threads, 100)
             print(f"Dispatcher core lifecycle, {threads} thread(s), batch 100: {tput:8.0f} tasks/s")

@@ -51,9 +51,11 @@ EXCHANGE_SECONDS = 5.0
 # How long a claim is tried again while the API is away (the last try a second before it ends,
 # as for a lease).
 CLAIM_RETRY_SECONDS = 5.0
-# The longest the loop sleeps without looking at `stop` (a signal's handler sets it, and a
-# wait interrupted by a signal resumes).
+# The longest the loop waits on its hosts before a new turn (which looks at `stop`).
 LOOK_EVERY = 0.5
+# The longest a receive waits on an empty queue, so the longest the loop goes without looking
+# at `stop` (a signal's handler sets it, and a wait interrupted by a signal resumes).
+RECEIVE_WAIT_MAX = 2.0
 # While attempts run here and the queue was empty, it is asked again after this long,
 # doubling up to IDLE_MAX (the receive cannot wait on the queue then: the hosts need watching).
 IDLE_MIN, IDLE_MAX = 0.005, 0.2
@@ -120,7 +122,7 @@ class Reactor:
         self._unread: set[Wrapper] = set()  # running here, a turn's messages not all taken
         self._troubled = False  # the last exchange met the API away
         self._receive_at = 0.0  # after a failed receive: not before this
-        self._failures = 0
+        self._receive_failures = 0  # in a row
         self._idle_wait = 0.0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
@@ -176,15 +178,16 @@ class Reactor:
         if not want:
             return 0
         waiting = self._runs or self._claiming or self._reports
-        wait = 0.0 if waiting else min(self.wait_seconds, LOOK_EVERY * 4)
+        wait = 0.0 if waiting else min(self.wait_seconds, RECEIVE_WAIT_MAX)
         try:
             msgs = self.acks.receive(want, self.visibility, wait)
         except Exception:  # the database away: back off, never die
-            self._failures += 1
-            log.exception("worker loop error (%d in a row)", self._failures)
-            self._receive_at = time.monotonic() + min(30.0, 0.5 * 2 ** min(self._failures, 6))
+            self._receive_failures += 1
+            n = self._receive_failures
+            log.exception("worker loop: receive failed (%d in a row)", n)
+            self._receive_at = time.monotonic() + min(30.0, 0.5 * 2 ** min(n, 6))
             return 0
-        self._failures = 0
+        self._receive_failures = 0
         for msg in msgs:
             with self._lock:
                 wrapper = self._idle.pop()
@@ -233,23 +236,30 @@ class Reactor:
                     self._give_back(claiming.wrapper)
 
     def _reported(self, report: _Report, answer: object) -> None:
+        """A report's answer: success, or the API away (tried again while the lease holds,
+        else the wake-up is nacked and the reaper retries the attempt), or a refusal (a
+        follow-up report when one is due)."""
         claim, outcome = report.claim, report.item.outcome
-        if isinstance(answer, CompleteResponse):
-            reported(claim, answer)
-        elif isinstance(answer, ApiError | ValueError) and not (
-            isinstance(answer, ApiError) and transient(answer)
-        ):
+        if isinstance(answer, Exception) and transient(answer):
+            left = report.clock.left()
+            if left > 1.0:
+                log.warning("completion failed (%s); retrying, %.0fs left", answer, left)
+                report.retry_at = time.monotonic() + min(1.0, left / 4)
+                self._reports.append(report)
+            else:
+                log.error(
+                    "task %s attempt %s: report failed: %s", claim.task_id, claim.attempt, answer
+                )
+                self._nack(report.msg, f"report failed: {answer}")
+            return
+        if isinstance(answer, ApiError | ValueError):
             follow = refused_report(claim, outcome, answer)
             if follow is not None:
                 self._report(claim, report.msg, "failed", report.clock, **follow)
                 return  # acked once the follow-up is answered
-        elif isinstance(answer, Exception) and transient(answer) and report.clock.left() > 1.0:
-            left = report.clock.left()
-            log.warning("completion failed (%s); retrying, %.0fs left", answer, left)
-            report.retry_at = time.monotonic() + min(1.0, left / 4)
-            self._reports.append(report)
-            return
-        else:  # the API away past the lease: the reaper retries the attempt
+        elif isinstance(answer, CompleteResponse):
+            reported(claim, answer)
+        else:  # not an answer the API gives: the reaper retries the attempt
             log.error("task %s attempt %s: report failed: %s", claim.task_id, claim.attempt, answer)
             self._nack(report.msg, f"report failed: {answer}")
             return
