@@ -105,8 +105,7 @@ class Reactor:
         the wrappers'."""
         first = wrappers[0]
         self.wrappers = wrappers
-        self.driver, self.client, self.acks = first.driver, client or first.client, first.acks
-        self.queue_name = first.queue_name
+        self.client, self.acks = client or first.client, first.acks
         self.visibility = first.visibility
         self.wait_seconds = first.wait_seconds
         self.tasks_run = 0
