@@ -241,6 +241,12 @@ jobs:
     [
         ({"flood": 2000}, "broke the protocol"),
         ({"bigline_mb": 20}, "broke the protocol"),
+        # Malformed ends and events: the attempt fails at once, not when its lease runs out.
+        ({"send": [{"type": "done", "final_events": "not a list"}]}, "are lists"),
+        ({"send": [{"type": "done", "final_events": [7]}]}, "EventIn: Input should be"),
+        ({"send": [{"type": "done", "outputs": []}]}, "malformed 'done' message: KeyError"),
+        ({"send": [{"type": "failed", "error": ["x"], "retryable": True}]}, "error is text"),
+        ({"send": [{"type": "event", "event": {"no": "type"}}]}, "a malformed event"),
     ],
 )
 def test_a_hostile_host_cannot_wedge_the_wrapper(

@@ -213,14 +213,16 @@ def test_what_a_task_does_to_the_environment_ends_with_it(monkeypatch: pytest.Mo
     import subprocess
     import sys
 
-    from trace_platform.worker.host_main import _restore_environ
+    from trace_platform.worker.host_main import _restore_environ, environ_snapshot
 
     monkeypatch.setenv("KEPT", "same")
     monkeypatch.setenv("CHANGED", "before")
     monkeypatch.setenv("REMOVED", "there")
     monkeypatch.setenv("UNDER", "mine")
     environ, environb = os.environ, os.environb
-    saved = (environ, environb, dict(os.environb))
+    saved = (environ, environb, environ_snapshot(os.environb))
+    # The copy of the mapping's own dict is the mapping's, and a copy.
+    assert saved[2] == dict(os.environb) and saved[2] is not getattr(environb, "_data", None)
     os.environ["ADDED"] = "x"
     os.environ["CHANGED"] = "after"
     del os.environ["REMOVED"]

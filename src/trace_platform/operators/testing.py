@@ -161,6 +161,8 @@ class ProbeConfig(OperatorConfig):
     fifo_upload: bool = False
     flood: int = Field(default=0, ge=0)
     bigline_mb: int = Field(default=0, ge=0)
+    # Messages sent to the wrapper as they are (a malformed end, say), before a minute's wait.
+    send: list[dict[str, Any]] = Field(default_factory=list)
     rpc_env: list[str] = Field(default_factory=list)
     spark_sql: list[str] = Field(default_factory=list)
 
@@ -236,6 +238,10 @@ def probe(ctx: OperatorContext) -> None:
         time.sleep(60)
     if c.bigline_mb:  # one message far over the protocol's line limit
         ctx._send({"type": "progress", "pad": "x" * (c.bigline_mb << 20)})
+        time.sleep(60)
+    if c.send:
+        for raw in c.send:
+            ctx._send(raw)
         time.sleep(60)
     if c.rpc_env:
         import httpx

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from pydantic import ValidationError
 
 from trace_platform.config import Settings
 from trace_platform.contract import (
@@ -490,6 +491,20 @@ class Wrapper:
         if dirs is not None:
             _janitor.remove(dirs)
 
+    def _broken(self, run: Running, why: str) -> None:
+        """The host said what the protocol does not allow: it is stopped and the attempt fails
+        now, for good (a host that broke the protocol once would again), not when its lease
+        runs out."""
+        log.warning("task %s: host protocol violation: %s", run.claim.task_id, why)
+        run.host.kill()
+        self._report(
+            run.claim,
+            "failed",
+            clock=run.clock,
+            error=f"operator host broke the protocol: {why}",
+            retryable=False,
+        )
+
     def _supervise(
         self, run: Running, stop: threading.Event, first: dict[str, Any] | None = None
     ) -> None:
@@ -574,20 +589,16 @@ class Wrapper:
                 store_busy = False
             elif kind in ("store", "protocol_error"):
                 why = out.get("error") or "a second store request before the first was answered"
-                log.warning("task %s: host protocol violation: %s", claim.task_id, why)
-                host.kill()
-                self._report(
-                    claim,
-                    "failed",
-                    clock=clock,
-                    error=f"operator host broke the protocol: {why}",
-                    retryable=False,
-                )
+                self._broken(run, why)
                 return
             elif kind == "progress":
                 progress = bounded_progress(out.get("progress"), claim)
             elif kind == "event":
-                event = EventIn.model_validate(out["event"])
+                try:
+                    event = EventIn.model_validate(out.get("event"))
+                except ValueError as e:
+                    self._broken(run, f"a malformed event: {_first_line(e)}")
+                    return
                 try:
                     self._within_lease(
                         clock, "events", lambda ev=event: self.client.events(claim, [ev])
@@ -605,7 +616,11 @@ class Wrapper:
                     )
                     return
             elif kind in ("done", "failed"):
-                outcome, kw = final_report(out, task)
+                try:
+                    outcome, kw = final_report(out, task)
+                except (KeyError, TypeError, ValueError) as e:
+                    self._broken(run, f"a malformed {kind!r} message: {_first_line(e)}")
+                    return
                 self._report(claim, outcome, clock=clock, **kw)
                 return
             elif kind == "exit":
@@ -618,6 +633,17 @@ class Wrapper:
                     error=f"operator process died ({why})\n{tail}".strip(),
                 )
                 return
+
+
+def _first_line(e: Exception) -> str:
+    """An error's gist: its type, and the first line of what it says (a validation error's
+    next lines repeat the operator's input)."""
+    if isinstance(e, ValidationError) and e.errors():
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or e.title
+        return f"{where}: {first['msg']}"[:200]
+    said = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {said[0][:200]}" if said else type(e).__name__
 
 
 def beat_every(claim: Claim, visibility: float) -> float:
@@ -714,13 +740,20 @@ def refused_report(claim: Claim, outcome: str, e: ApiError | ValueError) -> dict
 def final_report(out: dict[str, Any], task: TaskPayload) -> tuple[str, dict[str, Any]]:
     """The outcome and report of a host's `done` or `failed` message."""
     if out["type"] == "done":
+        if not isinstance(out["final_events"], list) or not isinstance(
+            out.get("outputs", []), list
+        ):
+            raise TypeError("final_events and outputs are lists")
         return "succeeded", {
             "final_events": [EventIn.model_validate(e) for e in out["final_events"]],
             "outputs": [OutputCommit.model_validate(o) for o in out.get("outputs", [])],
             "operator_state": out.get("state"),
             "operator_state_revision": task.operator_state_revision,
         }
-    return "failed", {"error": out["error"], "retryable": out["retryable"]}
+    error, retryable = out["error"], out["retryable"]
+    if not isinstance(error, str) or not isinstance(retryable, bool):
+        raise TypeError("a failure's error is text and its retryable a boolean")
+    return "failed", {"error": error, "retryable": retryable}
 
 
 def _exit_reason(code: int | None) -> str:
