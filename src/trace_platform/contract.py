@@ -20,6 +20,7 @@ TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
 
 MAX_EVENTS_PER_CALL = 1000
 MAX_CONFIG_BYTES = 1024 * 1024
+MAX_ERROR_CHARS = 20_000  # a failure's text as stored (a longer one is cut by the worker)
 MAX_PROGRESS_BYTES = 4096  # a progress report is a few counters, stored on every heartbeat
 
 
@@ -279,7 +280,7 @@ class CompleteBody(_Body):
     # `released`: the worker hands the attempt back unfinished (it is shutting down); the task
     # is queued again at once and the attempt is not one of its tries.
     outcome: Literal["succeeded", "failed", "canceled", "released"]
-    error: str | None = Field(default=None, max_length=20_000)
+    error: str | None = Field(default=None, max_length=MAX_ERROR_CHARS)
     retryable: bool = True
     final_events: list[EventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
     outputs: list[OutputCommit] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)

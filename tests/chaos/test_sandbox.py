@@ -236,6 +236,9 @@ jobs:
     assert spark["SELECT left_behind_fn()"].startswith("refused"), spark
 
 
+EVENT = {"dataset_uuid": "00000000-0000-4000-8000-000000000001", "cursor": "c"}
+
+
 @pytest.mark.parametrize(
     ("config", "expect"),
     [
@@ -247,20 +250,56 @@ jobs:
         ({"send": [{"type": "done", "outputs": []}]}, "malformed 'done' message: KeyError"),
         ({"send": [{"type": "failed", "error": ["x"], "retryable": True}]}, "error is text"),
         ({"send": [{"type": "event", "event": {"no": "type"}}]}, "a malformed event"),
+        ({"send": [{"type": "done", "final_events": [], "state": [1]}]}, "state is an object"),
+        # Its own words as the reason: cut to one short line, and the failure still lands.
+        ({"send": [{"type": "protocol_error", "error": "x\n" * 30_000}]}, "broke the protocol"),
+        # Valid, but nested deeper than the serializer goes: the event refused at once; the
+        # end's report refused alone (the exchange it was in carried the others).
+        (
+            {"send": [{"type": "event", "event": {**EVENT, "payload": "NEST"}}], "nest": 300},
+            "a malformed event",
+        ),
+        (
+            {
+                "send": [{"type": "done", "final_events": [{**EVENT, "payload": "NEST"}]}],
+                "nest": 300,
+                "then_exit": True,
+            },
+            "completion invalid",
+        ),
     ],
 )
 def test_a_hostile_host_cannot_wedge_the_wrapper(
     stack: LiteStack, config: dict[str, Any], expect: str
 ) -> None:
     d = stack.services.dispatcher
+    # The tenant's host runs first: the hostile task then lives in the worker's loop (a
+    # host's first task of a tenant starts on its wrapper's thread).
+    warm = d.create_task(TaskSpec(job="warm", operator="noop"))
+    wait_for(lambda: d.get_task(warm.task_id).status == "succeeded", 60, "the host's start")
     ref = d.create_task(TaskSpec(job="hostile", operator="probe", config=config, max_attempts=1))
     view = wait_for(
         lambda: (v := d.get_task(ref.task_id)).status == "failed" and v, 60, "the refusal"
     )
     assert expect in (view.last_error or ""), view.last_error
+    if (view.last_error or "").startswith("operator host broke the protocol"):
+        assert "\n" not in (view.last_error or ""), view.last_error  # one line, bounded
     # The worker is still serving: the next task runs normally.
     ok = d.create_task(TaskSpec(job="after", operator="noop"))
     wait_for(lambda: d.get_task(ok.task_id).status == "succeeded", 60, "the next task")
+
+
+def test_a_failure_longer_than_the_api_takes_is_cut_not_lost(stack: LiteStack) -> None:
+    """The worker's loop reports it cut to the API's bound (it was refused, and the attempt
+    waited for its lease to run out)."""
+    d = stack.services.dispatcher
+    spec = TaskSpec(
+        job="long", operator="fail", config={"message": "x" * 30_000, "permanent": True}
+    )
+    ref = d.create_task(spec)
+    view = wait_for(lambda: (v := d.get_task(ref.task_id)).status == "failed" and v, 60, "it")
+    assert "more characters cut" in (view.last_error or ""), (view.last_error or "")[-200:]
+    assert view.attempt == 1
 
 
 def test_a_fifo_upload_is_refused_at_once(stack: LiteStack) -> None:

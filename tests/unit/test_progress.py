@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -48,6 +49,19 @@ def test_the_heartbeat_carries_at_most_a_small_report() -> None:
     assert big is not None and "over 4096 bytes" in big["dropped"]
     HeartbeatRequest(**ref, progress=big)
     assert bounded_progress(["not", "an", "object"], CLAIM) is None
+
+
+def test_a_report_the_heartbeat_cannot_serialize_is_dropped() -> None:
+    """Small, but nested deeper than the heartbeat body's serializer goes (a heartbeat that
+    cannot be sent costs the attempt its lease)."""
+    deep: dict[str, Any] = {}
+    for _ in range(300):
+        deep = {"a": deep}
+    assert len(json.dumps(deep)) < MAX_PROGRESS_BYTES
+    got = bounded_progress(deep, CLAIM)
+    assert got is not None and "dropped" in got
+    ref: dict[str, Any] = {"task_id": CLAIM.task_id, "attempt": 1, "lease_token": CLAIM.lease_token}
+    HeartbeatRequest(**ref, progress=got).model_dump_json()
 
 
 def test_runs_show_prints_each_tasks_last_report_as_text() -> None:

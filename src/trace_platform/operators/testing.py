@@ -161,13 +161,31 @@ class ProbeConfig(OperatorConfig):
     fifo_upload: bool = False
     flood: int = Field(default=0, ge=0)
     bigline_mb: int = Field(default=0, ge=0)
-    # Messages sent to the wrapper as they are (a malformed end, say), before a minute's wait.
+    # Messages sent to the wrapper as they are (a malformed end, say), before a minute's wait
+    # (or, `then_exit`, the host's exit); each "NEST" string in them becomes an object nested
+    # `nest` deep.
     send: list[dict[str, Any]] = Field(default_factory=list)
+    nest: int = Field(default=0, ge=0, le=10_000)
+    then_exit: bool = False
     rpc_env: list[str] = Field(default_factory=list)
     spark_sql: list[str] = Field(default_factory=list)
 
 
 PROBE = "PROBE "
+
+
+def _nested(value: Any, depth: int) -> Any:
+    """`value` with each "NEST" string replaced by an object nested `depth` deep."""
+    if value == "NEST":
+        deep: dict[str, Any] = {}
+        for _ in range(depth):
+            deep = {"a": deep}
+        return deep
+    if isinstance(value, dict):
+        return {k: _nested(v, depth) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nested(v, depth) for v in value]
+    return value
 
 
 def probe_report(error: str) -> dict[str, Any] | None:
@@ -241,7 +259,9 @@ def probe(ctx: OperatorContext) -> None:
         time.sleep(60)
     if c.send:
         for raw in c.send:
-            ctx._send(raw)
+            ctx._send(_nested(raw, c.nest))
+        if c.then_exit:  # a well-formed end the host does not follow with its own
+            os._exit(0)
         time.sleep(60)
     if c.rpc_env:
         import httpx

@@ -322,7 +322,14 @@ class DispatcherClient:
         other item's."""
         answers: dict[int, Claim | CompleteResponse | BaseException] = {}
         for n, ask in enumerate(asks):
-            if not isinstance(ask, ClaimRequest) and _oversize(ask[1]):
+            if isinstance(ask, ClaimRequest):
+                continue
+            try:
+                oversize = _oversize(ask[1])
+            except ValueError as e:  # not serializable (nested past the serializer's depth)
+                answers[n] = e
+                continue
+            if oversize:
                 answers[n] = _answer(lambda a=ask: self._complete_one(*a))
         rest = [n for n in range(len(asks)) if n not in answers]
         for start in range(0, len(rest), MAX_BATCH):

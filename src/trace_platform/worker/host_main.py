@@ -157,8 +157,15 @@ def _run(ctx: OperatorContext, task: TaskPayload) -> dict[str, Any]:
         return {
             "type": "failed",
             "error": _error_text(exc),
-            "retryable": getattr(exc, "retryable", True),
+            "retryable": _retryable(exc),
         }
+
+
+def _retryable(exc: BaseException) -> bool:
+    """An exception's `retryable` as the protocol carries it (a boolean): an int counts as
+    its truth, anything else (None, a stray attribute) as the default, retryable."""
+    said = getattr(exc, "retryable", True)
+    return bool(said) if isinstance(said, int) else True
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from trace_platform.worker.wrapper import (
     Running,
     Wrapper,
     bounded_progress,
+    clean_report,
     final_report,
     refused_report,
     reported,
@@ -303,7 +304,7 @@ class Reactor:
         self, claim: Claim, msg: Message, outcome: str, clock: LeaseClock, **kw: object
     ) -> None:
         try:
-            item = complete_item(claim, outcome, **kw)  # type: ignore[arg-type]
+            item = complete_item(claim, outcome, **clean_report(kw))  # type: ignore[arg-type]
         except ValueError as e:  # refused by the client's own validation (too many events)
             follow = refused_report(claim, outcome, e)
             if follow is None:

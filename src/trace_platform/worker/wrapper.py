@@ -25,9 +25,11 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from trace_platform.config import Settings
 from trace_platform.contract import (
+    MAX_ERROR_CHARS,
     MAX_PROGRESS_BYTES,
     Claim,
     CompleteResponse,
@@ -318,7 +320,7 @@ class Wrapper:
     def _report(
         self, claim: Claim, outcome: str, clock: LeaseClock | None = None, **kw: Any
     ) -> None:
-        kw = _clean(kw)
+        kw = clean_report(kw)
         try:
             res = self._within_lease(
                 clock, "completion", lambda: self.client.complete(claim, outcome, **kw)
@@ -495,6 +497,7 @@ class Wrapper:
         """The host said what the protocol does not allow: it is stopped and the attempt fails
         now, for good (a host that broke the protocol once would again), not when its lease
         runs out."""
+        why = _one_line(str(why), 300)  # the host's own words, maybe: bounded, one line
         log.warning("task %s: host protocol violation: %s", run.claim.task_id, why)
         run.host.kill()
         self._report(
@@ -596,6 +599,7 @@ class Wrapper:
             elif kind == "event":
                 try:
                     event = EventIn.model_validate(out.get("event"))
+                    event.model_dump_json()  # the events call's body (its serializer's depth)
                 except ValueError as e:
                     self._broken(run, f"a malformed event: {_first_line(e)}")
                     return
@@ -618,7 +622,7 @@ class Wrapper:
             elif kind in ("done", "failed"):
                 try:
                     outcome, kw = final_report(out, task)
-                except (KeyError, TypeError, ValueError) as e:
+                except Exception as e:  # as the loop's `_heard`: any fault of the message
                     self._broken(run, f"a malformed {kind!r} message: {_first_line(e)}")
                     return
                 self._report(claim, outcome, clock=clock, **kw)
@@ -641,9 +645,17 @@ def _first_line(e: Exception) -> str:
     if isinstance(e, ValidationError) and e.errors():
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or e.title
-        return f"{where}: {first['msg']}"[:200]
+        return _one_line(f"{where}: {first['msg']}", 200)
     said = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {said[0][:200]}" if said else type(e).__name__
+    return _one_line(f"{type(e).__name__}: {said[0]}", 200) if said else type(e).__name__
+
+
+def _one_line(text: str, limit: int) -> str:
+    """`text` on one line (no newline or control character an operator put in it), cut to
+    `limit` characters."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text[: 4 * limit]).split())[
+        :limit
+    ]
 
 
 def beat_every(claim: Claim, visibility: float) -> float:
@@ -706,11 +718,15 @@ def _task_urls(task: TaskPayload, env: dict[str, str]) -> set[str]:
     return urls
 
 
-def _clean(kw: dict[str, Any]) -> dict[str, Any]:
+def clean_report(kw: dict[str, Any]) -> dict[str, Any]:
     """A report's arguments as the API takes them: operator text has no NULs (Postgres
     refuses them)."""
     if isinstance(kw.get("error"), str):
-        return {**kw, "error": kw["error"].replace("\x00", "\\0")}
+        error = kw["error"].replace("\x00", "\\0")
+        if len(error) > MAX_ERROR_CHARS:
+            cut = f"\n... ({len(error) - MAX_ERROR_CHARS + 100:,} more characters cut)"
+            error = error[: MAX_ERROR_CHARS - 100] + cut
+        return {**kw, "error": error}
     return kw
 
 
@@ -744,6 +760,8 @@ def final_report(out: dict[str, Any], task: TaskPayload) -> tuple[str, dict[str,
             out.get("outputs", []), list
         ):
             raise TypeError("final_events and outputs are lists")
+        if not isinstance(out.get("state"), dict | None):
+            raise TypeError("state is an object or null")
         return "succeeded", {
             "final_events": [EventIn.model_validate(e) for e in out["final_events"]],
             "outputs": [OutputCommit.model_validate(o) for o in out.get("outputs", [])],
@@ -771,7 +789,8 @@ def bounded_progress(reported: Any, claim: Claim) -> dict[str, Any] | None:
         return None
     try:
         size = progress_size(reported)
-    except (TypeError, ValueError):
+        to_json(reported)  # the heartbeat's serializer (its depth limit is lower than json's)
+    except (TypeError, ValueError, RecursionError):
         size = MAX_PROGRESS_BYTES + 1
     if size > MAX_PROGRESS_BYTES:
         log.warning(
