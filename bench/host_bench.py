@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from dispatch_bench import _ancestor_in, processes  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.contract import TaskPayload
 from trace_platform.sandbox import resolve
@@ -66,28 +67,8 @@ def noop_task() -> TaskPayload:
 
 def tree_cpu(root: int) -> float:
     """CPU seconds (user + system) of `root` and every process under it."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(proc.name)
-        parent[pid] = int(fields[1])
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
-
-    def under(pid: int) -> bool:
-        while pid > 1:
-            if pid == root:
-                return True
-            pid = parent.get(pid, 0)
-        return False
-
-    return sum(c for pid, c in cpu.items() if under(pid))
+    procs = processes()
+    return sum(p.cpu for pid, p in procs.items() if _ancestor_in(pid, procs, {str(root)}))
 
 
 def run_tasks(hosts: list[OperatorHost], task: TaskPayload, n: int) -> float:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import socket
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from tests.unit.test_progress import CLAIM
 from trace_platform.contract import MAX_ERROR_CHARS, Claim, EventIn, TaskPayload
 from trace_platform.worker.client import DispatcherClient, complete_item
 from trace_platform.worker.host_main import _retryable
@@ -18,48 +18,12 @@ from trace_platform.worker.wrapper import _one_line, clean_report, final_report
 
 
 def _claim() -> Claim:
-    return Claim(
-        task_id=uuid.uuid4(),
-        start_day=1,
-        attempt=1,
-        lease_token=uuid.uuid4(),
-        lease_until=datetime.now(UTC),
-        heartbeat_seconds=5,
-    )
+    return CLAIM.model_copy(update={"task_id": uuid.uuid4()})
 
 
 def _task() -> TaskPayload:
-    task_id = uuid.uuid4()
-    return TaskPayload.model_validate(
-        {
-            "task_id": task_id,
-            "attempt": 1,
-            "start_day": 1,
-            "status": "running",
-            "cancel_requested": False,
-            "org_id": uuid.uuid4(),
-            "dag_id": uuid.uuid4(),
-            "dag_version": 1,
-            "job": "j",
-            "operator": "noop",
-            "runtime": "python",
-            "config": {},
-            "parent_task_id": None,
-            "input_event": None,
-            "worker_pool": None,
-            "slot_index": None,
-            "slot_env": {},
-            "slot_secret_names": [],
-            "inputs": [],
-            "outputs": [],
-            "run_id": uuid.uuid4(),
-            "timeout_seconds": 60,
-            "deadline_at": "2030-01-01T00:00:00Z",
-            "lease_until": "2030-01-01T00:00:00Z",
-            "heartbeat_seconds": 10,
-            "idempotency": {"producer_task_id": task_id, "attempt": 1},
-        }
-    )
+    """All `final_report` reads of the task (its state's revision)."""
+    return TaskPayload.model_construct(operator_state_revision=0)
 
 
 @pytest.mark.parametrize(
