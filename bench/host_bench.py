@@ -80,10 +80,11 @@ def run_tasks(hosts: list[OperatorHost], task: TaskPayload, n: int) -> float:
     for i in range(n):
         host = hosts[i % len(hosts)]
         dirs = host.new_task(task)
-        host.send({"type": "run", "task": body, "env": {}, "workdir": str(dirs.work)})
+        run = f"{task.task_id}/{i}"
+        host.send({"type": "run", "run": run, "task": body, "env": {}, "workdir": str(dirs.work)})
         assert host.link is not None
         answer = host.link.get(timeout=30)
-        if answer is not None and answer.get("type") == "done":
+        if answer is not None and answer.get("type") == "done" and answer.get("run") == run:
             done += 1
         if not host.recycle(dirs):
             dirs.remove()

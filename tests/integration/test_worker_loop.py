@@ -78,10 +78,17 @@ class Loop:
         self.thread.start()
 
     def submit(
-        self, operator: str = "noop", n: int = 1, outputs: int = 0, **config: Any
+        self,
+        operator: str = "noop",
+        n: int = 1,
+        outputs: int = 0,
+        max_attempts: int | None = None,
+        **config: Any,
     ) -> list[uuid.UUID]:
         made = [DatasetRef(dataset_uuid=uuid.uuid4()) for _ in range(outputs)]
-        spec = TaskSpec(job="loop", operator=operator, config=config, outputs=made)
+        spec = TaskSpec(
+            job="loop", operator=operator, config=config, outputs=made, max_attempts=max_attempts
+        )
         ids = [self.services.dispatcher.create_task(spec).task_id for _ in range(n)]
         for task_id in ids:  # no outbox publisher runs here: the wake-ups, as it sends them
             self.driver.publish(Q, wake(task_id))
@@ -297,3 +304,37 @@ def test_max_tasks_ends_the_loop_once_that_many_ran(loop_of: Callable[[int], Loo
     assert not loop.thread.is_alive() and loop.reactor.tasks_run == 3
     done = [t for t in ids if loop.status(t)[0] == "succeeded"]
     assert len(done) == 3 and loop.queued() == 2
+
+
+def test_what_an_earlier_task_left_running_cannot_end_the_next(
+    loop_of: Callable[[int], Loop],
+) -> None:
+    """A thread a task left running in its host says "done" while the host runs the tenant's
+    next task: the end names its own run, so it fails the attempt that runs now (retryably,
+    its host killed) instead of being taken for that attempt's end; the next task runs on a
+    fresh host."""
+    loop = loop_of(1)
+    loop.start()
+    loop.wait_done(loop.submit(n=1))  # the host runs: the next attempts start in the loop
+    (wrapper,) = loop.wrappers
+    assert wrapper.host.proc is not None
+    first_host = wrapper.host.proc.pid
+    (leaver,) = loop.submit(
+        "probe", max_attempts=1, linger=[{"type": "done", "final_events": []}], linger_after=1.0
+    )
+    wait_for(lambda: loop.status(leaver)[0] == "failed", 20, "the probe's own end")
+    (sleeper,) = loop.submit("sleep", seconds=3)
+    # Back in the queue for its retry (this loop has no outbox relay to wake it), not ended
+    # by the stray "done" a second in.
+    wait_for(lambda: loop.status(sleeper) == ("queued", 1), 20, "the attempt's failure")
+    loop.wait_done(loop.submit(n=1))
+    assert wrapper.host.proc is not None and wrapper.host.proc.pid != first_host
+    with loop.services.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT error FROM task_attempts WHERE task_id = %s AND attempt = 1", (sleeper,)
+        ).fetchone()
+    assert row is not None
+    assert row["error"] == (
+        "operator host broke the protocol: a 'done' message for run "
+        f"'{leaver}/1' during run '{sleeper}/1'"
+    ), row["error"]

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -206,47 +206,82 @@ def test_a_long_line_written_in_small_pieces_arrives_whole(
     assert [m["type"] for m in got] == ["done", "exit"] and len(got[0]["pad"]) == 1_900_000
 
 
-def test_a_slow_heartbeat_does_not_stop_the_supervisor_reading_its_host(
-    procs: list[Any],
-) -> None:
-    """Heartbeats that take longer than the beat (a slow API) come back to back; the host's
-    outcome, said meanwhile, must still be read between them and reported."""
-    proc = _host(
-        "import time; time.sleep(0.5)\n"
-        'print(\'{"type": "failed", "error": "x", "retryable": false}\', flush=True)\n'
-        "time.sleep(30)\n"
-    )
-    procs.append(proc)
-    host = SimpleNamespace(proc=proc, link=HostLink(proc), kill=proc.kill, log_tail=lambda: "")
-    beats: list[float] = []
-
-    def heartbeat(claim: Any, progress: Any, timeout: float) -> Any:
-        beats.append(time.monotonic())
-        time.sleep(0.25)  # longer than the beat (0.2 s)
-        return SimpleNamespace(
-            lease_until=datetime.now(UTC) + timedelta(seconds=30), cancel_requested=False
-        )
-
-    reported: list[str] = []
-    wrapper = SimpleNamespace(
-        client=SimpleNamespace(heartbeat=heartbeat),
-        visibility=60,
-        _extend=lambda msg: None,
-        _report=lambda claim, outcome, **kw: reported.append(outcome),
-    )
+def _supervised(
+    procs: list[Any], script: Callable[[str], str], beat_takes: float = 0.0
+) -> tuple[list[tuple[str, dict[str, Any]]], list[float]]:
+    """`Wrapper._supervise` over a host running `script(run label)`, heartbeats taking
+    `beat_takes` seconds: what it reported, and when it beat."""
     claim = SimpleNamespace(
         heartbeat_seconds=0.2,
         lease_until=datetime.now(UTC) + timedelta(seconds=30),
         task_id=uuid4(),
         attempt=1,
     )
+    proc = _host(script(f"{claim.task_id}/1"))
+    procs.append(proc)
+    host = SimpleNamespace(proc=proc, link=HostLink(proc), kill=proc.kill, log_tail=lambda: "")
+    beats: list[float] = []
+
+    def heartbeat(claim: Any, progress: Any, timeout: float) -> Any:
+        beats.append(time.monotonic())
+        time.sleep(beat_takes)
+        return SimpleNamespace(
+            lease_until=datetime.now(UTC) + timedelta(seconds=30), cancel_requested=False
+        )
+
+    reported: list[tuple[str, dict[str, Any]]] = []
+    wrapper = SimpleNamespace(
+        client=SimpleNamespace(heartbeat=heartbeat),
+        visibility=60,
+        _extend=lambda msg: None,
+        _report=lambda claim, outcome, **kw: reported.append((outcome, kw)),
+    )
+    wrapper._broken = lambda *a, **kw: Wrapper._broken(wrapper, *a, **kw)  # type: ignore[arg-type]
     run = Running(claim, None, None, host, None, [], None)  # type: ignore[arg-type]
     supervise = threading.Thread(
         target=Wrapper._supervise, args=(wrapper, run, threading.Event()), daemon=True
     )
     supervise.start()
     supervise.join(8)
-    assert reported == ["failed"] and len(beats) < 8, (reported, len(beats))
+    return reported, beats
+
+
+def test_a_slow_heartbeat_does_not_stop_the_supervisor_reading_its_host(
+    procs: list[Any],
+) -> None:
+    """Heartbeats that take longer than the beat (a slow API) come back to back; the host's
+    outcome, said meanwhile, must still be read between them and reported."""
+    reported, beats = _supervised(
+        procs,
+        lambda run: (
+            "import json, time; time.sleep(0.5)\n"
+            "print(json.dumps({'type': 'failed', 'error': 'x', 'retryable': False,"
+            f" 'run': {run!r}}}), flush=True)\n"
+            "time.sleep(30)\n"
+        ),
+        beat_takes=0.25,  # longer than the beat (0.2 s)
+    )
+    assert [r[0] for r in reported] == ["failed"] and len(beats) < 8, (reported, len(beats))
+
+
+@pytest.mark.parametrize("said", ["'another/1'", "None"])
+def test_a_message_naming_another_run_fails_the_attempt_retryably(
+    procs: list[Any], said: str
+) -> None:
+    """What an earlier task left running in the host (its run named in what it says), or a
+    host that names none, cannot end this attempt: it fails, to be tried again elsewhere."""
+    reported, _ = _supervised(
+        procs,
+        lambda run: (
+            "import json, time\n"
+            f"print(json.dumps({{'type': 'done', 'final_events': [], 'run': {said}}}), flush=True)\n"
+            "time.sleep(30)\n"
+        ),
+    )
+    ((outcome, kw),) = reported
+    assert outcome == "failed" and kw["retryable"] is True, reported
+    assert "operator host broke the protocol: a 'done' message for" in kw["error"]
+    assert ("no run" if said == "None" else "run 'another/1'") in kw["error"]
 
 
 def test_a_long_line_already_in_the_pipe_comes_in_one_get_with_no_time_left(

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -167,6 +168,10 @@ class ProbeConfig(OperatorConfig):
     send: list[dict[str, Any]] = Field(default_factory=list)
     nest: int = Field(default=0, ge=0, le=10_000)
     then_exit: bool = False
+    # Messages a thread the task leaves running sends `linger_after` seconds after its start,
+    # when the host may run the tenant's next task.
+    linger: list[dict[str, Any]] = Field(default_factory=list)
+    linger_after: float = Field(default=1.0, ge=0, le=60)
     rpc_env: list[str] = Field(default_factory=list)
     spark_sql: list[str] = Field(default_factory=list)
 
@@ -198,12 +203,20 @@ def probe_report(error: str) -> dict[str, Any] | None:
     return dict(report)
 
 
+def _linger(ctx: OperatorContext, c: ProbeConfig) -> None:
+    time.sleep(c.linger_after)
+    for raw in c.linger:
+        ctx._send(raw)
+
+
 def probe(ctx: OperatorContext) -> None:
     """Tries what an attacker would, and reports each outcome as its failure message (JSON, read
     back with `probe_report`).
     config: read (file paths), environ_pids (pids whose /proc/<pid>/environ to read), connect
     (["host", port] pairs), list (directories), write (file paths), env (names to report)."""
     c = ProbeConfig.from_ctx(ctx)
+    if c.linger:
+        threading.Thread(target=_linger, args=(ctx, c), daemon=True).start()
     report: dict[str, Any] = {
         "uid": os.getuid(),
         "cwd": os.getcwd(),

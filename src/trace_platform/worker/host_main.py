@@ -5,8 +5,11 @@ It holds no lease token, no internal credential and no store or database credent
 environment is built from an allowlist, and in the sandbox it runs as its own user in its own
 namespaces (`trace_platform.sandbox`). It speaks JSON lines with the wrapper: tasks and store
 replies in on stdin, messages and store requests out on the original stdout; operator prints and
-logs go to stderr, a log file the wrapper opened. Long-lived within one tenant (org, DAG), so an
-expensive SparkSession survives between that tenant's tasks; each task gets its own Spark session.
+logs go to stderr, a log file the wrapper opened. Each message of a task names the run the
+wrapper gave it (`run`: task id and attempt), so a thread a task left running cannot speak for
+(nor end) the tenant's next task: the wrapper refuses it. Long-lived within one tenant (org,
+DAG), so an expensive SparkSession survives between that tenant's tasks; each task gets its own
+Spark session.
 """
 
 from __future__ import annotations
@@ -55,15 +58,17 @@ class Channel:
         self._write = threading.Lock()
         self._call = threading.Lock()
 
-    def send(self, msg: dict[str, Any]) -> None:
-        line = json.dumps(msg, default=str) + "\n"
+    def send(self, msg: dict[str, Any], run: str | None = None) -> None:
+        """`msg` out; `run` tags it with the run it belongs to (the wrapper refuses one that
+        names another: what an earlier task left running must not speak for the next)."""
+        line = json.dumps(msg if run is None else {**msg, "run": run}, default=str) + "\n"
         with self._write:
             self.out.write(line)
             self.out.flush()
 
-    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+    def call(self, req: dict[str, Any], run: str | None = None) -> dict[str, Any]:
         with self._call:
-            self.send({"type": "store", **req})
+            self.send({"type": "store", **req}, run)
             line = self.inp.readline()
             if not line:
                 raise EOFError("the wrapper closed the host's input")
@@ -79,15 +84,17 @@ def run_one(
     workdir: Path,
     env: dict[str, str],
     spark_remote: str | None = None,
+    run: str | None = None,
 ) -> None:
+    """One task, its every message tagged `run` (the wrapper's name for the attempt)."""
     home, environ = Path.cwd(), (os.environ, os.environb, environ_snapshot(os.environb))
     os.chdir(workdir)
     ctx = OperatorContext(
         task=task,
         workdir=workdir,
-        _send=chan.send,
+        _send=lambda msg: chan.send(msg, run),
         env=env,
-        _store=RemoteStore(chan.call, workdir),
+        _store=RemoteStore(lambda req: chan.call(req, run), workdir),
         spark_remote=spark_remote,
     )
     clean = True
@@ -103,7 +110,7 @@ def run_one(
             clean = False
         os.chdir(home)
         _restore_environ(environ)
-    chan.send(outcome)
+    chan.send(outcome, run)
     if not clean:
         # A host whose clean-up failed may hold what the task left (a Spark session, its
         # threads): it must not take the next task, nor linger half-alive. Exiting now makes
@@ -189,6 +196,7 @@ def main() -> None:
                 Path(msg["workdir"]),
                 dict(msg.get("env") or {}),
                 msg.get("spark_remote"),
+                msg.get("run"),
             )
 
 

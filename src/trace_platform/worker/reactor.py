@@ -41,6 +41,7 @@ from trace_platform.worker.wrapper import (
     bounded_progress,
     clean_report,
     final_report,
+    foreign,
     refused_report,
     reported,
 )
@@ -364,6 +365,9 @@ class Reactor:
             if out is None:
                 return
             kind = out.get("type")
+            if foreign(out, run) is not None:  # its thread meets it, as a lone wrapper does
+                self._hand_off(wrapper, abort, first=out)
+                return
             if kind == "progress":
                 run.progress = bounded_progress(out.get("progress"), run.claim)
                 continue

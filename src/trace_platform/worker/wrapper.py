@@ -359,7 +359,7 @@ class Wrapper:
             dirs = host.new_task(task)
             scoped = self._scoped(task, host, dirs)
             run = Running(claim, msg, task, host, dirs, gateways, scoped, self.visibility)
-            host.send(_run_message(task, env, dirs, spark_remote))
+            host.send(_run_message(run, env, spark_remote))
         except EgressRefused as e:
             self._close(gateways, dirs)
             self._report(claim, "failed", error=f"network egress refused: {e}", retryable=False)
@@ -387,15 +387,17 @@ class Wrapper:
         ):
             return None
         dirs = host.new_task(task)
+        run = Running(
+            claim, msg, task, host, dirs, [], self._scoped(task, host, dirs), self.visibility
+        )
         try:
-            host.send(_run_message(task, env, dirs, None), timeout=START_SEND_SECONDS)
+            host.send(_run_message(run, env, None), timeout=START_SEND_SECONDS)
         except Exception as e:  # a host gone, or not reading: `run_claimed` starts another
             log.warning("task %s: operator host did not take it (%s); restarting", task.task_id, e)
             host.kill(grace=0)  # wedged: no grace (the caller waits on it)
             self._close([], dirs)
             return None
-        scoped = self._scoped(task, host, dirs)
-        return Running(claim, msg, task, host, dirs, [], scoped, self.visibility)
+        return run
 
     def supervised(
         self, run: Running, stop: threading.Event, first: dict[str, Any] | None = None
@@ -493,10 +495,11 @@ class Wrapper:
         if dirs is not None:
             _janitor.remove(dirs)
 
-    def _broken(self, run: Running, why: str) -> None:
+    def _broken(self, run: Running, why: str, retryable: bool = False) -> None:
         """The host said what the protocol does not allow: it is stopped and the attempt fails
-        now, for good (a host that broke the protocol once would again), not when its lease
-        runs out."""
+        now, not when its lease runs out; for good (a host that broke the protocol once would
+        again) unless `retryable` (the fault was an earlier task's: the retry gets a fresh
+        host)."""
         why = _one_line(str(why), 300)  # the host's own words, maybe: bounded, one line
         log.warning("task %s: host protocol violation: %s", run.claim.task_id, why)
         run.host.kill()
@@ -505,7 +508,7 @@ class Wrapper:
             "failed",
             clock=run.clock,
             error=f"operator host broke the protocol: {why}",
-            retryable=False,
+            retryable=retryable,
         )
 
     def _supervise(
@@ -579,6 +582,9 @@ class Wrapper:
             if out is None:
                 continue
             kind = out.get("type")
+            if (why := foreign(out, run)) is not None:
+                self._broken(run, why, retryable=True)
+                return
             if kind == "store" and not store_busy:
                 # Served off this loop (heartbeats go on during an upload), one at a time.
                 store_busy = True
@@ -673,6 +679,7 @@ class Running:
         "dirs",
         "gateways",
         "host",
+        "label",
         "msg",
         "progress",
         "scoped",
@@ -692,21 +699,37 @@ class Running:
     ) -> None:
         self.claim, self.msg, self.task, self.host = claim, msg, task, host
         self.dirs, self.gateways, self.scoped = dirs, gateways, scoped
+        self.label = f"{claim.task_id}/{claim.attempt}"  # the host's messages name it
         self.clock = LeaseClock(claim.lease_until)
         self.beat_at = time.monotonic() + beat_every(claim, visibility)  # the next heartbeat
         self.progress: dict[str, Any] | None = None  # the operator's last report of it
 
 
-def _run_message(
-    task: TaskPayload, env: dict[str, str], dirs: TaskDirs, spark_remote: str | None
-) -> dict[str, Any]:
+def _run_message(run: Running, env: dict[str, str], spark_remote: str | None) -> dict[str, Any]:
     return {
         "type": "run",
-        "task": task.model_dump(mode="json"),
+        "run": run.label,
+        "task": run.task.model_dump(mode="json"),
         "env": env,
-        "workdir": str(dirs.work),
+        "workdir": str(run.dirs.work),
         "spark_remote": spark_remote,
     }
+
+
+# What a host says of its run, each tagged with the run (`Running.label`) it belongs to.
+_RUN_MESSAGES = frozenset({"done", "failed", "event", "progress", "store"})
+
+
+def foreign(out: dict[str, Any], run: Running) -> str | None:
+    """Why a host's message is not `run`'s (None: it is, or is not a run's message). One
+    tagged with another run comes from what an earlier task left running in the host: it
+    must not end, or speak for, the attempt that runs now."""
+    kind = out.get("type")
+    if kind not in _RUN_MESSAGES or out.get("run") == run.label:
+        return None
+    said = out.get("run")
+    whose = "no run" if said is None else f"run {_one_line(str(said), 80)!r}"
+    return f"a {kind!r} message for {whose} during run {run.label!r}"
 
 
 def _task_urls(task: TaskPayload, env: dict[str, str]) -> set[str]:
