@@ -12,6 +12,7 @@ from typing import Any, Literal, Self
 from uuid import UUID
 
 from pydantic import UUID4, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import to_json
 
 LITE_ORG_ID = UUID("00000000-0000-0000-0000-000000000001")
 
@@ -140,9 +141,9 @@ class HeartbeatBody(_Body):
 
 
 def progress_size(progress: dict[str, Any]) -> int:
-    import json
-
-    return len(json.dumps(progress, separators=(",", ":"), default=str))
+    """Bytes of JSON (UTF-8) the heartbeat carries `progress` in: its own serializer, whose
+    depth limit is lower than json's (ValueError past it)."""
+    return len(to_json(progress, fallback=str))
 
 
 def progress_text(progress: dict[str, Any] | None, width: int = 80) -> str:

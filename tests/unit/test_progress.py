@@ -51,6 +51,20 @@ def test_the_heartbeat_carries_at_most_a_small_report() -> None:
     assert bounded_progress(["not", "an", "object"], CLAIM) is None
 
 
+def test_a_reports_size_is_its_utf8_bytes_on_the_wire() -> None:
+    """Counted as the heartbeat sends it (UTF-8, not json's \\u escapes): 3,000 bytes of
+    non-ASCII text go, 4,200 do not, on both sides."""
+    ref: dict[str, Any] = {"task_id": CLAIM.task_id, "attempt": 1, "lease_token": CLAIM.lease_token}
+    fits = {"x": "é" * 1500}
+    assert len(json.dumps(fits)) > MAX_PROGRESS_BYTES  # json would have counted 9,000
+    assert bounded_progress(fits, CLAIM) == fits
+    assert HeartbeatRequest(**ref, progress=fits).progress == fits
+    over = {"x": "é" * 2100}
+    assert "dropped" in (bounded_progress(over, CLAIM) or {})
+    with pytest.raises(ValueError, match="progress is larger"):
+        HeartbeatRequest(**ref, progress=over)
+
+
 def test_a_report_the_heartbeat_cannot_serialize_is_dropped() -> None:
     """Small, but nested deeper than the heartbeat body's serializer goes (a heartbeat that
     cannot be sent costs the attempt its lease)."""

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
-from pydantic_core import to_json
 
 from trace_platform.config import Settings
 from trace_platform.contract import (
@@ -607,7 +606,7 @@ class Wrapper:
                     event = EventIn.model_validate(out.get("event"))
                     event.model_dump_json()  # the events call's body (its serializer's depth)
                 except ValueError as e:
-                    self._broken(run, f"a malformed event: {_first_line(e)}")
+                    self._broken(run, f"a malformed event: {_gist(e)}")
                     return
                 try:
                     self._within_lease(
@@ -629,7 +628,7 @@ class Wrapper:
                 try:
                     outcome, kw = final_report(out, task)
                 except Exception as e:  # as the loop's `_heard`: any fault of the message
-                    self._broken(run, f"a malformed {kind!r} message: {_first_line(e)}")
+                    self._broken(run, f"a malformed {kind!r} message: {_gist(e)}")
                     return
                 self._report(claim, outcome, clock=clock, **kw)
                 return
@@ -645,7 +644,7 @@ class Wrapper:
                 return
 
 
-def _first_line(e: Exception) -> str:
+def _gist(e: Exception) -> str:
     """An error's gist: its type, and the first line of what it says (a validation error's
     next lines repeat the operator's input)."""
     if isinstance(e, ValidationError) and e.errors():
@@ -812,7 +811,6 @@ def bounded_progress(reported: Any, claim: Claim) -> dict[str, Any] | None:
         return None
     try:
         size = progress_size(reported)
-        to_json(reported)  # the heartbeat's serializer (its depth limit is lower than json's)
     except (TypeError, ValueError, RecursionError):
         size = MAX_PROGRESS_BYTES + 1
     if size > MAX_PROGRESS_BYTES:
