@@ -251,8 +251,10 @@ EVENT = {"dataset_uuid": "00000000-0000-4000-8000-000000000001", "cursor": "c"}
         ({"send": [{"type": "failed", "error": ["x"], "retryable": True}]}, "error is text"),
         ({"send": [{"type": "event", "event": {"no": "type"}}]}, "a malformed event"),
         ({"send": [{"type": "done", "final_events": [], "state": [1]}]}, "state is an object"),
-        # Its own words as the reason: cut to one short line, and the failure still lands.
-        ({"send": [{"type": "protocol_error", "error": "x\n" * 30_000}]}, "broke the protocol"),
+        # A note only the wrapper posts (here with a long reason of the host's own), and an
+        # exit while it runs on: refused as such.
+        ({"send": [{"type": "protocol_error", "error": "x\n" * 30_000}]}, "only the wrapper"),
+        ({"send": [{"type": "exit", "returncode": 0}]}, "only the wrapper posts"),
         # Valid, but nested deeper than the serializer goes: the event refused at once; the
         # end's report refused alone (the exchange it was in carried the others).
         (

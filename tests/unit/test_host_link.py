@@ -19,7 +19,7 @@ import pytest
 
 from trace_platform.worker import host_link
 from trace_platform.worker.host_link import HostLink
-from trace_platform.worker.wrapper import Running, Wrapper
+from trace_platform.worker.wrapper import Running, Wrapper, foreign
 
 
 def _host(script: str) -> subprocess.Popen[bytes]:
@@ -207,10 +207,14 @@ def test_a_long_line_written_in_small_pieces_arrives_whole(
 
 
 def _supervised(
-    procs: list[Any], script: Callable[[str], str], beat_takes: float = 0.0
+    procs: list[Any],
+    script: Callable[[str], str],
+    beat_takes: float = 0.0,
+    serve_store: Callable[..., None] | None = None,
 ) -> tuple[list[tuple[str, dict[str, Any]]], list[float]]:
     """`Wrapper._supervise` over a host running `script(run label)`, heartbeats taking
-    `beat_takes` seconds: what it reported, and when it beat."""
+    `beat_takes` seconds (`serve_store`: what answers its store calls): what it reported, and
+    when it beat."""
     claim = SimpleNamespace(
         heartbeat_seconds=0.2,
         lease_until=datetime.now(UTC) + timedelta(seconds=30),
@@ -235,9 +239,11 @@ def _supervised(
         visibility=60,
         _extend=lambda msg: None,
         _report=lambda claim, outcome, **kw: reported.append((outcome, kw)),
+        _serve_store=serve_store,
     )
     wrapper._broken = lambda *a, **kw: Wrapper._broken(wrapper, *a, **kw)  # type: ignore[arg-type]
-    run = Running(claim, None, None, host, None, [], None)  # type: ignore[arg-type]
+    scoped, task = SimpleNamespace(used=False), SimpleNamespace(operator_state_revision=0)
+    run = Running(claim, None, task, host, None, [], scoped)  # type: ignore[arg-type]
     supervise = threading.Thread(
         target=Wrapper._supervise, args=(wrapper, run, threading.Event()), daemon=True
     )
@@ -282,6 +288,64 @@ def test_a_message_naming_another_run_fails_the_attempt_retryably(
     assert outcome == "failed" and kw["retryable"] is True, reported
     assert "operator host broke the protocol: a 'done' message for" in kw["error"]
     assert ("no run" if said == "None" else "run 'another/1'") in kw["error"]
+
+
+def test_an_end_with_a_store_call_still_open_retires_the_host(procs: list[Any]) -> None:
+    """A thread of the task still waits on a store reply when the task ends: the end is
+    reported, and the host is not kept (that reply, or its note, would reach the next task)."""
+    answered = threading.Event()
+
+    def slow_store(proc: Any, link: Any, scoped: Any, req: Any) -> None:
+        time.sleep(1.0)
+        answered.set()
+
+    reported, _ = _supervised(
+        procs,
+        lambda run: (
+            "import json, time\n"
+            f"print(json.dumps({{'type': 'store', 'op': 'list', 'key': '', 'run': {run!r}}}))\n"
+            f"print(json.dumps({{'type': 'done', 'final_events': [], 'run': {run!r}}}),"
+            " flush=True)\n"
+            "time.sleep(30)\n"
+        ),
+        serve_store=slow_store,
+    )
+    assert [r[0] for r in reported] == ["succeeded"], reported
+    assert not answered.is_set()  # reported without waiting for the call
+    assert procs[-1].wait(5) is not None  # and the host killed
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"type": "exit", "returncode": 0}',
+        '{"type": "exit"}',
+        '{"type": "protocol_error", "error": "x"}',
+        '{"type": "store_done"}',
+    ],
+)
+def test_a_host_cannot_say_what_only_the_wrapper_posts(procs: list[Any], line: str) -> None:
+    """An `exit` while it runs on, a `store_done` (a second store call), a protocol error in
+    its own words: the wrapper's notes, never the host's."""
+    link = _link(procs, f"print({line!r}, flush=True); import time; time.sleep(30)")
+    got = link.get(5)
+    assert got is not None and got["type"] == "protocol_error", got
+    assert "only the wrapper posts" in got["error"]
+
+
+def test_a_run_named_by_no_string_is_foreign_and_said_safely() -> None:
+    claim = SimpleNamespace(
+        heartbeat_seconds=1, lease_until=datetime.now(UTC), task_id=uuid4(), attempt=1
+    )
+    run = Running(claim, None, None, None, None, [], None)  # type: ignore[arg-type]
+    deep: dict[str, Any] = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    assert foreign({"type": "event", "run": deep}, run) == (
+        f"a 'event' message for a run named by a JSON dict during run '{claim.task_id}/1'"
+    )
+    assert foreign({"type": "event", "run": f"{claim.task_id}/1"}, run) is None
+    assert foreign({"type": "ready"}, run) is None  # not a run's message
 
 
 def test_a_long_line_already_in_the_pipe_comes_in_one_get_with_no_time_left(

@@ -23,6 +23,8 @@ MAX_LINE = 16 * 1024 * 1024  # one host message (a task's final events fit many 
 _CHUNK = 256 * 1024
 _EXIT_WAIT = 5.0  # seconds an end of output waits for the host's exit before saying so
 _DRAIN_READS = 64  # reads of what a host wrote before it exited (a descendant may write on)
+# What the reader is told by this link or the wrapper (`post`), never by the host itself.
+POSTED_ONLY = frozenset({"exit", "protocol_error", "store_done"})
 
 
 class HostLink:
@@ -185,6 +187,8 @@ class HostLink:
             msg = None
         if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
             return self._refuse("a message that is not a JSON object")
+        if msg["type"] in POSTED_ONLY:
+            return self._refuse(f"a {msg['type']!r} message, which only the wrapper posts")
         return msg
 
     def _refuse(self, why: str) -> dict[str, Any]:

@@ -54,7 +54,7 @@ def _error_text(exc: BaseException) -> str:
 class Channel:
     """The wrapper link. Store calls are request/reply on the same pipes, one at a time."""
 
-    def __init__(self, out: IO[str], inp: IO[str]) -> None:
+    def __init__(self, out: IO[str], inp: IO[bytes]) -> None:
         self.out = out
         self.inp = inp
         self._write = threading.Lock()
@@ -196,9 +196,10 @@ def main() -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    chan = Channel(proto, sys.stdin)
+    # The wrapper's lines as bytes, whatever the locale: pydantic and json read UTF-8 itself.
+    chan = Channel(proto, sys.stdin.buffer)
     chan.send({"type": "ready", "pid": os.getpid(), "uid": os.getuid()})
-    while line := sys.stdin.readline():
+    while line := sys.stdin.buffer.readline():
         serve(line, chan)
 
 
@@ -213,7 +214,7 @@ class RunMessage(BaseModel):
     spark_remote: str | None = None
 
 
-def serve(line: str, chan: Channel) -> None:
+def serve(line: bytes, chan: Channel) -> None:
     """One line from the wrapper: a task runs; any other message is not the loop's."""
     try:
         # The line straight into the model, payload and all: one pass, no dict in between

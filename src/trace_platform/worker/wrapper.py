@@ -632,6 +632,11 @@ class Wrapper:
                     self._broken(run, f"a malformed {kind!r} message: {_gist(e)}")
                     return
                 self._report(claim, outcome, clock=clock, **kw)
+                if store_busy:
+                    # It ended with a store call of its own still open (a thread left
+                    # running): that call's reply, or its note, must not reach the host's
+                    # next task, nor the call read that task's run line. No reuse.
+                    host.kill()
                 return
             elif kind == "exit":
                 host.kill()  # one that closed its output may still run
@@ -732,7 +737,12 @@ def foreign(out: dict[str, Any], run: Running) -> str | None:
     if kind not in _RUN_MESSAGES or out.get("run") == run.label:
         return None
     said = out.get("run")
-    whose = "no run" if said is None else f"run {_one_line(str(said), 80)!r}"
+    if said is None:
+        whose = "no run"
+    elif isinstance(said, str):
+        whose = f"run {_one_line(said, 80)!r}"
+    else:  # never str() of whatever the host sent (nested deep, it would recurse)
+        whose = f"a run named by a JSON {type(said).__name__}"
     return f"a {kind!r} message for {whose} during run {run.label!r}"
 
 
