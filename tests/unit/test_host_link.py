@@ -271,10 +271,11 @@ def test_a_slow_heartbeat_does_not_stop_the_supervisor_reading_its_host(
 
 
 @pytest.mark.parametrize("said", ["'another/1'", "None"])
-def test_a_message_naming_another_run_hands_the_attempt_back(procs: list[Any], said: str) -> None:
+def test_a_message_naming_another_run_fails_the_attempt_retryably(
+    procs: list[Any], said: str
+) -> None:
     """What an earlier task left running in the host (its run named in what it says), or a
-    host that names none, cannot end this attempt: it is handed back (queued again at once,
-    not one of its tries), its host killed."""
+    host that names none, cannot end this attempt: it fails, to be tried again elsewhere."""
     reported, _ = _supervised(
         procs,
         lambda run: (
@@ -284,9 +285,8 @@ def test_a_message_naming_another_run_hands_the_attempt_back(procs: list[Any], s
         ),
     )
     ((outcome, kw),) = reported
-    assert outcome == "released" and "retryable" not in kw, reported
+    assert outcome == "failed" and kw["retryable"] is True, reported
     assert "operator host broke the protocol: a 'done' message for" in kw["error"]
-    assert kw["error"].endswith("; handed back")
     assert ("no run" if said == "None" else "run 'another/1'") in kw["error"]
 
 

@@ -495,19 +495,21 @@ class Wrapper:
         if dirs is not None:
             _janitor.remove(dirs)
 
-    def _broken(self, run: Running, why: str, earlier: bool = False) -> None:
-        """The host said what the protocol does not allow: it is stopped and the attempt ends
-        now, not when its lease runs out: failed for good (a host that broke the protocol
-        once would again), or, when the fault was an `earlier` task's (a message it left
-        running), handed back: queued again at once on a fresh host, not one of its tries."""
+    def _broken(self, run: Running, why: str, retryable: bool = False) -> None:
+        """The host said what the protocol does not allow: it is stopped and the attempt fails
+        now, not when its lease runs out; for good (a host that broke the protocol once would
+        again) unless `retryable` (the fault was an earlier task's: the retry gets a fresh
+        host)."""
         why = _one_line(str(why), 300)  # the host's own words, maybe: bounded, one line
         log.warning("task %s: host protocol violation: %s", run.claim.task_id, why)
         run.host.kill()
-        error = f"operator host broke the protocol: {why}"
-        if earlier:
-            self._report(run.claim, "released", clock=run.clock, error=f"{error}; handed back")
-            return
-        self._report(run.claim, "failed", clock=run.clock, error=error, retryable=False)
+        self._report(
+            run.claim,
+            "failed",
+            clock=run.clock,
+            error=f"operator host broke the protocol: {why}",
+            retryable=retryable,
+        )
 
     def _supervise(
         self, run: Running, stop: threading.Event, first: dict[str, Any] | None = None
@@ -581,7 +583,9 @@ class Wrapper:
                 continue
             kind = out.get("type")
             if (why := foreign(out, run)) is not None:
-                self._broken(run, why, earlier=True)
+                # Retryable, but a failure: code in the host can name any run, and a
+                # hand-back (`released`, no try used, queued at once) could be replayed forever.
+                self._broken(run, why, retryable=True)
                 return
             if kind == "store" and not store_busy:
                 # Served off this loop (heartbeats go on during an upload), one at a time.
