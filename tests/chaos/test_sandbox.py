@@ -118,6 +118,13 @@ def test_operator_cannot_read_keys_environ_or_reach_the_platform(stack: LiteStac
     assert not (home / "pwned").exists()
 
 
+def test_the_protocol_is_not_on_the_operators_stdin(stack: LiteStack) -> None:
+    """fd 0 is /dev/null: an operator reading its stdin (or a process it starts) gets nothing,
+    never the wrapper's lines (it blocked on the protocol pipe before)."""
+    report = probe(stack, {"read": ["/dev/stdin", "/proc/self/fd/0"]})
+    assert report["read"] == {"/dev/stdin": "ALLOWED: ", "/proc/self/fd/0": "ALLOWED: "}
+
+
 def test_rpc_reachable_only_through_its_gateway(stack: LiteStack, rpc: str) -> None:
     svc = stack.services
     port = int(rpc.rsplit(":", 1)[1])

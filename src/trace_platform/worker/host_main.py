@@ -196,10 +196,17 @@ def main() -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    # The wrapper's lines as bytes, whatever the locale: pydantic and json read UTF-8 itself.
-    chan = Channel(proto, sys.stdin.buffer)
+    # The wrapper's lines on a descriptor of their own (not inherited: os.dup), as bytes,
+    # whatever the locale; fd 0 is /dev/null, so an operator's input() or a process it starts
+    # cannot read (or steal) protocol lines.
+    wrapper: IO[bytes] = os.fdopen(os.dup(0), "rb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = os.fdopen(0, "r")  # /dev/null now
+    chan = Channel(proto, wrapper)
     chan.send({"type": "ready", "pid": os.getpid(), "uid": os.getuid()})
-    while line := sys.stdin.buffer.readline():
+    while line := wrapper.readline():
         serve(line, chan)
 
 
