@@ -120,9 +120,10 @@ def test_operator_cannot_read_keys_environ_or_reach_the_platform(stack: LiteStac
 
 def test_the_protocol_is_not_on_the_operators_stdin(stack: LiteStack) -> None:
     """fd 0 is /dev/null: an operator reading its stdin (or a process it starts) gets nothing,
-    never the wrapper's lines (it blocked on the protocol pipe before)."""
-    report = probe(stack, {"read": ["/dev/stdin", "/proc/self/fd/0"]})
+    never the wrapper's lines (before, fd 0 was the protocol pipe: a read of it took them)."""
+    report = probe(stack, {"read": ["/dev/stdin", "/proc/self/fd/0"], "stdin": True})
     assert report["read"] == {"/dev/stdin": "ALLOWED: ", "/proc/self/fd/0": "ALLOWED: "}
+    assert report["stdin"] == "ALLOWED: b''", report["stdin"]  # end of file, not a pipe
 
 
 def test_rpc_reachable_only_through_its_gateway(stack: LiteStack, rpc: str) -> None:

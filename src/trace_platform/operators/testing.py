@@ -172,6 +172,8 @@ class ProbeConfig(OperatorConfig):
     # when the host may run the tenant's next task.
     linger: list[dict[str, Any]] = Field(default_factory=list)
     linger_after: float = Field(default=1.0, ge=0, le=60)
+    # Reads its own fd 0 directly (as input() would), without waiting: what is there now.
+    stdin: bool = False
     rpc_env: list[str] = Field(default_factory=list)
     spark_sql: list[str] = Field(default_factory=list)
 
@@ -236,6 +238,9 @@ def probe(ctx: OperatorContext) -> None:
     }
     report["list"] = {d: _attempt(lambda d=d: sorted(os.listdir(d))) for d in c.list_}
     report["write"] = {p: _attempt(lambda p=p: Path(p).write_text("probe")) for p in c.write}
+    if c.stdin:
+        os.set_blocking(0, False)
+        report["stdin"] = _attempt(lambda: os.read(0, 4096))
     if c.store_read:
         report["store_read"] = {
             k: _attempt(lambda k=k: ctx.store.get(k)[:20]) for k in c.store_read

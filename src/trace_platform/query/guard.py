@@ -467,7 +467,7 @@ def _dataset_names(sql: str) -> frozenset[str]:
         try:
             statements = _parser.extract_statements(sql)
         except duckdb.Error as e:
-            raise QueryRefused(f"bad SQL: {_gist(e)}") from None
+            raise QueryRefused(f"bad SQL: {_first_line(e)}") from None
         if len(statements) != 1:
             raise QueryRefused(f"one statement per query (got {len(statements)})")
         if statements[0].type != duckdb.StatementType.SELECT:
@@ -492,5 +492,5 @@ def _dataset_names(sql: str) -> frozenset[str]:
     return frozenset(_walk(statements_json))
 
 
-def _gist(e: Exception) -> str:
+def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

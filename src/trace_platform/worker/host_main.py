@@ -4,8 +4,9 @@
 It holds no lease token, no internal credential and no store or database credentials: its
 environment is built from an allowlist, and in the sandbox it runs as its own user in its own
 namespaces (`trace_platform.sandbox`). It speaks JSON lines with the wrapper: tasks and store
-replies in on stdin, messages and store requests out on the original stdout; operator prints and
-logs go to stderr, a log file the wrapper opened. Each message of a task names the run the
+replies in on the original stdin, messages and store requests out on the original stdout (each
+moved to a descriptor of its own; fd 0 is then /dev/null); operator prints and logs go to
+stderr, a log file the wrapper opened. Each message of a task names the run the
 wrapper gave it (`run`: task id and attempt), so a thread a task left running cannot speak for
 (nor end) the tenant's next task: the wrapper refuses it. Long-lived within one tenant (org,
 DAG), so an expensive SparkSession survives between that tenant's tasks; each task gets its own
@@ -160,8 +161,6 @@ def _run(ctx: OperatorContext, task: TaskPayload) -> dict[str, Any]:
         if fn is None:
             fn = _resolved[task.operator] = resolve(task.operator)
         result = fn(ctx)
-        if result is None:
-            return {"type": "done", "final_events": [], "outputs": [], "state": None}
         if not isinstance(result, OperatorResult):
             result = OperatorResult(events=list(result or []))
         return {
