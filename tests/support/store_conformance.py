@@ -820,6 +820,23 @@ class StateStoreConformance:
         assert view.last_error == lost  # coalesce(error, last_error)
         assert [(a.outcome, a.error) for a in view.attempts] == [("canceled", lost)]
 
+    @pytest.mark.parametrize("late", ["released", "failed"])
+    def test_a_late_hand_back_or_failure_leaves_the_reapers_verdict(
+        self, d: Dispatcher, harness: Harness, late: str
+    ) -> None:
+        ref = d.create_task(spec(max_attempts=2))
+        c = claim(d, ref.task_id)
+        harness.expire_lease(c.task_id)
+        assert d.reap() == 1
+        # Rewritten as `released` the attempt would stop counting as a try: a third one.
+        assert complete(d, c, late, error="late", retryable=True).status == "queued"
+        lost = "attempt 1 lost its lease (missed heartbeats)"
+        view = d.get_task(ref.task_id)
+        assert [(a.outcome, a.error) for a in view.attempts] == [("lease_expired", lost)]
+        assert view.last_error == lost
+        c2 = claim(d, ref.task_id)
+        assert complete(d, c2, "failed", error="boom", retryable=True).status == "failed"
+
     def test_rewake_skips_paused_and_backing_off_tasks(
         self, d: Dispatcher, harness: Harness
     ) -> None:

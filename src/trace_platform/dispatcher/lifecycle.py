@@ -566,11 +566,14 @@ class Lifecycle:
             tx.set_terminal(req.task_id, "canceled", req.error)
             _finish_attempt(tx, st, req.attempt, "canceled", req.error)
             return "canceled", None
+        if st["status"] != "running":
+            # A late hand-back or failure: the reaper already ended this attempt and decided
+            # the task's fate. Its verdict stands (rewritten as `released` or `state_conflict`,
+            # the attempt would stop counting as a try, and the task would gain one).
+            return st["status"], None
         if req.outcome == "released":
             error = req.error or "handed back by its worker (shutting down)"
             _finish_attempt(tx, st, req.attempt, "released", error)
-            if st["status"] != "running":  # the reaper already decided this attempt's fate
-                return st["status"], None
             if st["cancel_requested"]:
                 tx.set_terminal(req.task_id, "canceled", error)
                 return "canceled", None
@@ -578,9 +581,6 @@ class Lifecycle:
             return "queued", self._schedule_retry(tx, st, error, 0.0)
         error = req.error or "operator failed without a message"
         _finish_attempt(tx, st, req.attempt, state.OUTCOME if conflict else "failed", error)
-        if st["status"] != "running":
-            # A late failure report: the reaper already decided this attempt's fate.
-            return st["status"], None
         if conflict and not st["cancel_requested"]:
             # Someone else made progress: not this task's failure, so it costs no retry
             # budget and waits only a moment (jittered, so racers spread out).
