@@ -263,6 +263,9 @@ EVENT = {"dataset_uuid": "00000000-0000-4000-8000-000000000001", "cursor": "c"}
         # exit while it runs on: refused as such.
         ({"send": [{"type": "protocol_error", "error": "x\n" * 30_000}]}, "only the wrapper"),
         ({"send": [{"type": "exit", "returncode": 0}]}, "only the wrapper posts"),
+        # What a running task never says: refused at once, not ignored.
+        ({"send": [{"type": "ready", "pid": 1}]}, "a message of unknown type 'ready'"),
+        ({"send": [{"type": "store_reply", "ok": True}]}, "unknown type 'store_reply'"),
         # Valid, but nested deeper than the serializer goes: the event refused at once; the
         # end's report refused alone (the exchange it was in carried the others).
         (

@@ -650,6 +650,9 @@ class Wrapper:
                     error=f"operator process died ({why})\n{tail}".strip(),
                 )
                 return
+            else:  # `ready`, `store_reply` or any other: not what a running task may say
+                self._broken(run, f"a message of unknown type {_one_line(kind, 40)!r}")
+                return
 
 
 def _gist(e: Exception) -> str:
