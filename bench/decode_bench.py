@@ -4,8 +4,9 @@ Parquet, the same output.
 A synthetic logs file (deterministic, --seed) with Cryo's logs columns and types (block_number,
 transaction_index, log_index UINT32; block_hash, transaction_hash, address, topic0..topic3,
 data BINARY, topics nullable; n_data_bytes UINT32; chain_id UINT64), written as cryo_ingest
-stores it (pyarrow, zstd, its default row groups: one up to 1,048,576 rows, which Spark reads
-in one task; --row-group-rows to change). The rows mix ERC-20 Transfers (three
+stores it (pyarrow, zstd, row groups of cryo_ingest.ROW_GROUP_ROWS rows, 128Ki, which Spark
+splits across its cores; --row-group-rows to change, 0 for pyarrow's default: one group up to
+1,048,576 rows, read in one task). The rows mix ERC-20 Transfers (three
 topics, a 32-byte word; amounts across the whole uint256 range: 0, small, past 2^64, past
 10^38, past 2^255, 2^256-1 and the edges around them), ERC-721 Transfers (four topics:
 excluded), a few Transfers with a 64-byte data (excluded), the staking contract's events (all
@@ -58,6 +59,7 @@ from tests.support import amounts
 from tests.support.proc import tree_cpu
 
 from trace_platform.operators import decode, output
+from trace_platform.operators.cryo_ingest import ROW_GROUP_ROWS
 from trace_platform.spark import JIT_OPTIONS
 from trace_platform.spark.u256 import BASE, FIELDS, TOP
 
@@ -570,8 +572,8 @@ def main() -> int:
     ap.add_argument(
         "--row-group-rows",
         type=int,
-        default=None,
-        help="rows per input row group (default: pyarrow's, as cryo_ingest writes)",
+        default=ROW_GROUP_ROWS,
+        help="rows per input row group (default: cryo_ingest's; 0: pyarrow's, 1M rows a group)",
     )
     ap.add_argument("--profile", action="store_true", help="Spark's stages and plans too")
     args = ap.parse_args()
@@ -596,8 +598,9 @@ def main() -> int:
         t0 = time.perf_counter()
         table, expected, made = make_logs(rows, args.seed)
         logs_path = root / "logs.parquet"
-        # As cryo_ingest stores it (pyarrow's default row groups, unless --row-group-rows).
-        pq.write_table(table, logs_path, compression="zstd", row_group_size=args.row_group_rows)
+        # As cryo_ingest stores it (its row groups, unless --row-group-rows).
+        group = args.row_group_rows or None
+        pq.write_table(table, logs_path, compression="zstd", row_group_size=group)
         meta = pq.ParquetFile(logs_path).metadata
         print(
             f"made {rows:,} logs in {time.perf_counter() - t0:.1f} s "
