@@ -221,16 +221,18 @@ def all_succeeded(svc: Services, ids: list[uuid.UUID] | str, n: int | None = Non
     return finished_at(svc, ids, n) is not None
 
 
-def stack_throughput(stack: LiteStack, n: int) -> float:
+def stack_throughput(stack: LiteStack, n: int) -> tuple[float, float]:
     """n no-op tasks end to end, from just before the first is created until the last one's
     completion (its `finished_at`, the completing transaction's time: the same host clock);
-    counts only this row's tasks, by id, and refuses unless every one of them succeeded."""
+    counts only this row's tasks, by id, and refuses unless every one of them succeeded. With
+    the seconds their creation took (no worker sees one before its transaction commits)."""
     svc = stack.services
     t0 = time.time()
     # One transaction, as a run's fan-out makes them (create_tasks: one statement for the
     # tasks, one for their wake-ups).
     noop = TaskSpec(job="bench_e2e", operator="noop")
     ids = [r.task_id for r in svc.dispatcher.create_tasks([(noop, "queued")] * n)]
+    made = time.time() - t0
     # The API server runs in this process and the poll shares the database with the path
     # measured: checking n task ids (a probe per id in each of task_status's partitions; 7-32
     # ms for 2,000, and up to a third of a second for 5,000 under load) every few ms took a
@@ -267,7 +269,7 @@ def stack_throughput(stack: LiteStack, n: int) -> float:
     took = last - t0
     if took <= 0:
         raise SystemExit(f"refusing to print: the last task finished {took:.3f} s after the start")
-    return n / took
+    return n / took, made
 
 
 @dataclass(frozen=True)
@@ -386,20 +388,24 @@ def main() -> None:
                 wrappers = args.workers * conc
                 warm, rounds = 4 * wrappers, 0
                 while rounds < 10 and (rounds == 0 or hosts_running(stack) < wrappers):
-                    cold = stack_throughput(stack, warm)
+                    cold, _ = stack_throughput(stack, warm)
                     rounds += 1
                 hosts = hosts_running(stack)
                 for _ in range(args.repeat):  # rows on the same warm stack
                     listener = stack.api.app.state.exchange_listener
                     answered0 = listener.server.answered if listener else 0
                     cpu0, ctxt0 = cpu_by_role(stack, postmaster), context_switches()
-                    e2e = stack_throughput(stack, args.e2e_tasks)
+                    e2e, made = stack_throughput(stack, args.e2e_tasks)
                     cpu1, ctxt1 = cpu_by_role(stack, postmaster), context_switches()
                     answered = (listener.server.answered if listener else 0) - answered0
                     print(
                         f"no-op tasks end to end, {args.workers} workers x {conc} wrapper(s):"
                         f"   {e2e:8.0f} tasks/s  (after {rounds} x {warm} warm-up tasks, the last"
                         f" at {cold:.0f}/s; {hosts}/{wrappers} hosts running before the rows)"
+                    )
+                    print(
+                        f"    of its {args.e2e_tasks / e2e:.2f} s, {made:.2f} s were the creation"
+                        " of its tasks (one transaction: no worker sees one before it commits)"
                     )
                     # Where the time goes (the row's span; the poll after its last task included).
                     per_task = {r: (cpu1[r] - cpu0[r]) * 1000 / args.e2e_tasks for r in ROLES}
