@@ -291,11 +291,16 @@ class CompleteBody(_Body):
     operator_state_revision: int = 0
 
     @model_validator(mode="after")
-    def _released_carries_nothing(self) -> Self:
-        if self.outcome == "released" and (
+    def _only_success_carries(self) -> Self:
+        # A failure, a cancel or a hand-back lands nothing (a late one would land it past the
+        # guards a success passes: withdrawn versions, whole outputs, the state's revision).
+        if self.outcome != "succeeded" and (
             self.final_events or self.outputs or self.operator_state is not None
         ):
-            raise ValueError("a released attempt carries no events, outputs or state")
+            raise ValueError(
+                f"a {self.outcome} attempt carries no events, outputs or state (only a "
+                "success lands them)"
+            )
         return self
 
 

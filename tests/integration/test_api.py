@@ -107,6 +107,12 @@ def test_happy_path_over_http(api: httpx.Client) -> None:
         ("POST", "/internal/heartbeat", "{lease_stale}", 409, "stale_attempt"),
         ("POST", "/internal/task-complete", "{complete_wrong_token}", 409, "wrong_lease"),
         ("POST", "/internal/task-complete", "{complete_bad_outcome}", 422, "invalid_request"),
+        # Only a success lands events, outputs or state: a failure's (a late one's, after the
+        # reaper, would pass none of the guards a success passes) is refused.
+        ("POST", "/internal/task-complete", "{failed_with_output}", 422, "invalid_request"),
+        ("POST", "/internal/task-complete", "{failed_with_event}", 422, "invalid_request"),
+        ("POST", "/internal/task-complete", "{canceled_with_state}", 422, "invalid_request"),
+        ("POST", "/internal/task-complete", "{released_with_event}", 422, "invalid_request"),
         ("POST", "/internal/events", "{events_two_identities}", 422, "invalid_request"),
         ("POST", "/internal/events", "{events_empty}", 422, "invalid_request"),
         (
@@ -135,12 +141,29 @@ def test_bad_input_gets_clear_error_and_changes_nothing(
         "{lease_stale}": {**lease(c), "attempt": 2},
         "{complete_wrong_token}": {**lease(c), "lease_token": unknown, "outcome": "succeeded"},
         "{complete_bad_outcome}": {**lease(c), "outcome": "kinda"},
+        "{failed_with_output}": {
+            **lease(c),
+            "outcome": "failed",
+            "outputs": [{"dataset_uuid": OUT, "partition_key": "p"}],
+        },
+        "{failed_with_event}": {
+            **lease(c),
+            "outcome": "failed",
+            "final_events": [{"dataset_uuid": OUT, "cursor": "1"}],
+        },
+        "{canceled_with_state}": {**lease(c), "outcome": "canceled", "operator_state": {"n": 1}},
+        "{released_with_event}": {
+            **lease(c),
+            "outcome": "released",
+            "final_events": [{"dataset_uuid": OUT, "cursor": "1"}],
+        },
         "{events_two_identities}": {
             **lease(c),
             "events": [{"dataset_uuid": unknown, "cursor": "1", "partition_key": "p"}],
         },
         "{events_empty}": {**lease(c), "events": []},
     }
+    named = body if isinstance(body, str) else ""
     if isinstance(body, str):
         body = bodies[body]
     elif isinstance(body, dict):
@@ -154,6 +177,8 @@ def test_bad_input_gets_clear_error_and_changes_nothing(
     assert r.status_code == status, r.text
     err = r.json()
     assert err["error"] == code and err["message"]
+    if "_with_" in named:
+        assert "carries no events, outputs or state" in err["message"], err
     assert snapshot(services) == before
 
 

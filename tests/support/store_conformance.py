@@ -837,6 +837,24 @@ class StateStoreConformance:
         c2 = claim(d, ref.task_id)
         assert complete(d, c2, "failed", error="boom", retryable=True).status == "failed"
 
+    def test_a_late_success_that_lost_the_state_race_leaves_the_reapers_verdict(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag = harness.add_dag("late_state")
+        job = spec(dag_id=dag, dag_version=1, job="agg", max_attempts=2)
+        late = claim(d, d.create_task(job).task_id)
+        other = claim(d, d.create_task(job).task_id)
+        assert complete(d, other, operator_state={"n": 1}).status == "succeeded"
+        harness.expire_lease(late.task_id)
+        assert d.reap() == 1
+        # Read at revision 0, another run saved since: a `state_conflict`, which is no try,
+        # were it written over the reaper's outcome.
+        assert complete(d, late, operator_state={"n": 9}).status == "queued"
+        view = d.get_task(late.task_id)
+        assert [a.outcome for a in view.attempts] == ["lease_expired"]
+        c2 = claim(d, late.task_id)
+        assert complete(d, c2, "failed", error="boom", retryable=True).status == "failed"
+
     def test_rewake_skips_paused_and_backing_off_tasks(
         self, d: Dispatcher, harness: Harness
     ) -> None:

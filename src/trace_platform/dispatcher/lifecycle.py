@@ -531,8 +531,8 @@ class Lifecycle:
         """A whole-scope writer (dag/whole.py) runs one attempt at a time, holding its pool
         slot from claim to completion; an attempt the reaper ended gave its slot up, so
         another run may have read since and landed a newer output. Its late success lands
-        nothing (a failure report of that attempt, no events, outputs or state): the task's
-        fate stays what the reaper decided, and a retry reads again."""
+        nothing (read as a late failure, with no events, outputs or state): the reaper's
+        outcome and the task's fate stand, and a retry reads again."""
         if (
             req.outcome != "succeeded"
             or st["status"] == "running"
@@ -541,9 +541,6 @@ class Lifecycle:
             return req
         late = {
             "outcome": "failed",
-            "error": f"attempt {req.attempt} reported success after it lost its lease: its "
-            "output (rewritten whole) is not landed, another run may have read and landed "
-            "a newer one since",
             "final_events": [],
             "outputs": [],
             "operator_state": None,

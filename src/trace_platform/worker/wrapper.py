@@ -651,7 +651,9 @@ class Wrapper:
                 )
                 return
             else:  # `ready`, `store_reply` or any other: not what a running task may say
-                self._broken(run, f"a message of unknown type {_one_line(kind, 40)!r}")
+                why = f"a message of unknown type {_one_line(kind, 40)!r}"
+                # Naming another run, it is what an earlier task left running (as `foreign`).
+                self._broken(run, why, retryable=out.get("run") not in (None, run.label))
                 return
 
 
