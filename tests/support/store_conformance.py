@@ -129,6 +129,28 @@ def complete(d: Dispatcher, c: Claim, outcome: str = "succeeded", **kw: Any) -> 
     return d.complete(CompleteRequest(**lease(c), outcome=outcome, **kw))
 
 
+def _two_runs_of_one_job(
+    d: Dispatcher, harness: Harness, dag_name: str, max_attempts: int
+) -> tuple[TaskSpec, Claim, Claim]:
+    """A DAG job's spec, and two claimed tasks of it (they share its operator state)."""
+    dag = harness.add_dag(dag_name)
+    job = spec(dag_id=dag, dag_version=1, job="agg", max_attempts=max_attempts)
+    return job, claim(d, d.create_task(job).task_id), claim(d, d.create_task(job).task_id)
+
+
+def _reaped(d: Dispatcher, harness: Harness, c: Claim) -> Claim:
+    """`c`'s lease run out and reaped: its task queued again, its attempt `lease_expired`."""
+    harness.expire_lease(c.task_id)
+    assert d.reap() == 1
+    return c
+
+
+def _second_try_is_the_last(d: Dispatcher, task_id: UUID) -> None:
+    """With max_attempts 2, the first attempt counted: the second's failure is final."""
+    c2 = claim(d, task_id)
+    assert complete(d, c2, "failed", error="boom", retryable=True).status == "failed"
+
+
 class StateStoreConformance:
     @pytest.fixture
     def d(self, harness: Harness) -> Dispatcher:
@@ -506,10 +528,7 @@ class StateStoreConformance:
     def test_operator_state_is_saved_by_compare_and_set(
         self, d: Dispatcher, harness: Harness
     ) -> None:
-        dag = harness.add_dag("stateful")
-        job = spec(dag_id=dag, dag_version=1, job="agg", max_attempts=1)
-        c1 = claim(d, d.create_task(job).task_id)
-        c2 = claim(d, d.create_task(job).task_id)
+        job, c1, c2 = _two_runs_of_one_job(d, harness, "stateful", max_attempts=1)
         assert d.fetch(LeaseRef(**lease(c1))).operator_state_revision == 0
         assert complete(d, c1, operator_state={"n": 1}, operator_state_revision=0).status == (
             "succeeded"
@@ -824,36 +843,27 @@ class StateStoreConformance:
     def test_a_late_hand_back_or_failure_leaves_the_reapers_verdict(
         self, d: Dispatcher, harness: Harness, late: str
     ) -> None:
-        ref = d.create_task(spec(max_attempts=2))
-        c = claim(d, ref.task_id)
-        harness.expire_lease(c.task_id)
-        assert d.reap() == 1
+        c = _reaped(d, harness, claim(d, d.create_task(spec(max_attempts=2)).task_id))
         # Rewritten as `released` the attempt would stop counting as a try: a third one.
         assert complete(d, c, late, error="late", retryable=True).status == "queued"
         lost = "attempt 1 lost its lease (missed heartbeats)"
-        view = d.get_task(ref.task_id)
+        view = d.get_task(c.task_id)
         assert [(a.outcome, a.error) for a in view.attempts] == [("lease_expired", lost)]
         assert view.last_error == lost
-        c2 = claim(d, ref.task_id)
-        assert complete(d, c2, "failed", error="boom", retryable=True).status == "failed"
+        _second_try_is_the_last(d, c.task_id)
 
     def test_a_late_success_that_lost_the_state_race_leaves_the_reapers_verdict(
         self, d: Dispatcher, harness: Harness
     ) -> None:
-        dag = harness.add_dag("late_state")
-        job = spec(dag_id=dag, dag_version=1, job="agg", max_attempts=2)
-        late = claim(d, d.create_task(job).task_id)
-        other = claim(d, d.create_task(job).task_id)
+        _, late, other = _two_runs_of_one_job(d, harness, "late_state", max_attempts=2)
         assert complete(d, other, operator_state={"n": 1}).status == "succeeded"
-        harness.expire_lease(late.task_id)
-        assert d.reap() == 1
+        _reaped(d, harness, late)
         # Read at revision 0, another run saved since: a `state_conflict`, which is no try,
         # were it written over the reaper's outcome.
         assert complete(d, late, operator_state={"n": 9}).status == "queued"
         view = d.get_task(late.task_id)
         assert [a.outcome for a in view.attempts] == ["lease_expired"]
-        c2 = claim(d, late.task_id)
-        assert complete(d, c2, "failed", error="boom", retryable=True).status == "failed"
+        _second_try_is_the_last(d, late.task_id)
 
     def test_rewake_skips_paused_and_backing_off_tasks(
         self, d: Dispatcher, harness: Harness
