@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from trace_platform.cli.control import console, dag_app, fail, me, run_op, services
+from trace_platform.cli.safe_text import safe
 from trace_platform.registry.deploy import DeployResult
 
 
@@ -25,7 +26,10 @@ def print_plan(res: DeployResult, *, dry_run: bool) -> None:
         table = Table("job", "change", "affects data", "fields")
         for c in res.changes:
             table.add_row(
-                c.job, c.change, "yes" if c.affects_materialization else "no", ", ".join(c.fields)
+                safe(c.job),
+                safe(c.change),
+                "yes" if c.affects_materialization else "no",
+                safe(", ".join(c.fields)),
             )
         console.print(table)
     elif not res.created:
@@ -34,17 +38,17 @@ def print_plan(res: DeployResult, *, dry_run: bool) -> None:
         console.print(f"[yellow]supersedes the rebuild of version {res.abandoned}[/yellow]")
     if res.rebuilt_jobs:
         verb = "would rebuild" if dry_run else "rebuilding"
-        console.print(f"{verb}: {', '.join(res.rebuilt_jobs)}")
+        console.print(f"{verb}: {safe(', '.join(res.rebuilt_jobs))}")
         replays = Table("job", "replays", "scopes")
         for job, r in sorted(res.replays.items()):
             more = f" … (+{r.tasks - len(r.scopes)})" if r.tasks > len(r.scopes) else ""
-            replays.add_row(job, str(r.tasks), ", ".join(r.scopes) + more)
+            replays.add_row(safe(job), str(r.tasks), safe(", ".join(r.scopes)) + more)
         console.print(replays)
     if not res.live:
-        how = "`trace dag cutover " + res.name + "`" if res.manual_cutover else "automatically"
+        how = f"`trace dag cutover {safe(res.name)}`" if res.manual_cutover else "automatically"
         console.print(
             f"version {res.version} builds beside version {res.active_version}, which keeps "
-            f"serving; it goes live {how} once complete (`trace dag status {res.name}`)"
+            f"serving; it goes live {how} once complete (`trace dag status {safe(res.name)}`)"
         )
 
 
@@ -62,10 +66,10 @@ def dag_deploy(
     )
     verb = "created" if res.created else "deployed"
     state = "live" if res.live else "building"
-    console.print(f"DAG '{res.name}' {verb}: version {res.version} ({state})")
+    console.print(f"DAG '{safe(res.name)}' {verb}: version {res.version} ({state})")
     print_plan(res, dry_run=False)
     for name, uuid_ in res.datasets.items():
-        console.print(f"  published {name} -> {uuid_}")
+        console.print(f"  published {safe(name)} -> {uuid_}")
 
 
 @dag_app.command("diff")
@@ -74,7 +78,7 @@ def dag_diff(file: Path) -> None:
     downstream that would be rebuilt and the history it would replay. Changes nothing."""
     res = run_op(services().control.deploy, me(), _read(file), str(file), dry_run=True)
     if res.created:
-        console.print(f"DAG '{res.name}' does not exist yet: deploying creates it")
+        console.print(f"DAG '{safe(res.name)}' does not exist yet: deploying creates it")
     print_plan(res, dry_run=True)
 
 
@@ -83,7 +87,7 @@ def dag_status(name: str) -> None:
     """The live version, a rebuild in flight (per job: done of total) and the versions."""
     s: dict[str, Any] = run_op(services().control.changes.status, me(), name)
     paused = " [yellow](paused)[/yellow]" if s["paused"] else ""
-    console.print(f"[bold]{s['name']}[/bold]: version {s['active_version']} live{paused}")
+    console.print(f"[bold]{safe(s['name'])}[/bold]: version {s['active_version']} live{paused}")
     rb = s.get("rebuild")
     if rb:
         how = "manual cutover" if rb["manual_cutover"] else "automatic cutover"
@@ -91,7 +95,7 @@ def dag_status(name: str) -> None:
         jobs = Table("job", "done", "of", "waiting", "held", "failed")
         for j in rb["jobs"]:
             jobs.add_row(
-                j["job"],
+                safe(j["job"]),
                 str(j["succeeded"]),
                 str(j["tasks"] - j["buffered"] - j["canceled"]),
                 str(j["pending"]),
@@ -103,15 +107,15 @@ def dag_status(name: str) -> None:
         for d in rb["datasets"]:
             if d["state"] == "building":
                 ds.add_row(
-                    d["dataset_name"] or str(d["dataset_uuid"]),
-                    d["job"],
-                    d["state"],
+                    safe(d["dataset_name"] or d["dataset_uuid"]),
+                    safe(d["job"]),
+                    safe(d["state"]),
                     str(d["commits"]),
                     str(d["row_count"]),
                 )
         console.print(ds)
         console.print(
-            f"[yellow]waiting: {rb['blocked_by']}[/yellow]"
+            f"[yellow]waiting: {safe(rb['blocked_by'])}[/yellow]"
             if rb["blocked_by"]
             else "ready to cut over"
         )
@@ -119,7 +123,7 @@ def dag_status(name: str) -> None:
     for v in s["versions"][:10]:
         versions.add_row(
             str(v["version"]),
-            v["state"],
+            safe(v["state"]),
             f"{v['deployed_at']:%Y-%m-%d %H:%M:%S}",
             f"{v['activated_at']:%Y-%m-%d %H:%M:%S}" if v["activated_at"] else "",
         )
@@ -131,7 +135,7 @@ def dag_cutover(name: str) -> None:
     """Make a completed rebuild live: every dataset pointer and the version, at once."""
     r = run_op(services().control.changes.cutover, me(), name)
     console.print(
-        f"DAG '{r['dag']}' cut over to version {r['version']} (from {r['previous']}): "
+        f"DAG '{safe(r['dag'])}' cut over to version {r['version']} (from {r['previous']}): "
         f"{r['datasets_swapped']} datasets swapped, {r['released']} held tasks released, "
         f"{r['canceled']} superseded tasks canceled"
     )
@@ -153,11 +157,11 @@ def dag_rollback(
         )
         return
     console.print(
-        f"DAG '{r['dag']}' rolled back to version {r['version']} (from {r['rolled_back']}): "
+        f"DAG '{safe(r['dag'])}' rolled back to version {r['version']} (from {r['rolled_back']}): "
         f"{r['datasets_swapped']} datasets swapped, {r['canceled']} tasks canceled"
     )
     if r["replays"]:
-        caught = ", ".join(f"{j} {n}" for j, n in sorted(r["replays"].items()))
+        caught = safe(", ".join(f"{j} {n}" for j, n in sorted(r["replays"].items())))
         console.print(f"  catching up on what came meanwhile: {caught}")
 
 
@@ -165,11 +169,11 @@ def dag_rollback(
 def dag_pause(name: str) -> None:
     """Hold the DAG: its tasks are still recorded but none starts; running ones finish."""
     r = run_op(services().control.changes.set_paused, me(), name, True)
-    console.print(f"DAG '{r['dag']}' paused")
+    console.print(f"DAG '{safe(r['dag'])}' paused")
 
 
 @dag_app.command("resume")
 def dag_resume(name: str) -> None:
     """Let a paused DAG's waiting tasks run."""
     r = run_op(services().control.changes.set_paused, me(), name, False)
-    console.print(f"DAG '{r['dag']}' resumed ({r['woken']} waiting tasks woken)")
+    console.print(f"DAG '{safe(r['dag'])}' resumed ({r['woken']} waiting tasks woken)")

@@ -13,10 +13,10 @@ from uuid import UUID
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from trace_platform.cli.safe_text import safe
 from trace_platform.config import get_settings
 from trace_platform.contract import progress_text
 from trace_platform.dag.schema import DagSpec
@@ -47,7 +47,7 @@ STATUS_COLOUR = {
 
 
 def fail(message: str) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {safe(message)}")
     raise typer.Exit(1)
 
 
@@ -85,7 +85,7 @@ def run_op(fn: Any, *args: Any, **kw: Any) -> Any:
     except DagInvalid as e:
         console.print(f"[red]{len(e.problems)} problem(s):[/red]")
         for p in e.problems:
-            console.print("  " + p.render(e.source), highlight=False)
+            console.print("  " + safe(p.render(e.source)), highlight=False)
         raise typer.Exit(1) from None
     except TraceError as e:
         fail(e.message)
@@ -104,11 +104,13 @@ def dag_validate(files: Annotated[list[Path], typer.Argument(help="DAG YAML file
     for f in files:
         try:
             spec = load(f)
-            console.print(f"[green]ok[/green] {f}: DAG '{spec.name}', {len(spec.jobs)} job(s)")
+            console.print(
+                f"[green]ok[/green] {safe(f)}: DAG '{safe(spec.name)}', {len(spec.jobs)} job(s)"
+            )
         except DagInvalid as e:
             bad += 1
             for p in e.problems:
-                console.print(p.render(e.source), highlight=False)
+                console.print(safe(p.render(e.source)), highlight=False)
     raise typer.Exit(1 if bad else 0)
 
 
@@ -124,10 +126,10 @@ def dag_list() -> None:
     table = Table("dag", "active version", "deployed", "owner", "paused", "you may deploy")
     for d in run_op(services().control.list_dags, me()):
         table.add_row(
-            d["name"],
+            safe(d["name"]),
             str(d["active_version"]),
             str(d["deployed_at"])[:19],
-            d["owner"],
+            safe(d["owner"]),
             str(d["paused"]),
             str(d["can_deploy"]),
         )
@@ -139,7 +141,7 @@ def dag_show(name: str, version: Annotated[int | None, typer.Option()] = None) -
     """One DAG version: jobs, wiring, publishes, triggers."""
     d = run_op(services().control.show_dag, me(), name, version)
     console.print(
-        f"[bold]{d['name']}[/bold] version {d['version']} (active {d['active_version']}), deployed {d['deployed_at']:%Y-%m-%d %H:%M:%S}"
+        f"[bold]{safe(d['name'])}[/bold] version {d['version']} (active {d['active_version']}), deployed {d['deployed_at']:%Y-%m-%d %H:%M:%S}"
     )
     spec = d["spec"]
     table = Table("job", "operator", "runtime", "inputs", "outputs", "pool", "max attempts")
@@ -149,28 +151,35 @@ def dag_show(name: str, version: Annotated[int | None, typer.Option()] = None) -
             for i in j["inputs"]
         )
         table.add_row(
-            job,
-            j["operator"],
-            j["runtime"],
-            inputs,
+            safe(job),
+            safe(j["operator"]),
+            safe(j["runtime"]),
+            safe(inputs),
             str(len(j["outputs"])),
-            j["worker_pool"] or "",
+            safe(j["worker_pool"] or ""),
             str(j["max_attempts"]),
         )
     console.print(table)
     for p in spec["publish"]:
-        console.print(f"  publishes {p['job']}[{p['output_index']}] as [cyan]{p['dataset']}[/cyan]")
+        console.print(
+            f"  publishes {safe(p['job'])}[{p['output_index']}] as "
+            f"[cyan]{safe(p['dataset'])}[/cyan]"
+        )
     for c in spec["triggers"]["cron"]:
-        console.print(f"  cron {c['name']}: {c['schedule']}")
+        console.print(f"  cron {safe(c['name'])}: {safe(c['schedule'])}")
     for w in spec["triggers"]["webhooks"]:
-        console.print(f"  webhook {w['name']}: POST /v1/hooks/{d['name']}/{w['name']}")
+        console.print(
+            f"  webhook {safe(w['name'])}: POST /v1/hooks/{safe(d['name'])}/{safe(w['name'])}"
+        )
 
 
 @dag_app.command("grant")
 def dag_grant(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
     """Set the roles that may deploy and trigger a DAG (admins only)."""
     run_op(services().control.set_deploy_roles, me(), name, roles)
-    console.print(f"DAG '{name}' deploy roles: {', '.join(sorted(set(roles))) or '(none)'}")
+    console.print(
+        f"DAG '{safe(name)}' deploy roles: {safe(', '.join(sorted(set(roles)))) or '(none)'}"
+    )
 
 
 def follow_run(run_id: UUID) -> str:
@@ -213,9 +222,9 @@ def runs_list(dag: Annotated[str | None, typer.Option()] = None, limit: int = 20
     for r in run_op(services().control.list_runs, me(), dag, limit):
         table.add_row(
             str(r["run_id"]),
-            r["dag"],
+            safe(r["dag"]),
             str(r["dag_version"]),
-            f"{r['kind']}:{r['trigger']}",
+            safe(f"{r['kind']}:{r['trigger']}"),
             f"{r['created_at']:%H:%M:%S}",
             str(r["tasks"]),
             status_text(r["status"]),
@@ -225,18 +234,19 @@ def runs_list(dag: Annotated[str | None, typer.Option()] = None, limit: int = 20
 
 def run_tree(run: dict[str, Any]) -> Tree:
     root = Tree(
-        f"run {run['run_id']} — {run['dag']} v{run['dag_version']} ({run['kind']}:{run['trigger']})"
+        f"run {run['run_id']} — {safe(run['dag'])} v{run['dag_version']} "
+        f"({safe(run['kind'])}:{safe(run['trigger'])})"
     )
     nodes: dict[Any, Tree] = {}
     for t in run["tasks"]:
         dur = ""
         if t["started_at"] and t["finished_at"]:
             dur = f" {(t['finished_at'] - t['started_at']).total_seconds():.2f}s"
-        label = f"{escape(t['job'])} [dim]{str(t['task_id'])[:8]}[/dim] {status_text(t['status'])} attempt {t['attempt']}{dur}"
-        if t.get("progress"):  # what the attempt last reported (operator text: escaped)
-            label += f" [cyan]{escape(progress_text(t['progress']))}[/cyan]"
+        label = f"{safe(t['job'])} [dim]{str(t['task_id'])[:8]}[/dim] {status_text(t['status'])} attempt {t['attempt']}{dur}"
+        if t.get("progress"):  # what the attempt last reported (operator text)
+            label += f" [cyan]{safe(progress_text(t['progress']), one_line=True)}[/cyan]"
         if t["last_error"] and t["status"] != "succeeded":
-            label += f" [red]{escape(t['last_error'][:60])}[/red]"
+            label += f" [red]{safe(t['last_error'][:60], one_line=True)}[/red]"
         parent = nodes.get(t["parent_task_id"], root)
         nodes[t["task_id"]] = parent.add(label)
     return root
@@ -257,12 +267,12 @@ def datasets_list() -> None:
     )
     for d in run_op(services().control.list_datasets, me()):
         table.add_row(
-            d["dataset_name"],
+            safe(d["dataset_name"]),
             str(d["dataset_uuid"]),
-            d["backend"],
+            safe(d["backend"]),
             str(d["current_version"]),
-            f"{d['producer_dag']}.{d['producer_job']}[{d['producer_output_index']}]",
-            ", ".join(d["read_roles"]) or "(private)",
+            safe(f"{d['producer_dag']}.{d['producer_job']}[{d['producer_output_index']}]"),
+            safe(", ".join(d["read_roles"])) or "(private)",
             str(d["row_count"] or "-"),
             str(d["byte_count"] or "-"),
         )
@@ -273,7 +283,7 @@ def datasets_list() -> None:
 def datasets_show(name: str) -> None:
     """One dataset."""
     d = run_op(services().control.show_dataset, me(), name)
-    table = Table(show_header=False, title=f"dataset {name}")
+    table = Table(show_header=False, title=f"dataset {safe(name)}")
     for k in (
         "dataset_uuid",
         "backend",
@@ -288,7 +298,7 @@ def datasets_show(name: str) -> None:
         "row_count",
         "byte_count",
     ):
-        table.add_row(k, str(d[k]))
+        table.add_row(k, safe(d[k]))
     console.print(table)
 
 
@@ -306,13 +316,13 @@ def datasets_versions(name: str) -> None:
         "current",
         "map of",
         "rollback from",
-        title=f"versions of {name}",
+        title=f"versions of {safe(name)}",
     )
     for v in run_op(services().control.dataset_versions, me(), name):
         maps = [m for m, on in (("active", v["active_map"]), ("building", v["building_map"])) if on]
         table.add_row(
             str(v["dataset_version"]),
-            v["state"],
+            safe(v["state"]),
             str(v["dag_version"]),
             f"{v['created_at']:%Y-%m-%d %H:%M:%S}",
             str(v["commits"]),
@@ -335,18 +345,20 @@ def datasets_purge(
     current version, building ones and those the DAG's active or building version maps."""
     res = run_op(services().control.purge_versions, me(), name, keep, dry_run=dry_run)
     verb = "would purge" if dry_run else "purged"
-    table = Table("version", "state", "dag version", "created", "commits", title=f"{verb}: {name}")
+    table = Table(
+        "version", "state", "dag version", "created", "commits", title=f"{verb}: {safe(name)}"
+    )
     for v in res["purged"]:
         table.add_row(
             str(v["dataset_version"]),
-            v["state"],
+            safe(v["state"]),
             str(v["dag_version"]),
             f"{v['created_at']:%Y-%m-%d %H:%M:%S}",
             str(v["commits"]),
         )
     console.print(table)
     for k in res["kept"]:
-        console.print(f"  kept {k['dataset_version']} ({', '.join(k['reasons'])})")
+        console.print(f"  kept {k['dataset_version']} ({safe(', '.join(k['reasons']))})")
     console.print(
         f"{verb} {len(res['purged'])} version(s), {res['commits']} commit(s); "
         f"{len(res['locations'])} location(s) retired"
@@ -361,14 +373,14 @@ def datasets_purge(
 def datasets_grant(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
     """Add roles to a dataset's read_roles (admins only)."""
     now = run_op(services().control.set_read_roles, me(), name, roles, [])
-    console.print(f"{name} read_roles: {', '.join(now)}")
+    console.print(f"{safe(name)} read_roles: {safe(', '.join(now))}")
 
 
 @datasets_app.command("revoke")
 def datasets_revoke(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
     """Remove roles from a dataset's read_roles (admins only)."""
     now = run_op(services().control.set_read_roles, me(), name, [], roles)
-    console.print(f"{name} read_roles: {', '.join(now) or '(private)'}")
+    console.print(f"{safe(name)} read_roles: {safe(', '.join(now)) or '(private)'}")
 
 
 # -- secrets and users ---------------------------------------------------------------------
@@ -385,8 +397,8 @@ def secrets_set(
     value = sys.stdin.read().rstrip("\n")
     s = run_op(services().control.set_secret, me(), name, value, use_role)
     verb = "created" if s["created"] else "updated"
-    roles = ", ".join(s["use_roles"]) or "(owner and admins only)"
-    console.print(f"secret '{name}' {verb} ({len(value)} characters); use roles: {roles}")
+    roles = safe(", ".join(s["use_roles"])) or "(owner and admins only)"
+    console.print(f"secret '{safe(name)}' {verb} ({len(value)} characters); use roles: {roles}")
 
 
 @secrets_app.command("list")
@@ -396,9 +408,9 @@ def secrets_list() -> None:
     table = Table("secret", "owner", "use roles", "updated")
     for s in run_op(services().control.list_secrets, me()):
         table.add_row(
-            s["name"],
-            s["owner"] or "(admins)",
-            ", ".join(s["use_roles"]) or "-",
+            safe(s["name"]),
+            safe(s["owner"] or "(admins)"),
+            safe(", ".join(s["use_roles"])) or "-",
             f"{s['updated_at']:%Y-%m-%d %H:%M:%S}",
         )
     console.print(table)
@@ -413,6 +425,7 @@ def users_add(
     """Create a user (or update their roles) and print a new API key for them (shown once)."""
     user = run_op(services().control.add_user, me(), name, role or [], admin)
     console.print(
-        f"user '{name}' roles: {', '.join(user['roles']) or '(none)'}{' (admin)' if admin else ''}"
+        f"user '{safe(name)}' roles: {safe(', '.join(user['roles'])) or '(none)'}"
+        f"{' (admin)' if admin else ''}"
     )
     console.print(f"API key (shown once): {user['api_key']}")

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from trace_platform.cli.safe_text import safe
 from trace_platform.config import get_settings
 from trace_platform.devnet import ChainSpec, Devnet, DevnetError
 
@@ -44,7 +45,7 @@ def up(
         try:
             info, chain = devnet.up(spec, lambda b: bar.update(task, completed=b))
         except DevnetError as e:
-            console.print(f"[red]error:[/red] {e}")
+            console.print(f"[red]error:[/red] {safe(e)}")
             raise typer.Exit(1) from None
         bar.update(task, completed=blocks)
     console.print(f"devnet at {info.url} (chain id {info.chain_id}), head {chain.head}")
@@ -63,5 +64,5 @@ def status() -> None:
     """Is the devnet running, where, and what is on it."""
     table = Table("key", "value", title="devnet")
     for k, v in Devnet(get_settings().home).status().items():
-        table.add_row(k, str(v))
+        table.add_row(k, safe(v))
     console.print(table)

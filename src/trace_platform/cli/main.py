@@ -29,6 +29,7 @@ from trace_platform.cli.control import (
 )
 from trace_platform.cli.devnet import devnet_app
 from trace_platform.cli.query import query
+from trace_platform.cli.safe_text import safe
 from trace_platform.cli.verify import verify
 from trace_platform.config import Settings, get_settings, shown
 from trace_platform.contract import TaskSpec
@@ -101,7 +102,7 @@ def config_show(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         return
     table = Table("setting", "value", title="trace config")
     for k, v in data.items():
-        table.add_row(k, str(v))
+        table.add_row(k, safe(v))
     console.print(table)
 
 
@@ -311,6 +312,7 @@ def up(
 # permission checks, one code path.
 def print_task(view: TaskView) -> None:
     table = Table(title=f"task {view.task_id}", show_header=False)
+    # Job, operator, config and errors are the caller's and the operator's text.
     for key in (
         "job",
         "operator",
@@ -324,8 +326,8 @@ def print_task(view: TaskView) -> None:
         "last_error",
         "events",
     ):
-        table.add_row(key, str(getattr(view, key)))
-    table.add_row("config", json.dumps(view.config))
+        table.add_row(key, safe(getattr(view, key)))
+    table.add_row("config", safe(json.dumps(view.config)))
     console.print(table)
     if view.attempts:
         at = Table("attempt", "worker", "started", "duration", "outcome", "error", title="attempts")
@@ -333,11 +335,11 @@ def print_task(view: TaskView) -> None:
             dur = f"{(a.finished_at - a.started_at).total_seconds():.2f}s" if a.finished_at else "…"
             at.add_row(
                 str(a.attempt),
-                a.worker_id or "",
+                safe(a.worker_id or ""),
                 a.started_at.strftime("%H:%M:%S"),
                 dur,
-                a.outcome,
-                (a.error or "")[:80],
+                safe(a.outcome),
+                safe((a.error or "")[:80]),
             )
         console.print(at)
 
@@ -394,7 +396,8 @@ def task_cancel(task_id: UUID) -> None:
     """Cancel a task (cooperatively, if it is running)."""
     res = run_op(services().control.cancel_task, me(), task_id)
     console.print(
-        f"task {task_id}: {res.status}" + (" (cancel requested)" if res.status == "running" else "")
+        f"task {task_id}: {safe(res.status)}"
+        + (" (cancel requested)" if res.status == "running" else "")
     )
 
 
@@ -406,12 +409,12 @@ def task_list(limit: Annotated[int, typer.Option()] = 20) -> None:
     for r in rows:
         table.add_row(
             str(r["task_id"]),
-            r["job"],
-            r["operator"],
-            r["status"],
+            safe(r["job"]),
+            safe(r["operator"]),
+            safe(r["status"]),
             str(r["attempt"]),
             r["created_at"].strftime("%H:%M:%S"),
-            (r["last_error"] or "")[:60],
+            safe((r["last_error"] or "")[:60]),
         )
     console.print(table)
 

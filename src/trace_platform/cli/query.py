@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from trace_platform.cli.control import console, fail, me, run_op, services
+from trace_platform.cli.safe_text import printable, safe
 from trace_platform.query import formats, saved
 from trace_platform.query.service import Result
 
@@ -27,9 +28,10 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
 
 def result_table(result: Result, title: str | None = None, limit: int = 50) -> Table:
     cols = formats.columns(result.table)
-    table = Table(*[c["name"] for c in cols], title=title, title_justify="left")
+    # Column names and values are whatever the data holds (other DAGs' operators wrote it).
+    table = Table(*[safe(c["name"]) for c in cols], title=title, title_justify="left")
     numeric = {
-        c["name"]
+        safe(c["name"])
         for c in cols
         if c["type"].startswith(("int", "uint", "decimal", "double", "float", "bignum"))
     }
@@ -37,7 +39,7 @@ def result_table(result: Result, title: str | None = None, limit: int = 50) -> T
         if c.header in numeric:
             c.justify = "right"
     for row in formats.rows(result.table)[:limit]:
-        table.add_row(*["" if v is None else str(v) for v in row])
+        table.add_row(*["" if v is None else safe(v) for v in row])
     if result.table.num_rows > limit:
         table.caption = f"first {limit} of {result.table.num_rows} rows"
     return table
@@ -63,7 +65,8 @@ def query(
         t = Table("saved query", "parameters", "what it answers")
         for name in saved.names():
             q = saved.load(name)
-            t.add_row(name, ", ".join(f"{k}={v}" for k, v in q.defaults.items()), q.description)
+            defaults = ", ".join(f"{k}={v}" for k, v in q.defaults.items())
+            t.add_row(safe(name), safe(defaults), safe(q.description))
         console.print(t)
         return
     if (sql is None) == (saved_name is None):
@@ -80,14 +83,14 @@ def query(
         out = run_op(
             svc.query.export, actor, sql, params, fmt if fmt in ("csv", "parquet") else "parquet"
         )
-        console.print(f"exported {out['row_count']:,} rows to {out['location']}")
+        console.print(f"exported {out['row_count']:,} rows to {safe(out['location'])}")
         return
     result: Result = run_op(
         svc.query.query, actor, sql, params, max_rows=max_rows, timeout_seconds=timeout
     )
     if fmt == "table":
         console.print(result_table(result, limit=max_rows or 1000))
-        pinned = ", ".join(f"{n}@{v[:8]}" for n, v in result.plan.versions.items())
+        pinned = safe(", ".join(f"{n}@{v[:8]}" for n, v in result.plan.versions.items()))
         console.print(
             f"[dim]{result.table.num_rows} rows in {result.elapsed_ms:.0f} ms; pinned: {pinned}[/dim]"
         )
@@ -99,8 +102,12 @@ def query(
     )
     if output is not None:
         output.write_bytes(data)
-        console.print(f"wrote {result.table.num_rows} rows to {output}")
+        console.print(f"wrote {result.table.num_rows} rows to {safe(output)}")
     elif fmt == "parquet":
         fail("parquet is binary: give --output FILE (or use --export)")
+    elif sys.stdout.isatty():
+        # Shown on a terminal, not piped: the data's control characters must not act on it.
+        # (A pipe or --output gets the bytes as they are.)
+        sys.stdout.write(printable(data.decode("utf-8", "replace")))
     else:
         sys.stdout.buffer.write(data)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from trace_platform.chain import RpcError
 from trace_platform.cli.control import console, me, services
+from trace_platform.cli.safe_text import safe
 from trace_platform.config import get_settings
 from trace_platform.errors import TraceError
 from trace_platform.verify import CannotVerify, Node, Outcome, connect, resolve_target, verify_all
@@ -18,7 +19,7 @@ CANNOT = 2  # exit code when nothing could be compared (1 is a mismatch)
 
 
 def _cannot(message: str) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {safe(message)}")
     raise typer.Exit(CANNOT)
 
 
@@ -26,7 +27,7 @@ def outcome_table(outcomes: list[Outcome], title: str) -> Table:
     table = Table("analytic", "compared", "blocks", "checked", "matched", "result", title=title)
     for o in outcomes:
         if o.skipped:
-            result = f"[yellow]skipped[/yellow]: {o.skipped}"
+            result = f"[yellow]skipped[/yellow]: {safe(o.skipped)}"
         elif o.checked == 0:
             result = "[yellow]nothing to check[/yellow]"
         else:
@@ -34,7 +35,12 @@ def outcome_table(outcomes: list[Outcome], title: str) -> Table:
                 "[green]match[/green]" if o.ok else f"[red]{len(o.mismatches)} mismatched[/red]"
             )
         table.add_row(
-            o.analytic, o.compared, str(len(o.blocks)), str(o.checked), str(o.matched), result
+            safe(o.analytic),
+            safe(o.compared),
+            str(len(o.blocks)),
+            str(o.checked),
+            str(o.matched),
+            result,
         )
     for c in ("blocks", "checked", "matched"):
         next(col for col in table.columns if col.header == c).justify = "right"
@@ -86,14 +92,14 @@ def verify(
     finally:
         rpc.close()
     console.print(
-        f"Verifying blocks {lo}-{hi} against {target.rpc_url} ({target.source}), token "
-        f"{target.token or '-'}, {samples} samples, seed {seed} (repeat with --seed {seed})",
+        f"Verifying blocks {lo}-{hi} against {safe(target.rpc_url)} ({safe(target.source)}), "
+        f"token {safe(target.token or '-')}, {samples} samples, seed {seed} (repeat with --seed {seed})",
         highlight=False,
     )
     console.print(outcome_table(outcomes, "trace verify"))
     wrong = [m for o in outcomes for m in o.mismatches]
     for m in wrong:
-        console.print(f"[red]mismatch[/red] {m.describe()}", highlight=False)
+        console.print(f"[red]mismatch[/red] {safe(m.describe())}", highlight=False)
     if wrong:
         raise typer.Exit(1)
     if not any(o.checked for o in outcomes):
