@@ -125,9 +125,17 @@ class Settings(BaseSettings):
     query_memory_limit: str = "2GB"
     query_export_max_rows: int = 5_000_000
     # Queries run in worker processes (started on demand, reused), never in the API process.
-    # Keep query_max_per_user below query_workers so one user cannot hold every worker.
-    query_workers: int = Field(default=3, ge=1)
-    query_max_per_user: int = Field(default=2, ge=1)  # more at once answers 429
+    # Admission (query/admission.py): a query runs only within its user's and its org's share
+    # of the workers, else waits in a bounded queue (full, or waited too long: 429 with
+    # Retry-After). Keep 2 x per user and per org below query_workers, so that no two users
+    # and no one org can hold every worker (a single-org Lite install uses per_org of them).
+    query_workers: int = Field(default=4, ge=1)
+    query_max_per_user: int = Field(default=1, ge=1)  # running at once; more wait
+    query_max_per_org: int = Field(default=3, ge=1)  # running at once; more wait
+    query_queue_size: int = Field(default=16, ge=0)  # waiting queries in all
+    query_max_queued_per_user: int = Field(default=4, ge=0)  # waiting queries of one user
+    # The longest a query waits for its turn; not part of its time limit (execution only).
+    query_queue_wait_seconds: float = Field(default=30.0, gt=0)
     query_max_result_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # Arrow bytes
     query_export_max_result_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     query_threads: int = Field(default=2, ge=1)  # DuckDB threads per query

@@ -1,9 +1,12 @@
 """Query Service errors (mapped to HTTP statuses like every other error).
 
 Statuses: a query stopped at a limit is 422 `limit_exceeded`, whichever limit it hit (time, CPU,
-memory, result size, rows); `detail.limit` names it and the message says how to go on. A user
-over their concurrency limit is 429 `too_many_queries`; no free worker in time, or a worker that
-died under the query for a reason that is not one of its limits, is 503 (try again)."""
+memory, result size, rows); `detail.limit` names it and the message says how to go on. A query
+not admitted to the workers (admission.py) is 429 with `detail.retry_after_seconds`, which the
+HTTP route also sends as `Retry-After`: `too_many_queries` (the user already has as many queries
+running and waiting as one user may), `query_queue_full`, `query_queue_timeout` (its turn did not
+come within the wait bound). A worker that could not be had or that died under the query for a
+reason that is not one of its limits is 503 (try again)."""
 
 from __future__ import annotations
 
@@ -78,15 +81,38 @@ class QueryFailed(TraceError):
     code = "query_failed"
 
 
-class TooManyQueries(TraceError):
-    """The caller already has as many queries running as one user may."""
+class NotAdmitted(TraceError):
+    """The query was not let onto a worker (admission.py); `retry_after` is the whole seconds
+    after which trying again makes sense (sent as `Retry-After`)."""
 
     status_code = 429
+    code = "query_not_admitted"
+
+    def __init__(self, message: str, *, retry_after: int, **detail: object) -> None:
+        super().__init__(message, retry_after_seconds=retry_after, **detail)
+        self.retry_after = retry_after
+
+
+class TooManyQueries(NotAdmitted):
+    """The caller already has as many queries running and waiting as one user may."""
+
     code = "too_many_queries"
 
 
+class QueueFull(NotAdmitted):
+    """The queue in front of the query workers holds as many queries as it may."""
+
+    code = "query_queue_full"
+
+
+class QueueTimeout(NotAdmitted):
+    """The query's turn did not come within the queue's wait bound (nothing of it ran)."""
+
+    code = "query_queue_timeout"
+
+
 class QueryServiceBusy(TraceError):
-    """Every query worker stayed busy for as long as the query may wait."""
+    """An admitted query found no worker in time (one could not be started)."""
 
     status_code = 503
     code = "query_service_busy"

@@ -7,17 +7,16 @@ it, in a worker process under kernel limits (pool.py, runner.py), never in this 
 Limits (all configurable, TRACE_QUERY_*): time (DuckDB interrupt at timeout_seconds, SIGKILL at
 timeout + kill grace), CPU (RLIMIT_CPU), memory (DuckDB memory_limit, and RLIMIT_AS at the
 worker's baseline + memory_limit + headroom), result size (rows and Arrow bytes, measured in the
-worker), and queries running per user (429). A limit hit answers 422 `limit_exceeded` naming
-it in `detail.limit` with what to do instead (`--export`, a `sql_transform` job)."""
+worker). A limit hit answers 422 `limit_exceeded` naming it in `detail.limit` with what to do
+instead (`--export`, a `sql_transform` job). In front of the workers, admission (admission.py)
+keeps each user and org to its share and queues the rest; the time limit starts on the worker,
+not in the queue."""
 
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from uuid import UUID
@@ -30,13 +29,13 @@ from trace_platform.errors import Invalid
 from trace_platform.identity import Actor
 from trace_platform.objectstore import ObjectStore
 from trace_platform.query import catalog, formats, guard
+from trace_platform.query.admission import Admission
 from trace_platform.query.engine import Limits, S3Access, check_pins
 from trace_platform.query.errors import (
     BATCH,
     LimitExceeded,
     QueryFailed,
     QueryServiceBusy,
-    TooManyQueries,
     WorkerDied,
 )
 from trace_platform.query.pool import NoWorker, WorkerConfig, WorkerPool, WorkerStopped, parse_size
@@ -62,7 +61,8 @@ class Plan:
 class Result:
     table: pa.Table
     plan: Plan
-    elapsed_ms: float
+    elapsed_ms: float  # on its worker (what the time limit counts)
+    queued_ms: float = 0.0  # waiting for its turn (admission.py), before that
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +71,7 @@ class Result:
             "row_count": self.table.num_rows,
             "pinned": self.plan.versions,
             "elapsed_ms": round(self.elapsed_ms, 2),
+            "queued_ms": round(self.queued_ms, 2),
         }
 
 
@@ -87,40 +88,6 @@ def s3_access(settings: Settings) -> S3Access | None:
         secret=secret.get_secret_value() if secret else None,
         use_ssl=bool(endpoint and endpoint.startswith("https")),
     )
-
-
-class _PerUser:
-    """How many queries each user has running in this process (the 429 limit)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._running: dict[UUID, int] = {}
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def hold(self, actor: Actor) -> Iterator[None]:
-        with self._lock:
-            n = self._running.get(actor.user_id, 0)
-            if n >= self.limit:
-                raise TooManyQueries(
-                    f"'{actor.name}' already has {n} queries running, the most one user may run "
-                    "at a time: wait for one to finish, then try again",
-                    limit=self.limit,
-                )
-            self._running[actor.user_id] = n + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                left = self._running[actor.user_id] - 1
-                if left:
-                    self._running[actor.user_id] = left
-                else:
-                    del self._running[actor.user_id]
-
-    def running(self, user_id: UUID) -> int:
-        with self._lock:
-            return self._running.get(user_id, 0)
 
 
 class QueryService:
@@ -142,7 +109,14 @@ class QueryService:
             threads=settings.query_threads,
             max_result_bytes=settings.query_max_result_bytes,
         )
-        self.per_user = _PerUser(settings.query_max_per_user)
+        self.admission = Admission(
+            workers=settings.query_workers,
+            per_user=settings.query_max_per_user,
+            per_org=settings.query_max_per_org,
+            queue_size=settings.query_queue_size,
+            queued_per_user=settings.query_max_queued_per_user,
+            wait_seconds=settings.query_queue_wait_seconds,
+        )
         self.workers = WorkerPool(
             settings.query_workers,
             WorkerConfig(
@@ -154,11 +128,22 @@ class QueryService:
             kill_grace=settings.query_kill_grace_seconds,
         )
 
+    def _worker_wait(self) -> float:
+        """How long an admitted query waits for a worker: admission keeps no more queries
+        running than there are workers, so at most while one (re)starts."""
+        return self.workers.config.start_timeout
+
     def _lease_seconds(self) -> float:
-        """How long a pin may live: waiting for a worker and running are each bounded by the
-        timeout, then the kill grace; the margin covers listing the pinned files."""
+        """How long a pin may live: the wait in the queue, for a worker, and the run (time
+        limit, then the kill grace) are each bounded; the margin covers listing the files."""
         s = self.settings
-        return 2 * s.query_timeout_seconds + s.query_kill_grace_seconds + PIN_MARGIN_SECONDS
+        return (
+            s.query_queue_wait_seconds
+            + self._worker_wait()
+            + s.query_timeout_seconds
+            + s.query_kill_grace_seconds
+            + PIN_MARGIN_SECONDS
+        )
 
     def plan(self, actor: Actor, sql: str, params: dict[str, Any] | None = None) -> Plan:
         """Pins under a lease taken first; `execute` (or `export`) ends it, else it expires."""
@@ -207,8 +192,9 @@ class QueryService:
         export: bool,
         max_rows: int | None,
         timeout_seconds: float | None,
-    ) -> tuple[dict[str, Any], bytearray, float]:
-        """Runs the plan on a worker: (answer header, payload, elapsed ms), or the error."""
+    ) -> tuple[dict[str, Any], bytearray, float, float]:
+        """Runs the plan on a worker once admitted: (answer header, payload, ms on the worker,
+        ms waiting for the turn), or the error (NotAdmitted: 429, nothing ran)."""
         limits = self._limits(export=export, max_rows=max_rows, timeout_seconds=timeout_seconds)
         cpu = self._cpu_seconds(limits)
         request = {
@@ -220,13 +206,14 @@ class QueryService:
             "format": fmt,
             "export": export,
         }
-        t0 = time.perf_counter()
-        with self.per_user.hold(plan.actor):
+        hold = limits.timeout_seconds + self.settings.query_kill_grace_seconds
+        with self.admission.slot(plan.actor, hold) as waited:
+            t0 = time.perf_counter()  # from admission: the wait in the queue is apart
             try:
                 header, payload = self.workers.run(
                     request,
                     timeout=limits.timeout_seconds,
-                    wait=limits.timeout_seconds,
+                    wait=self._worker_wait(),
                     # The worker measured its answer against the cap; this is a backstop (IPC
                     # framing adds a little to the Arrow buffers).
                     max_payload=limits.max_result_bytes + (1 << 20),
@@ -237,7 +224,7 @@ class QueryService:
                 raise _stopped(e, limits, cpu, export=export) from None
         if not header.get("ok"):
             raise _failed(header, limits, export=export)
-        return header, payload, (time.perf_counter() - t0) * 1000
+        return header, payload, (time.perf_counter() - t0) * 1000, waited * 1000
 
     def execute(
         self,
@@ -249,7 +236,7 @@ class QueryService:
     ) -> Result:
         """Runs the plan out of process and decodes the (capped) Arrow answer."""
         try:
-            _, payload, elapsed = self._run(
+            _, payload, elapsed, queued = self._run(
                 plan,
                 fmt="arrow",
                 export=for_export,
@@ -259,7 +246,7 @@ class QueryService:
         finally:
             self.release(plan)
         table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
-        return Result(table, plan, elapsed)
+        return Result(table, plan, elapsed, queued)
 
     def query(
         self, actor: Actor, sql: str, params: dict[str, Any] | None = None, **kw: Any
@@ -275,7 +262,7 @@ class QueryService:
             raise Invalid(f"an export is parquet or csv (got '{fmt}')")
         plan = self.plan(actor, sql, params)
         try:
-            header, payload, elapsed = self._run(
+            header, payload, elapsed, queued = self._run(
                 plan, fmt=fmt, export=True, max_rows=None, timeout_seconds=None
             )
         finally:
@@ -289,6 +276,7 @@ class QueryService:
             "row_count": int(header["rows"]),
             "pinned": plan.versions,
             "elapsed_ms": round(elapsed, 2),
+            "queued_ms": round(queued, 2),
         }
 
     def close(self) -> None:

@@ -11,9 +11,11 @@ from fastapi.responses import JSONResponse
 
 from trace_platform.api.auth import ActorDependency
 from trace_platform.api.bodies import QueryBody
+from trace_platform.api.errors import error_response
 from trace_platform.api.routes import trace_router
 from trace_platform.identity import Actor
 from trace_platform.query import formats, saved
+from trace_platform.query.errors import NotAdmitted
 from trace_platform.services import Services
 
 
@@ -24,11 +26,17 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
     def run_query(body: QueryBody, user: Actor = Depends(actor)) -> Any:
         sql, params = body.statement()
         qs = services.query
-        if body.export:
-            return qs.export(user, sql, params, body.format if body.format != "json" else "parquet")
-        result = qs.query(
-            user, sql, params, max_rows=body.max_rows, timeout_seconds=body.timeout_seconds
-        )
+        try:
+            if body.export:
+                fmt = body.format if body.format != "json" else "parquet"
+                return qs.export(user, sql, params, fmt)
+            result = qs.query(
+                user, sql, params, max_rows=body.max_rows, timeout_seconds=body.timeout_seconds
+            )
+        except NotAdmitted as e:  # 429 as every error, plus when to come back
+            return error_response(
+                e.status_code, e.code, e.message, e.detail, {"Retry-After": str(e.retry_after)}
+            )
         if body.format == "json":  # already JSON-safe: skip FastAPI's per-value encoder
             return JSONResponse(result.as_json())
         return Response(
