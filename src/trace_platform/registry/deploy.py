@@ -332,11 +332,14 @@ def _publish_names(d: _Deploy, *, apply: bool = True) -> None:
         ds_uuid = d.outputs[(pub.job, pub.output_index)]
         owner = RegistryStore(d.conn).dataset_by_name(org_id=d.org_id, name=pub.dataset).fetchone()
         if owner is not None and owner["producer_dag_id"] != d.dag_id:
+            # The producer is named only to whoever may read the dataset: a private DAG's
+            # name is not for the rest of the org.
             other = RegistryStore(d.conn).dag_by_id(dag_id=owner["producer_dag_id"]).fetchone()
+            by = f"DAG '{other['name']}'" if other and _readable(d, owner) else "another DAG"
             d.problems.append(
                 DagProblem(
                     f"publish[{i}].dataset",
-                    f"dataset '{pub.dataset}' is produced by DAG '{other['name'] if other else '?'}'; "
+                    f"dataset '{pub.dataset}' is produced by {by}; "
                     "a dataset has a single producing DAG",
                 )
             )
@@ -375,9 +378,11 @@ def _wire_subscriptions(d: _Deploy) -> None:
 
 
 def _shared_dataset(d: _Deploy, job: str, i: int, inp: SharedRead) -> UUID | None:
-    """Another DAG's published dataset, if it exists (else a problem) and the actor may read it."""
+    """Another DAG's published dataset, if it exists and the actor may read it; else a
+    problem. One the actor may not read answers exactly as one that does not exist (the
+    same problem, text and status), so a deploy or dry run cannot probe for private names."""
     ds = RegistryStore(d.conn).dataset_by_name(org_id=d.org_id, name=inp.from_.dataset).fetchone()
-    if ds is None:
+    if ds is None or not _readable(d, ds):
         d.problems.append(
             DagProblem(
                 f"jobs.{job}.inputs[{i}].from.dataset",
@@ -385,14 +390,17 @@ def _shared_dataset(d: _Deploy, job: str, i: int, inp: SharedRead) -> UUID | Non
             )
         )
         return None
-    producer = RegistryStore(d.conn).dag_by_id(dag_id=ds["producer_dag_id"]).fetchone()
-    if not can_read(d.deployer, ds, producer):
-        raise Forbidden(
-            f"{d.source}: jobs.{job}.inputs[{i}]: '{d.deployer.name}' may not read dataset "
-            f"'{inp.from_.dataset}' (not in its read_roles)"
-        )
     ds_uuid: UUID = ds["dataset_uuid"]
     return ds_uuid
+
+
+def _readable(d: _Deploy, ds: dict[str, Any]) -> bool:
+    """May the deployer read `ds`? Without one (a cutover's check, shown by `dag status` to
+    any of the DAG's deployers) no."""
+    if d.actor is None:
+        return False
+    producer = RegistryStore(d.conn).dag_by_id(dag_id=ds["producer_dag_id"]).fetchone()
+    return can_read(d.actor, ds, producer)
 
 
 def _pool_slots(d: _Deploy, *, retire: bool = True) -> None:
