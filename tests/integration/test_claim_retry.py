@@ -119,7 +119,9 @@ def test_the_worker_client_runs_a_task_whose_claim_answer_was_lost(
     assert client.complete(got, "succeeded").status == "succeeded"
 
 
-@pytest.mark.parametrize("key", ["00000000-0000-0000-0000-000000000000", str(uuid.uuid1())])
+@pytest.mark.parametrize(
+    "key", ["00000000-0000-0000-0000-000000000000", str(uuid.uuid1())], ids=["nil", "uuid1"]
+)
 def test_a_claim_key_that_is_not_random_is_refused(
     api: httpx.Client, services: Services, key: str
 ) -> None:

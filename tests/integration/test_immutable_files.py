@@ -31,6 +31,7 @@ from trace_platform.contract import (
     RangeSpec,
     TaskPayload,
 )
+from trace_platform.db.pool import sink_dsn
 from trace_platform.errors import Conflict
 from trace_platform.objectstore import ObjectStore, list_all, make_store
 from trace_platform.operators.context import OperatorContext
@@ -186,7 +187,7 @@ def collector(services: Services) -> Collector:
     return Collector(
         services.pool,
         make_store(services.settings),
-        services.data_dsn,
+        sink_dsn(services.settings, services.dsn),  # as api/background.py builds it
         grace_seconds=0,
         batch_size=2,  # several batches in one pass
     )
@@ -343,3 +344,56 @@ def test_a_replayed_or_overlapping_range_of_an_append_output_repeats_no_key(
     ]
     assert q(imm, count) == [[75, 75]]
     assert q(imm, "SELECT min(block_number), max(block_number) FROM erc20_transfers") == [[0, 74]]
+
+
+def test_the_collector_deletes_only_what_the_platform_made(imm: Services) -> None:
+    """Issue 38: a retired row is a request, not an order. The platform's own tables, another
+    org's files, the org's whole prefix and anything outside `dataset_<hex>.v_<hex>` are
+    logged and left (never offered again); and the login it drops tables with cannot drop a
+    state table even when asked directly."""
+    store = make_store(imm.settings)
+    committed, _ = ingest(imm, 0, 50, logs(range(0, 50)))
+    version = committed.rsplit("range=", 1)[0]
+    with imm.pool.connection() as conn:
+        org = conn.execute("SELECT org_id FROM orgs LIMIT 1").fetchone()["org_id"]
+    other_org = UUID(int=7)
+    foreign = version.replace(str(org), str(other_org), 1)
+    _put(store, foreign, logs(range(0, 5), "another org's"))
+    leftover = f"{version}range=0000000000-0000000050/t=00000000-0000-0000-0000-000000000000.1/"
+    _put(store, leftover, logs(range(0, 5), "stray"))
+    asked = [
+        ("postgres", "public.api_keys"),
+        ("postgres", "outbox"),
+        ("postgres", "dataset_x.v_y; DROP TABLE api_keys"),
+        ("parquet", f"org/{org}/dataset/"),
+        ("parquet", foreign),
+        ("parquet", f"{version}../"),
+        ("parquet", "tmp/"),
+        ("parquet", leftover),  # the control: a real leftover of this org's version
+    ]
+    with imm.pool.connection() as conn:
+        for backend, location in asked:
+            conn.execute(
+                "INSERT INTO retired_locations (org_id, backend, location, reason)"
+                " VALUES (%s, %s, %s, 'purged')",
+                [org, backend, location],
+            )
+    assert collector(imm).collect() == 1
+    rows = {r["location"]: r for r in retired(imm)}
+    assert rows[leftover]["deleted_at"] is not None and keys(imm, leftover) == []
+    refused = [loc for _, loc in asked[:-1]]
+    with imm.pool.connection() as conn:
+        marks = conn.execute(
+            "SELECT location, refused, deleted_at FROM retired_locations WHERE location = ANY(%s)",
+            [refused],
+        ).fetchall()
+        assert conn.execute("SELECT to_regclass('public.api_keys') IS NOT NULL").fetchone()
+    assert len(marks) == len(refused)
+    assert all(m["deleted_at"] is None for m in marks)
+    # The org's prefix lies above a committed location: `collectable` never offers it.
+    assert sorted(m["location"] for m in marks if not m["refused"]) == [f"org/{org}/dataset/"]
+    assert keys(imm, foreign) and keys(imm, committed)
+    assert collector(imm).collect() == 0  # refused rows are not offered again
+    # Defence in depth: the collector's own login cannot drop what the state login owns.
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        collector(imm)._drop_table("public.api_keys")

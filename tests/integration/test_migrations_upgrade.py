@@ -118,7 +118,7 @@ def test_0020_to_0024_on_an_install_with_data(db_at_0019: str) -> None:
         )
         conn.commit()
 
-    assert mig.migrate(db_at_0019) == ["0020", "0021", "0022", "0023", "0024"]
+    assert mig.migrate(db_at_0019)[:5] == ["0020", "0021", "0022", "0023", "0024"]
 
     queue = PgQueue.from_dsn(db_at_0019)
     try:

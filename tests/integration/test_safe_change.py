@@ -27,6 +27,7 @@ from trace_platform.contract import (
     RangeSpec,
 )
 from trace_platform.errors import Conflict, NotFound
+from trace_platform.layout import scope_prefix
 from trace_platform.services import Services
 
 PIPELINE = """
@@ -111,7 +112,9 @@ def finish(services: Services, ref: LeaseRef, payload: Any) -> str:
                 OutputCommit(
                     dataset_uuid=o.dataset_uuid,
                     range=RangeSpec(start=a, end=b),
-                    location=f"{o.location}range={a}-{b}/t={ref.task_id}/",
+                    location=scope_prefix(
+                        str(o.location), ref.task_id, ref.attempt, rng=RangeSpec(start=a, end=b)
+                    ),
                     row_count=b - a + 1,
                 )
             )

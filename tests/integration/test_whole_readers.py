@@ -24,6 +24,7 @@ from trace_platform.contract import (
 )
 from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Conflict
+from trace_platform.layout import scope_prefix
 from trace_platform.services import Services
 
 
@@ -56,7 +57,9 @@ def _src_children(services: Services, start: int, end: int) -> dict[Any, int]:
                 OutputCommit(
                     dataset_uuid=out.dataset_uuid,
                     range=rng,
-                    location=f"{out.location}/range-{start}",
+                    location=scope_prefix(
+                        str(out.location), lease["task_id"], lease["attempt"], rng=rng
+                    ),
                 )
             ],
             final_events=[EventIn(dataset_uuid=out.dataset_uuid, range=rng)],
@@ -84,11 +87,17 @@ def _read(payload: TaskPayload) -> list[int]:
     return sorted(c.range.start for c in payload.committed if c.range is not None)
 
 
-def _land(d: Any, lease: dict[str, Any], payload: TaskPayload, tag: str) -> None:
+def _own(lease: dict[str, Any], payload: TaskPayload) -> str:
+    """Where this attempt commits its whole output."""
+    return scope_prefix(str(payload.outputs[0].location), lease["task_id"], lease["attempt"])
+
+
+def _land(d: Any, lease: dict[str, Any], payload: TaskPayload) -> str:
     out = payload.outputs[0]
-    commit = OutputCommit(dataset_uuid=out.dataset_uuid, location=f"{out.location}/{tag}")
+    commit = OutputCommit(dataset_uuid=out.dataset_uuid, location=_own(lease, payload))
     done = d.complete(CompleteRequest(**lease, outcome="succeeded", outputs=[commit]))
     assert done.status == "succeeded"
+    return str(commit.location)
 
 
 def _first_run(services: Services, dag: str) -> tuple[Any, dict[str, Any], TaskPayload]:
@@ -120,12 +129,12 @@ def test_without_a_pool_two_runs_of_a_whole_reader_never_run_at_once(
         _lease(d, second)  # its implicit one-slot pool: waits for the first run
     assert e.value.code == "waiting_for_slot"
     wakeups = _wakeups(services, second)
-    _land(d, older, older_read, "older")
+    _land(d, older, older_read)
     assert _wakeups(services, second) == wakeups + 1  # the released slot wakes it
     newer, newer_read = _lease(d, second)
     assert (_read(older_read), _read(newer_read)) == ([0], [0, 100])
-    _land(d, newer, newer_read, "newer")
-    assert _current_all(services).endswith("/newer")
+    landed = _land(d, newer, newer_read)
+    assert _current_all(services) == landed
 
 
 def test_a_late_success_after_the_reaper_took_the_slot_lands_nothing(
@@ -142,18 +151,18 @@ def test_a_late_success_after_the_reaper_took_the_slot_lands_nothing(
     second = _src_range(services, 100, 200)
     newer, newer_read = _lease(d, second)
     assert _read(newer_read) == [0, 100]
-    _land(d, newer, newer_read, "newer")
+    landed = _land(d, newer, newer_read)
     out = older_read.outputs[0]
-    late = OutputCommit(dataset_uuid=out.dataset_uuid, location=f"{out.location}/older")
+    late = OutputCommit(dataset_uuid=out.dataset_uuid, location=_own(older, older_read))
     done = d.complete(CompleteRequest(**older, outcome="succeeded", outputs=[late]))
     assert done.status == "queued" and done.outputs_committed == 0  # the reaper's retry stands
-    assert _current_all(services).endswith("/newer")
+    assert _current_all(services) == landed
     attempt = d.get_task(first).attempts[-1]
     assert attempt.attempt == older["attempt"] and "lost its lease" in (attempt.error or "")
     retry, retry_read = _lease(d, first)  # the retry reads again, after the newer landed
     assert _read(retry_read) == [0, 100]
-    _land(d, retry, retry_read, "retry")
-    assert _current_all(services).endswith("/retry")
+    landed = _land(d, retry, retry_read)
+    assert _current_all(services) == landed
 
 
 @pytest.mark.parametrize("pools", ["", "worker_pools:\n  analytics:\n    - {}\n    - {}\n"])
@@ -176,11 +185,11 @@ def test_on_a_one_slot_pool_the_next_run_reads_what_the_previous_ones_read(
     second = _src_range(services, 100, 200)
     with pytest.raises(Conflict):  # waits for the slot the first run holds
         _lease(d, second)
-    _land(d, older, older_read, "older")
+    _land(d, older, older_read)
     newer, newer_read = _lease(d, second)
     assert (_read(older_read), _read(newer_read)) == ([0], [0, 100])
-    _land(d, newer, newer_read, "newer")
-    assert _current_all(services).endswith("/newer")
+    landed = _land(d, newer, newer_read)
+    assert _current_all(services) == landed
 
 
 def test_a_deploy_moving_a_whole_reader_to_a_pool_keeps_its_runs_one_at_a_time(
@@ -201,7 +210,7 @@ def test_a_deploy_moving_a_whole_reader_to_a_pool_keeps_its_runs_one_at_a_time(
         with pytest.raises(Conflict, match="rewrites its output whole"):
             _lease(d, waiting)
     wakeups = (_wakeups(services, second), _wakeups(services, third))
-    _land(d, older, older_read, "older")
+    _land(d, older, older_read)
     # One run woken, the job's oldest, not one per pool: only one could run.
     assert (_wakeups(services, second), _wakeups(services, third)) == (
         wakeups[0] + 1,
@@ -211,12 +220,12 @@ def test_a_deploy_moving_a_whole_reader_to_a_pool_keeps_its_runs_one_at_a_time(
     with pytest.raises(Conflict, match="rewrites its output whole"):
         _lease(d, third)
     assert _read(newer_read) == [0, 100, 200]
-    _land(d, newer, newer_read, "newer")
+    _land(d, newer, newer_read)
     assert _wakeups(services, third) == wakeups[1] + 1  # the old pool's release wakes it
     newest, newest_read = _lease(d, third)
     assert _read(newest_read) == [0, 100, 200]
-    _land(d, newest, newest_read, "newest")
-    assert _current_all(services).endswith("/newest")
+    landed = _land(d, newest, newest_read)
+    assert _current_all(services) == landed
 
 
 def test_a_woken_run_a_superseded_rebuild_cancels_gives_its_place_to_the_jobs_next(
@@ -234,7 +243,7 @@ def test_a_woken_run_a_superseded_rebuild_cancels_gives_its_place_to_the_jobs_ne
         ).fetchall()
     live_next = next(t for t, v in _src_children(services, 100, 200).items() if v == 1)
     before = (_wakeups(services, rebuild["task_id"]), _wakeups(services, live_next))
-    _land(d, older, older_read, "older")
+    _land(d, older, older_read)
     assert (_wakeups(services, rebuild["task_id"]), _wakeups(services, live_next)) == (
         before[0] + 1,
         before[1],

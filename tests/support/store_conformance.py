@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
+from trace_platform import layout
 from trace_platform.contract import (
     MAX_BACKOFF_SECONDS,
     MAX_CONFIG_BYTES,
@@ -37,6 +38,22 @@ from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 from trace_platform.queue import payloads
+
+
+def assigned(ds: UUID, version: UUID) -> DatasetRef:
+    """A Parquet output as a deploy assigns it: the version and its prefix."""
+    where = layout.version_location(uuid.UUID(int=1), ds, version, "parquet")
+    return DatasetRef(dataset_uuid=ds, dataset_version=version, backend="parquet", location=where)
+
+
+def own(
+    out: DatasetRef, c: Claim, rng: RangeSpec | None = None, partition_key: str | None = None
+) -> str:
+    """The one location attempt `c` may commit for a scope of `out`."""
+    assert out.location is not None
+    return layout.scope_prefix(
+        out.location, c.task_id, c.attempt, rng=rng, partition_key=partition_key
+    )
 
 
 class Harness(Protocol):
@@ -574,16 +591,21 @@ class StateStoreConformance:
     ) -> None:
         dag = harness.add_dag("writer")
         ds, version = harness.add_dataset_version(dag, "replace")
-        out = DatasetRef(dataset_uuid=ds, dataset_version=version)
+        out = assigned(ds, version)
         scope_event = {"dataset_uuid": str(ds), "range": {"start": 0, "end": 10}}
         task = spec(dag_id=dag, dag_version=1, outputs=[out], input_event=scope_event)
         c1 = claim(d, d.create_task(task).task_id)
         assert d.fetch(LeaseRef(**lease(c1))).committed == []
-        commit = OutputCommit(dataset_uuid=ds, range=RangeSpec(start=0, end=10), location="a/1")
+        rng = RangeSpec(start=0, end=10)
+        commit = OutputCommit(dataset_uuid=ds, range=rng, location=own(out, c1, rng))
         assert complete(d, c1, outputs=[commit]).outputs_committed == 1
         c2 = claim(d, d.create_task(task).task_id)
         (held,) = d.fetch(LeaseRef(**lease(c2))).committed
-        assert (held.scope, held.location, held.dataset_version) == (commit.scope, "a/1", version)
+        assert (held.scope, held.location, held.dataset_version) == (
+            commit.scope,
+            commit.location,
+            version,
+        )
         assert d.fetch(LeaseRef(**lease(c2))).outputs[0].update_strategy == "replace"
 
     def test_a_commit_to_a_version_that_is_gone_lands_nothing(
@@ -591,9 +613,9 @@ class StateStoreConformance:
     ) -> None:
         dag = harness.add_dag("purged")
         ds, _ = harness.add_dataset_version(dag, "append")
-        gone = DatasetRef(dataset_uuid=ds, dataset_version=uuid.uuid4())
+        gone = assigned(ds, uuid.uuid4())
         c = claim(d, d.create_task(spec(dag_id=dag, dag_version=1, outputs=[gone])).task_id)
-        commit = OutputCommit(dataset_uuid=ds, location="x/1")
+        commit = OutputCommit(dataset_uuid=ds, location=own(gone, c))
         r = complete(d, c, outputs=[commit], final_events=[EventIn(dataset_uuid=ds, cursor="1")])
         assert (r.status, r.events_accepted) == ("canceled", 0)
         assert "purged" in (d.get_task(c.task_id).last_error or "")
@@ -989,33 +1011,29 @@ class StateStoreConformance:
     ) -> None:
         dag = harness.add_dag("whole")
         ds, version = harness.add_dataset_version(dag, "append")
-        out = DatasetRef(dataset_uuid=ds, dataset_version=version)
+        out = assigned(ds, version)
         w = claim(d, d.create_task(spec(dag_id=dag, dag_version=1, outputs=[out])).task_id)
+        p1, p2 = own(out, w, partition_key="p1"), own(out, w, partition_key="p2")
         commits = [
-            OutputCommit(dataset_uuid=ds, partition_key="p1", location="a/1"),
-            OutputCommit(dataset_uuid=ds, partition_key="p2", location="a/2"),
+            OutputCommit(dataset_uuid=ds, partition_key="p1", location=p1),
+            OutputCommit(dataset_uuid=ds, partition_key="p2", location=p2),
             OutputCommit(dataset_uuid=ds, partition_key="p3"),  # no location: nothing to read
         ]
         assert complete(d, w, outputs=commits).outputs_committed == 3
         reader = spec(dag_id=dag, dag_version=1, operator="sql_transform", input_versions=[out])
         r = claim(d, d.create_task(reader).task_id)
         got = d.fetch(LeaseRef(**lease(r))).committed
-        assert [(c.scope, c.location) for c in got] == [
-            ("partition:p1", "a/1"),
-            ("partition:p2", "a/2"),
-        ]
+        assert [(c.scope, c.location) for c in got] == [("partition:p1", p1), ("partition:p2", p2)]
 
     def test_an_append_output_reads_only_the_scopes_overlapping_its_range(
         self, d: Dispatcher, harness: Harness
     ) -> None:
         dag = harness.add_dag("appender")
         ds, version = harness.add_dataset_version(dag, "append", unique_key=["id"])
-        out = DatasetRef(dataset_uuid=ds, dataset_version=version)
+        out = assigned(ds, version)
         w = claim(d, d.create_task(spec(dag_id=dag, dag_version=1, outputs=[out])).task_id)
-        commits = [
-            OutputCommit(dataset_uuid=ds, range=RangeSpec(start=a, end=a + 10), location=f"r/{a}")
-            for a in (0, 10, 20)
-        ]
+        ranges = [RangeSpec(start=a, end=a + 10) for a in (0, 10, 20)]
+        commits = [OutputCommit(dataset_uuid=ds, range=r, location=own(out, w, r)) for r in ranges]
         complete(d, w, outputs=commits)
         event = {"dataset_uuid": str(uuid.uuid4()), "range": {"start": 5, "end": 15}}
         task = spec(dag_id=dag, dag_version=1, outputs=[out], input_event=event)
@@ -1028,12 +1046,93 @@ class StateStoreConformance:
     ) -> None:
         dag = harness.add_dag("rewriter")
         ds, version = harness.add_dataset_version(dag, "replace")
-        out = DatasetRef(dataset_uuid=ds, dataset_version=version)
+        out = assigned(ds, version)
         task = spec(dag_id=dag, dag_version=1, outputs=[out])
-        for location in ("x/1", "x/2", "x/2"):
-            c = claim(d, d.create_task(task).task_id)
-            complete(d, c, outputs=[OutputCommit(dataset_uuid=ds, location=location)])
-        assert harness.retired_locations() == ["x/1"]  # x/2 again replaced nothing
+        first = claim(d, d.create_task(task).task_id)
+        complete(d, first, outputs=[OutputCommit(dataset_uuid=ds, location=own(out, first))])
+        second = claim(d, d.create_task(task).task_id)
+        again = OutputCommit(dataset_uuid=ds, location=own(out, second))
+        complete(d, second, outputs=[again, again])  # its own location again replaces nothing
+        assert harness.retired_locations() == [own(out, first)]
+
+    # -- the commit boundary: what an operator reports is a claim, checked against what the
+    # Dispatcher assigned (issue 38) -----------------------------------------------------------
+    FORGED = (
+        "another_version",
+        "another_dataset_prefix",
+        "the_org_prefix",
+        "the_version_prefix",
+        "the_range_prefix",
+        "another_attempts_prefix",
+        "another_range",
+        "a_dotted_path",
+        "a_postgres_table_outside_dataset_schemas",
+        "another_versions_table",
+        "an_event_pointing_elsewhere",
+    )
+
+    @pytest.mark.parametrize("forgery", FORGED)
+    def test_a_forged_commit_is_refused_and_stores_nothing(
+        self, d: Dispatcher, harness: Harness, forgery: str
+    ) -> None:
+        """Hostile operator code can send any commit: each shape that is not exactly the
+        version, prefix or table the Dispatcher assigned this attempt is refused (403 naming
+        the rule), and nothing of the completion lands."""
+        dag = harness.add_dag("forger")
+        ds, version = harness.add_dataset_version(dag, "replace")
+        postgres = "table" in forgery
+        out = assigned(ds, version)
+        if postgres:
+            table = layout.version_location(uuid.UUID(int=1), ds, version, "postgres")
+            out = out.model_copy(update={"backend": "postgres", "location": table})
+        rng = RangeSpec(start=0, end=10)
+        event = {"dataset_uuid": str(ds), "range": {"start": 0, "end": 10}}
+        task = spec(dag_id=dag, dag_version=1, outputs=[out], input_event=event)
+        ref = d.create_task(task)
+        if forgery == "another_attempts_prefix":  # a first try failed: this is attempt 2
+            complete(d, claim(d, ref.task_id), "failed", error="once", retryable=True)
+            harness.make_claimable(ref.task_id)
+        c = claim(d, ref.task_id)
+        mine = own(out, c, rng) if not postgres else str(out.location)
+        base = str(out.location)
+        victim = uuid.uuid4()
+        location = {
+            "another_version": mine,
+            "another_dataset_prefix": f"org/{uuid.UUID(int=1)}/dataset/{victim}/version/{victim}/",
+            "the_org_prefix": f"org/{uuid.UUID(int=1)}/dataset/",
+            "the_version_prefix": base,
+            "the_range_prefix": layout.range_prefix(base, 0, 10),
+            "another_attempts_prefix": layout.attempt_prefix(
+                layout.range_prefix(base, 0, 10), c.task_id, c.attempt - 1
+            ),
+            "another_range": own(out, c, RangeSpec(start=10, end=20)),
+            "a_dotted_path": f"{base}range=0000000000-0000000010/t={c.task_id}.{c.attempt}/../",
+            "a_postgres_table_outside_dataset_schemas": "public.api_keys",
+            "another_versions_table": f"dataset_{ds.hex}.v_{victim.hex}",
+            "an_event_pointing_elsewhere": mine,
+        }[forgery]
+        commit = OutputCommit(
+            dataset_uuid=ds,
+            dataset_version=victim if forgery == "another_version" else None,
+            range=rng,
+            location=location,
+        )
+        events = [EventIn(dataset_uuid=ds, range=rng, payload={"location": mine})]
+        if forgery == "an_event_pointing_elsewhere":
+            events = [EventIn(dataset_uuid=ds, range=rng, payload={"location": base})]
+        with pytest.raises(Forbidden, match=r"writes only its assigned|may commit"):
+            complete(d, c, outputs=[commit], final_events=events)
+        view = d.get_task(c.task_id)
+        assert (view.status, view.events) == ("running", 0)
+        assert harness.retired_locations() == []
+        again = claim(d, d.create_task(task).task_id)  # a reader of the scope finds nothing
+        assert d.fetch(LeaseRef(**lease(again))).committed == []
+        # The task's own, exact commit still lands (the check is not a blanket refusal).
+        exact = commit.model_copy(update={"dataset_version": None, "location": mine})
+        good = [EventIn(dataset_uuid=ds, range=rng, payload={"location": mine})]
+        if postgres:
+            good = [EventIn(dataset_uuid=ds, range=rng)]
+        assert complete(d, c, outputs=[exact], final_events=good).outputs_committed == 1
 
     # -- added by review: values Postgres refuses (the twin does not check them) -------------
     def test_text_with_a_nul_is_refused(self, d: Dispatcher) -> None:

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from trace_platform.api.exchange_listener import ExchangeListener
 from trace_platform.control.changes import run_cutovers
+from trace_platform.db.pool import sink_dsn
 from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.objectstore import make_store
 from trace_platform.registry.collector import Collector, run_collector
@@ -30,7 +31,7 @@ def background_threads(services: Services, stop: threading.Event) -> list[thread
     collector = Collector(
         services.pool,
         make_store(s),
-        services.data_dsn,
+        sink_dsn(s, services.dsn),  # not the state login: it can drop dataset tables only
         grace_seconds=s.collector_grace_seconds,
         batch_size=s.collector_batch_size,
     )

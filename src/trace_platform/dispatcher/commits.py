@@ -8,11 +8,12 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 from uuid import UUID
 
+from trace_platform import layout
 from trace_platform.contract import EventIn, EventsRequest, EventsResponse, OutputCommit
 from trace_platform.dispatcher import access
 from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
 from trace_platform.dispatcher.intents import Intents
-from trace_platform.errors import Forbidden, Invalid
+from trace_platform.errors import Forbidden
 from trace_platform.store.tasks import NewCommit, NewEvent, StateStore, StoreTx
 
 
@@ -29,14 +30,99 @@ def check_outputs(st: dict[str, Any], dataset_uuids: list[UUID], what: str) -> d
     return outputs
 
 
-def purged_outputs(tx: StoreTx, st: dict[str, Any], commits: list[OutputCommit]) -> list[str]:
-    """The output versions these commits name that an admin purged since the task was made
-    (a task naming a dataset it does not produce is refused first)."""
+def assigned_version(st: dict[str, Any], out: dict[str, Any], c: OutputCommit) -> UUID:
+    """The version a commit lands in: the one the Dispatcher assigned the task's output, which
+    the commit may only confirm (another version, even of the same dataset, is not its own)."""
+    version = out.get("dataset_version")
+    if version is None:
+        raise Forbidden(
+            f"an output commit for dataset {c.dataset_uuid}: task {st['task_id']} was assigned "
+            "no version of it to write"
+        )
+    if c.dataset_version is not None and str(c.dataset_version) != str(version):
+        raise Forbidden(
+            f"an output commit names version {c.dataset_version} of dataset {c.dataset_uuid}; "
+            f"task {st['task_id']} writes only its assigned version {version}"
+        )
+    return UUID(str(version))
+
+
+def check_location(st: dict[str, Any], attempt: int, out: dict[str, Any], c: OutputCommit) -> None:
+    """A committed location is the one the Dispatcher computes for this attempt and scope: the
+    version's own table (Postgres), or the attempt's own keys under the version's prefix
+    (`layout.scope_prefix`). Readers and the collector act on it, so it is never taken as
+    sent."""
+    if c.location is None:  # a scope with nothing to read
+        return
+    assigned = out.get("location")
+    if assigned is None:
+        raise Forbidden(
+            f"an output commit names location {c.location!r}: task {st['task_id']} was "
+            f"assigned none for dataset {c.dataset_uuid}"
+        )
+    if out.get("backend") == "postgres":
+        want = str(assigned)
+        rule = "the version's own table"
+    else:
+        try:
+            want = layout.scope_prefix(
+                str(assigned),
+                UUID(str(st["task_id"])),
+                attempt,
+                rng=c.range,
+                partition_key=c.partition_key,
+            )
+        except ValueError as e:
+            raise Forbidden(f"an output commit's scope: {e}") from None
+        rule = "this attempt's own prefix for the scope"
+    if c.location != want:
+        raise Forbidden(
+            f"an output commit names location {c.location!r}; task {st['task_id']} attempt "
+            f"{attempt} may commit {c.scope} of dataset {c.dataset_uuid} only at {want!r} "
+            f"({rule})"
+        )
+
+
+def check_event_location(
+    st: dict[str, Any], attempt: int, out: dict[str, Any], ev: EventIn
+) -> None:
+    """An event's payload `location` is where a reader fetched before the commit lands looks
+    (`operators.inputs.scope_location`): the same one place its commit may name."""
+    location = ev.payload.get("location") if isinstance(ev.payload, dict) else None
+    if location is None:
+        return
+    if not isinstance(location, str):
+        raise Forbidden(f"an event's payload location must be a string, not {location!r}")
+    as_commit = OutputCommit.model_construct(  # checked here, not by the model's bounds
+        dataset_uuid=ev.dataset_uuid,
+        partition_key=ev.partition_key,
+        range=ev.range,
+        location=location,
+    )
+    check_location(st, attempt, out, as_commit)
+
+
+def check_commits(
+    st: dict[str, Any], attempt: int, commits: list[OutputCommit]
+) -> list[tuple[OutputCommit, UUID]]:
+    """Every commit against what was assigned (its dataset, version and location); each with
+    the version it lands in. Any mismatch refuses the whole completion: nothing is stored."""
     outputs = check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
-    wanted = {
-        str(c.dataset_version or (outputs.get(str(c.dataset_uuid)) or {}).get("dataset_version"))
-        for c in commits
-    } - {"None"}
+    checked = []
+    for c in commits:
+        out = outputs[str(c.dataset_uuid)]
+        version = assigned_version(st, out, c)
+        check_location(st, attempt, out, c)
+        checked.append((c, version))
+    return checked
+
+
+def purged_outputs(
+    tx: StoreTx, st: dict[str, Any], attempt: int, commits: list[OutputCommit]
+) -> list[str]:
+    """The output versions these commits name that an admin purged since the task was made
+    (a commit that is not what the task was assigned is refused first)."""
+    wanted = {str(v) for _, v in check_commits(st, attempt, commits)}
     if not wanted:
         return []
     return sorted(wanted - tx.existing_versions(sorted(wanted)))
@@ -47,14 +133,8 @@ def commit_outputs(
 ) -> set[tuple[str, str]]:
     """Lands the commits; returns the (dataset, scope) pairs of `replace` outputs that rewrote
     an earlier commit: the events for those scopes are invalidations."""
-    outputs = check_outputs(st, [c.dataset_uuid for c in commits], "an output commit")
     rewritten: set[tuple[str, str]] = set()
-    for c in commits:
-        version = c.dataset_version or (outputs.get(str(c.dataset_uuid)) or {}).get(
-            "dataset_version"
-        )
-        if version is None:
-            raise Invalid(f"output commit for dataset {c.dataset_uuid} needs a dataset_version")
+    for c, version in check_commits(st, attempt, commits):
         strategy = tx.insert_commit(
             NewCommit(
                 commit_id=uuid.uuid4(),
@@ -101,7 +181,9 @@ class Emitter:
         readers as an invalidation: what they built from that scope before is stale."""
         if not events:
             return [], 0, 0
-        check_outputs(st, [e.dataset_uuid for e in events], "an event")
+        outputs = check_outputs(st, [e.dataset_uuid for e in events], "an event")
+        for ev in events:
+            check_event_location(st, attempt, outputs[str(ev.dataset_uuid)], ev)
         ids = tx.insert_events(
             [
                 NewEvent(

@@ -482,7 +482,7 @@ class Lifecycle:
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 reject_finished(st, req)
-            req = withdraw(st, req, purged_outputs(tx, st, req.outputs))
+            req = withdraw(st, req, purged_outputs(tx, st, req.attempt, req.outputs))
             req, conflict = self._compare_state(tx, st, req)
             req = self._superseded_whole(st, req)
             # Commits first: an event for a scope they rewrote is an invalidation.

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from trace_platform import layout
 from trace_platform.contract import (
     DatasetRef,
     EventIn,
@@ -23,18 +24,16 @@ from trace_platform.contract import (
     TaskPayload,
     scope_key,
 )
+from trace_platform.layout import range_prefix
 from trace_platform.objectstore import list_all
 from trace_platform.operators.context import OperatorContext, OperatorError, OperatorResult
 from trace_platform.operators.inputs import read_frame
 
 
-def range_prefix(location: str, start: int, end: int) -> str:
-    return f"{location.rstrip('/')}/range={start:010d}-{end:010d}/"
-
-
 def attempt_prefix(location: str, task: TaskPayload) -> str:
-    """Where one attempt writes a scope: keys no other attempt (nor a replay) ever writes."""
-    return f"{location.rstrip('/')}/t={task.task_id}.{task.attempt}/"
+    """Where one attempt writes a scope: keys no other attempt (nor a replay) ever writes (the
+    one prefix the Dispatcher accepts in its commit: `layout.scope_prefix`)."""
+    return layout.attempt_prefix(location, task.task_id, task.attempt)
 
 
 def _append_only(ctx: OperatorContext, frame: Any, out: DatasetRef, rng: RangeSpec | None) -> Any:

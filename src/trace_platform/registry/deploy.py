@@ -25,22 +25,11 @@ from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
+from trace_platform.layout import dataset_location, version_location
 from trace_platform.registry import rollout
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.rollout import RolloutStore
 from trace_platform.store.secrets import SecretStore
-
-
-def dataset_location(org_id: UUID, dataset_uuid: UUID, backend: str) -> str:
-    if backend == "postgres":
-        return f"dataset_{dataset_uuid.hex}"
-    return f"org/{org_id}/dataset/{dataset_uuid}/"
-
-
-def version_location(org_id: UUID, dataset_uuid: UUID, version: UUID, backend: str) -> str:
-    if backend == "postgres":  # schema per dataset, table per version: both UUID-named
-        return f"dataset_{dataset_uuid.hex}.v_{version.hex}"
-    return f"org/{org_id}/dataset/{dataset_uuid}/version/{version}/"
 
 
 @dataclass

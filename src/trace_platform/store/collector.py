@@ -28,3 +28,6 @@ class CollectorStore(Calls):
 
     def mark_deleted(self, *, ids: list[int]) -> Cursor[Row]:
         return self._run(_Q.mark_deleted, {"ids": ids})
+
+    def mark_refused(self, *, id: int, reason: str) -> Cursor[Row]:
+        return self._run(_Q.mark_refused, {"id": id, "reason": reason})

@@ -9,9 +9,9 @@ DELETE FROM query_pins WHERE expires_at <= now();
 -- ago, before the snapshot of every live query pin (a query pinned earlier may be reading
 -- them), and never a location any commit still references: neither the location itself, nor
 -- one under it, nor one above it (a Parquet location is a '/'-ended prefix; a table is a name).
-SELECT r.id, r.backend, r.location
+SELECT r.id, r.org_id, r.backend, r.location
 FROM retired_locations r
-WHERE r.deleted_at IS NULL
+WHERE r.deleted_at IS NULL AND r.refused IS NULL
   AND r.retired_at <= now() - make_interval(secs => %(grace)s)
   AND NOT EXISTS (SELECT 1 FROM query_pins p
                   WHERE p.expires_at > now() AND p.snapshot_xmin <= r.retired_xid)
@@ -31,3 +31,7 @@ FOR UPDATE OF r SKIP LOCKED;
 
 -- name: mark_deleted
 UPDATE retired_locations SET deleted_at = now() WHERE id = ANY(%(ids)s);
+
+-- name: mark_refused
+-- Not the platform's to delete: left where it is, and never offered again.
+UPDATE retired_locations SET refused = %(reason)s WHERE id = %(id)s;

@@ -1,0 +1,86 @@
+"""Where the platform puts data: one spelling of every physical name, shared by the deploy that
+assigns them, the operators that write under them, the Dispatcher that checks what an attempt
+commits, and the collector that deletes only what these shapes describe.
+
+Parquet: `org/{org}/dataset/{dataset}/version/{version}/` is a version's prefix; an attempt
+writes a scope under `[range=SSSSSSSSSS-EEEEEEEEEE/ | partition=KEY/]t={task}.{attempt}/`, keys
+no other attempt (nor a replay) ever writes. Postgres: `dataset_{dataset hex}.v_{version hex}`,
+one table per version."""
+
+from __future__ import annotations
+
+import re
+from uuid import UUID
+
+from trace_platform.contract import RangeSpec
+
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+# A partition key spelled into a key: short, no separators, never "." or "..".
+_PARTITION = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.=-]{1,128}$")
+# What the platform makes, and so all the collector may delete (anything below a version's
+# prefix is that version's own: attempts' scopes).
+PARQUET_VERSION = re.compile(rf"^org/({_UUID})/dataset/({_UUID})/version/({_UUID})/")
+POSTGRES_TABLE = re.compile(r"^dataset_([0-9a-f]{32})\.v_([0-9a-f]{32})$")
+
+
+def dataset_location(org_id: UUID, dataset_uuid: UUID, backend: str) -> str:
+    if backend == "postgres":
+        return f"dataset_{dataset_uuid.hex}"
+    return f"org/{org_id}/dataset/{dataset_uuid}/"
+
+
+def version_location(org_id: UUID, dataset_uuid: UUID, version: UUID, backend: str) -> str:
+    if backend == "postgres":  # schema per dataset, table per version: both UUID-named
+        return f"dataset_{dataset_uuid.hex}.v_{version.hex}"
+    return f"org/{org_id}/dataset/{dataset_uuid}/version/{version}/"
+
+
+def range_prefix(location: str, start: int, end: int) -> str:
+    return f"{location.rstrip('/')}/range={start:010d}-{end:010d}/"
+
+
+def partition_prefix(location: str, partition_key: str) -> str:
+    if not _PARTITION.match(partition_key):
+        raise ValueError(
+            f"partition key {partition_key!r} cannot name files: use at most 128 of "
+            "A-Z a-z 0-9 _ . = -"
+        )
+    return f"{location.rstrip('/')}/partition={partition_key}/"
+
+
+def attempt_prefix(location: str, task_id: UUID, attempt: int) -> str:
+    """Where one attempt writes a scope: keys no other attempt (nor a replay) ever writes."""
+    return f"{location.rstrip('/')}/t={task_id}.{attempt}/"
+
+
+def scope_prefix(
+    location: str,
+    task_id: UUID,
+    attempt: int,
+    *,
+    rng: RangeSpec | None = None,
+    partition_key: str | None = None,
+) -> str:
+    """The one prefix an attempt may commit for a scope of an output assigned `location`: the
+    range's (or partition's) own keys of this attempt; a whole-version scope's directly under
+    the version."""
+    if rng is not None:
+        location = range_prefix(location, rng.start, rng.end)
+    elif partition_key is not None and partition_key != "all":
+        location = partition_prefix(location, partition_key)
+    return attempt_prefix(location, task_id, attempt)
+
+
+def platform_made(backend: str, location: str, org_id: UUID) -> bool:
+    """Whether `location` is one the platform itself assigns to a dataset version of `org_id`
+    (or lies below one): the only thing the collector may delete."""
+    if backend == "postgres":
+        return POSTGRES_TABLE.match(location) is not None
+    m = PARQUET_VERSION.match(location)
+    return (
+        m is not None
+        and m.group(1) == str(org_id)
+        and location.endswith("/")
+        and "//" not in location
+        and not any(part in (".", "..") for part in location.split("/"))
+    )
