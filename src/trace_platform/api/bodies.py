@@ -26,6 +26,18 @@ class TriggerBody(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+class BackfillBody(BaseModel):
+    """Which scopes to replay for which jobs: blocks [from_block, to_block] or named scopes,
+    or (neither) every scope the inputs hold; no jobs: every job that runs on its inputs."""
+
+    model_config = ConfigDict(extra="forbid")
+    jobs: list[str] = Field(default_factory=list, max_length=1000)
+    from_block: int | None = Field(default=None, ge=0)
+    to_block: int | None = Field(default=None, ge=0)
+    scopes: list[str] = Field(default_factory=list, max_length=1000)
+    dry_run: bool = False
+
+
 class RolesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     add: list[str] = Field(default_factory=list)

@@ -39,11 +39,19 @@ def print_plan(res: DeployResult, *, dry_run: bool) -> None:
     if res.rebuilt_jobs:
         verb = "would rebuild" if dry_run else "rebuilding"
         console.print(f"{verb}: {safe(', '.join(res.rebuilt_jobs))}")
-        replays = Table("job", "replays", "scopes")
+    if res.rebuilt_jobs or res.replays:
+        replays = Table("job", "replays", "of", "scopes")
         for job, r in sorted(res.replays.items()):
             more = f" … (+{r.tasks - len(r.scopes)})" if r.tasks > len(r.scopes) else ""
-            replays.add_row(safe(job), str(r.tasks), safe(", ".join(r.scopes)) + more)
+            of = ", ".join(f"{n} of {src}" for src, n in sorted(r.sources.items()))
+            replays.add_row(safe(job), str(r.tasks), safe(of), safe(", ".join(r.scopes)) + more)
         console.print(replays)
+    if res.live and res.replays:
+        verb = "will replay" if dry_run else "replaying"
+        for job, r in sorted(res.replays.items()):
+            of = ", ".join(f"{n} scope(s) of `{src}`" for src, n in sorted(r.sources.items()))
+            run = f" (run {r.run_id})" if r.run_id else ""
+            console.print(f"{safe(job)} {verb} the history it reads: {safe(of)}{run}")
     if not res.live:
         how = f"`trace dag cutover {safe(res.name)}`" if res.manual_cutover else "automatically"
         console.print(

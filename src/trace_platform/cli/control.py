@@ -39,6 +39,8 @@ users_app = typer.Typer(help="Users and their org roles.", no_args_is_help=True)
 
 STATUS_COLOUR = {
     "succeeded": "green",
+    "empty": "yellow",
+    "timeout": "yellow",
     "failed": "red",
     "canceled": "yellow",
     "running": "cyan",
@@ -182,17 +184,37 @@ def dag_grant(name: str, roles: Annotated[list[str], typer.Argument()]) -> None:
     )
 
 
-def follow_run(run_id: UUID) -> str:
-    """Live tree of the run until nothing is queued or running; returns the final status."""
+def follow_run(run_id: UUID, timeout: float | None = None) -> str:
+    """Live tree of the run until nothing is queued or running; returns the final status
+    (`empty`: it started no task, so there is nothing to wait on; `timeout`: still running
+    when `timeout` seconds passed)."""
     cp, actor = services().control, me()
+    deadline = None if timeout is None else time.monotonic() + timeout
     with Live(console=console, refresh_per_second=6) as live:
         while True:
             run = cp.show_run(actor, run_id)
             live.update(run_tree(run))
             statuses = [t["status"] for t in run["tasks"]]
-            if statuses and not any(s in ("queued", "running", "buffered") for s in statuses):
-                return "failed" if "failed" in statuses else "succeeded"
+            if not statuses:
+                return "empty"
+            if not any(s in ("queued", "running", "buffered") for s in statuses):
+                if "failed" in statuses:
+                    return "failed"
+                return "canceled" if "succeeded" not in statuses else "succeeded"
+            if deadline is not None and time.monotonic() >= deadline:
+                return "timeout"
             time.sleep(0.2)
+
+
+WaitTimeout = Annotated[
+    float | None, typer.Option(help="with --wait: give up after this many seconds (exit 2)")
+]
+
+
+def finish_wait(run_id: UUID, timeout: float | None) -> NoReturn:
+    status = follow_run(run_id, timeout)
+    console.print(f"run {run_id}: {status_text(status)}")
+    raise typer.Exit({"succeeded": 0, "timeout": 2}.get(status, 1))
 
 
 @dag_app.command("trigger")
@@ -200,8 +222,9 @@ def dag_trigger(
     name: str,
     config: Annotated[str, typer.Option(help="run config as JSON")] = "{}",
     wait: Annotated[bool, typer.Option(help="follow the run until it finishes")] = False,
+    timeout: WaitTimeout = None,
 ) -> None:
-    """Start a run of a DAG now."""
+    """Start a run of a DAG now (its source jobs: those that read no input)."""
     try:
         cfg = json.loads(config)
     except json.JSONDecodeError as e:
@@ -209,9 +232,55 @@ def dag_trigger(
     res = run_op(services().control.trigger, me(), name, config=cfg)
     console.print(f"run {res['run_id']} started ({len(res['tasks'])} source task(s))")
     if wait:
-        status = follow_run(res["run_id"])
-        console.print(f"run {res['run_id']}: {status_text(status)}")
-        raise typer.Exit(0 if status == "succeeded" else 1)
+        if not res["tasks"]:  # a firing already recorded (same idempotency key): no new work
+            console.print(f"run {res['run_id']}: nothing new to wait on")
+            raise typer.Exit(0)
+        finish_wait(res["run_id"], timeout)
+
+
+@dag_app.command("backfill")
+def dag_backfill(
+    name: str,
+    job: Annotated[
+        list[str] | None, typer.Option("--job", help="a job to backfill (default: all)")
+    ] = None,
+    from_block: Annotated[int | None, typer.Option(help="first block (inclusive)")] = None,
+    to_block: Annotated[int | None, typer.Option(help="last block (inclusive)")] = None,
+    scope: Annotated[
+        list[str] | None, typer.Option("--scope", help="a scope, e.g. range:0-100")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="show the plan, start nothing")] = False,
+    wait: Annotated[bool, typer.Option(help="follow the run until it finishes")] = False,
+    timeout: WaitTimeout = None,
+) -> None:
+    """Replay what the inputs of a DAG's jobs already hold (all of it, a block range or chosen
+    scopes) for the chosen jobs, and so their downstream, as one run. Idempotent under the
+    jobs' update strategies; cancel it whole with `trace runs cancel RUN`."""
+    res = run_op(
+        services().control.changes.backfill,
+        me(),
+        name,
+        jobs=job or [],
+        from_block=from_block,
+        to_block=to_block,
+        scopes=scope or [],
+        dry_run=dry_run,
+    )
+    table = Table("job", "scopes", "of", "first scopes")
+    for j, p in res["jobs"].items():
+        of = ", ".join(f"{n} of {src}" for src, n in sorted(p["sources"].items()))
+        more = f" … (+{p['tasks'] - len(p['scopes'])})" if p["tasks"] > len(p["scopes"]) else ""
+        table.add_row(safe(j), str(p["tasks"]), safe(of), safe(", ".join(p["scopes"])) + more)
+    console.print(table)
+    if not res["tasks"]:
+        console.print("nothing to backfill: the inputs hold no history in the scopes asked")
+        raise typer.Exit(0)
+    if dry_run:
+        console.print(f"would replay {res['tasks']} scope(s) (dry run: nothing started)")
+        raise typer.Exit(0)
+    console.print(f"run {res['run_id']} started: {res['tasks']} scope(s) to replay")
+    if wait:
+        finish_wait(res["run_id"], timeout)
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -256,6 +325,14 @@ def run_tree(run: dict[str, Any]) -> Tree:
 def runs_show(run_id: UUID) -> None:
     """The task tree of a run: status, attempts, durations, each task's last progress report."""
     console.print(run_tree(run_op(services().control.show_run, me(), run_id)))
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: UUID) -> None:
+    """Cancel every unfinished task of a run (a backfill, a trigger's run): queued ones at
+    once, running ones cooperatively (they stop and emit nothing)."""
+    res = run_op(services().control.cancel_run, me(), run_id)
+    console.print(f"run {run_id}: {res['canceled']} task(s) canceled")
 
 
 # -- datasets ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from trace_platform.control.backfill import Scopes, backfill
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import parse
 from trace_platform.dispatcher.core import Dispatcher
@@ -52,7 +53,13 @@ def plan_json(res: DeployResult) -> dict[str, Any]:
         "changes": [asdict(c) for c in res.changes],
         "rebuilt_jobs": res.rebuilt_jobs,
         "replays": {
-            j: {"tasks": r.tasks, "scopes": r.scopes} for j, r in sorted(res.replays.items())
+            j: {
+                "tasks": r.tasks,
+                "scopes": r.scopes,
+                "sources": r.sources,
+                "run_id": r.run_id,
+            }
+            for j, r in sorted(res.replays.items())
         },
         "datasets": res.datasets,
     }
@@ -161,6 +168,29 @@ class DagChanges:
                 live = RegistryStore(conn).dag_by_id(dag_id=dag_id).fetchone()
                 apply_live_spec(conn, live, spec_of(conn, dag_id, res["version"]))
         return res
+
+    def backfill(
+        self,
+        actor: Actor,
+        name: str,
+        *,
+        jobs: list[str] | None = None,
+        from_block: int | None = None,
+        to_block: int | None = None,
+        scopes: list[str] | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Replays chosen input scopes for chosen jobs of the live version (control/backfill.py)."""
+        asked = Scopes(from_block, to_block, frozenset(scopes or ()))
+        return backfill(
+            self.pool,
+            self.intents,
+            actor,
+            name,
+            jobs=list(jobs or ()),
+            scopes=asked,
+            dry_run=dry_run,
+        )
 
     def set_paused(self, actor: Actor, name: str, paused: bool) -> dict[str, Any]:
         with self.pool.connection() as conn, conn.transaction():

@@ -182,6 +182,7 @@ class ControlPlane:
                 if trigger not in named:
                     raise NotFound(f"DAG '{dag_name}' has no {kind} trigger '{trigger}'")
                 base = named[trigger].get("config", {})
+            _refuse_without_source_jobs(dag_name, spec)
             run_id, specs = fire(
                 conn,
                 dag=dag,
@@ -381,8 +382,33 @@ class ControlPlane:
                 .fetchall()
             )
         for r in rows:
-            r["status"] = "running" if r["active"] else ("failed" if r["failed"] else "succeeded")
+            r["status"] = run_status(r)
         return rows
+
+    def cancel_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:
+        """Cancels every task of the run that has not finished (a backfill, a trigger's run),
+        for org admins and its DAG's deployers. Running tasks stop cooperatively and emit
+        nothing; a task that finished meanwhile may have started children, so passes repeat
+        until one finds nothing left to cancel."""
+        self.show_run(actor, run_id)  # who may see it may cancel it; anyone else: not found
+        canceled: set[UUID] = set()
+        for _ in range(_CANCEL_PASSES):
+            with self.pool.connection() as conn:
+                tasks = DagTaskStore(conn).run_tree(run_id=run_id).fetchall()
+            todo = [
+                t["task_id"]
+                for t in tasks
+                if t["status"] in ("queued", "running", "buffered") and t["task_id"] not in canceled
+            ]
+            if not todo:
+                break
+            for task_id in todo:
+                try:
+                    self.dispatcher.cancel(task_id)
+                except Conflict:  # it finished meanwhile: the next pass sees its children
+                    continue
+                canceled.add(task_id)
+        return {"run_id": run_id, "canceled": len(canceled)}
 
     def show_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:
         """A run and its task tree, for org admins and its DAG's deployers; for anyone else
@@ -393,3 +419,36 @@ class ControlPlane:
                 raise NotFound(f"no run {run_id}")
             tasks = DagTaskStore(conn).run_tree(run_id=run_id).fetchall()
         return {**f, "tasks": tasks}
+
+
+_CANCEL_PASSES = 10
+
+
+def run_status(r: dict[str, Any]) -> str:
+    """A run's status from its task counts: a run that started no task did no work, and says
+    so (`empty`), rather than `succeeded`."""
+    if r["active"]:
+        return "running"
+    if r["failed"]:
+        return "failed"
+    if not r["tasks"]:
+        return "empty"
+    if r.get("canceled") and not r["succeeded"]:
+        return "canceled"
+    return "succeeded"
+
+
+def _refuse_without_source_jobs(dag_name: str, spec: dict[str, Any]) -> None:
+    """A trigger starts a DAG's source jobs (those reading no input). Every job of this one runs
+    on its inputs' events: a firing would start nothing, so it is refused, saying how to
+    process the history those inputs already hold."""
+    jobs = spec.get("jobs") or {}
+    if any(not j.get("inputs") for j in jobs.values()):
+        return
+    raise Conflict(
+        "no_source_job",
+        f"DAG '{dag_name}' has no source job: every job runs on its inputs' events "
+        f"({', '.join(sorted(jobs))}), so a trigger would start nothing. New data upstream "
+        f"starts them; to process what their inputs already hold, backfill: "
+        f"`trace dag backfill {dag_name}` (POST /v1/dags/{dag_name}/backfill)",
+    )

@@ -148,7 +148,11 @@ def deploy(
     if d.problems:  # every step has run: all problems are reported at once
         raise DagInvalid(d.source, d.problems)
     build = d.building
-    replays = _start_rebuild(d, intents, manual_cutover, dry_run) if build else _go_live(d)
+    if build:
+        replays = _start_rebuild(d, intents, manual_cutover, dry_run)
+    else:
+        _go_live(d)
+        replays = _replay_new_jobs(d, intents, dry_run)
     faults.point("deploy.before_commit")  # chaos: die with the whole deploy written, uncommitted
     return DeployResult(
         d.dag_id,
@@ -440,7 +444,7 @@ def _init_cron(d: _Deploy) -> None:
         RegistryStore(d.conn).init_cron(dag_id=d.dag_id, trigger=cron.name)
 
 
-def _go_live(d: _Deploy) -> dict[str, rollout.Replay]:
+def _go_live(d: _Deploy) -> None:
     """Nothing this version changes alters what a job produces (or it is the first): it is
     live at once, and the outputs it cut (new jobs, first deploy) are current."""
     key = {"dag_id": d.dag_id, "version": d.version}
@@ -451,7 +455,26 @@ def _go_live(d: _Deploy) -> dict[str, rollout.Replay]:
             dag_id=d.dag_id, version=d.dag["active_version"], state="retired"
         )
     RolloutStore(d.conn).set_version_state(**key, state="active")
-    return {}
+
+
+def _replay_new_jobs(d: _Deploy, intents: Intents, dry_run: bool) -> dict[str, rollout.Replay]:
+    """A job new in a version that goes live at once (a first deploy's jobs) processes the
+    history its inputs already hold, planned as a rebuild replays: the newest event per scope
+    of each triggering input's current version (another DAG's published data, say). Without
+    it such a job waits for new upstream data that may never come."""
+    new = [name for name in d.spec.jobs if name not in d.previous]
+    plans = rollout.replay(
+        d.conn,
+        intents,
+        dag=d.dag,
+        version=d.version,
+        spec=d.spec,
+        jobs=new,
+        kind="deploy",
+        fired_by=d.deployer.user_id,
+        dry_run=dry_run,
+    )
+    return {job: plan for job, plan in plans.items() if plan.tasks}
 
 
 def _start_rebuild(

@@ -42,11 +42,18 @@ class Replay:
     job: str
     tasks: int = 0
     scopes: list[str] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)  # input (its name) -> scopes of it
+    run_id: UUID | None = None  # the run the replayed tasks belong to (none on a dry run)
 
-    def add(self, scope: str) -> None:
+    def add(self, scope: str, source: str) -> None:
         self.tasks += 1
+        self.sources[source] = self.sources.get(source, 0) + 1
         if len(self.scopes) < SCOPES_SHOWN:
             self.scopes.append(scope)
+
+
+# What a backfill keeps of the history: (the input event as a task receives it, its scope).
+ScopeFilter = Callable[[dict[str, Any], str], bool]
 
 
 def lock(conn: Connection[Any], dag_id: UUID, *, shared: bool = False) -> dict[str, Any]:
@@ -91,6 +98,8 @@ def replay(
     invalidates: bool = False,
     dry_run: bool = False,
     only_inputs: set[UUID] | None = None,
+    keep: ScopeFilter | None = None,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Replay]:
     """Tasks of `version` for `jobs` over the history their inputs hold: for each triggering
     input that is not itself rebuilt here, the events of its current version (the newest per
@@ -98,23 +107,16 @@ def replay(
     downstream as it runs. With `check_consumed`, history a task writing the same outputs
     already consumed is skipped (a rollback catches up only on what it missed). With
     `invalidates`, each replayed event reaches its task as an invalidation (what the job built
-    from it before is stale). A `dry_run` counts and creates nothing."""
+    from it before is stale). `keep` narrows the history (a backfill's scopes). A `dry_run`
+    counts and creates nothing. The replayed tasks are one run (`Replay.run_id`), recorded
+    only when there is something to replay."""
     jobs = set(jobs)
     dag_id: UUID = dag["dag_id"]
     vmap = version_map(conn, dag_id, version)
     current = _current(conn, list(vmap))
     rebuilt = {ds for ds, ver in vmap.items() if current.get(ds) != ver}
     run_id = uuid.uuid4()
-    if not dry_run:
-        RolloutStore(conn).insert_change_run(
-            run_id=run_id,
-            dag_id=dag_id,
-            dag_version=version,
-            kind=kind,
-            fire_key=f"{kind}:v{version}:{run_id}",
-            config=Jsonb({"jobs": sorted(jobs)}),
-            fired_by=fired_by,
-        )
+    recorded = False
     plans: dict[str, Replay] = {}
     outputs = RolloutStore(conn).version_outputs(dag_id=dag_id, version=version).fetchall()
     for name in sorted(jobs):
@@ -122,12 +124,26 @@ def replay(
         target = [
             {"dataset_version": str(o["dataset_version"])} for o in outputs if o["job"] == name
         ]
-        for input_event, event_id, scope in _history(
+        for input_event, event_id, scope, source in _history(
             conn, dag, spec, name, current, rebuilt, Jsonb(target), check_consumed, only_inputs
         ):
-            plan.add(scope)
+            if keep is not None and not keep(input_event, scope):
+                continue
+            plan.add(scope, source)
             if dry_run:
                 continue
+            if not recorded:
+                RolloutStore(conn).insert_change_run(
+                    run_id=run_id,
+                    dag_id=dag_id,
+                    dag_version=version,
+                    kind=kind,
+                    fire_key=f"{kind}:v{version}:{run_id}",
+                    config=Jsonb({"jobs": sorted(jobs), **(config or {})}),
+                    fired_by=fired_by,
+                )
+                recorded = True
+            plan.run_id = run_id
             if invalidates:
                 input_event["invalidates"] = True
             _replay_task(
@@ -146,9 +162,9 @@ def _history(
     target: Jsonb,
     check_consumed: bool,
     only_inputs: set[UUID] | None = None,
-) -> list[tuple[dict[str, Any], UUID | None, str]]:
-    """(input event, its id, its scope) for every piece of history job `name` replays (from
-    `only_inputs`, when given)."""
+) -> list[tuple[dict[str, Any], UUID | None, str, str]]:
+    """(input event, its id, its scope, the input it came from) for every piece of history job
+    `name` replays (from `only_inputs`, when given)."""
     common = {
         "dag_id": dag["dag_id"],
         "job": name,
@@ -163,10 +179,11 @@ def _history(
                 fire_event(f["trigger"], f["kind"], f["fire_key"], f["config"]),
                 None,
                 f"{f['kind']}:{f['trigger']}:{f['fire_key']}",
+                "triggers",
             )
             for f in RolloutStore(conn).replay_fires(**common).fetchall()
         ]
-    out: list[tuple[dict[str, Any], UUID | None, str]] = []
+    out: list[tuple[dict[str, Any], UUID | None, str, str]] = []
     for inp in job.inputs:
         if not inp.triggers:
             continue
@@ -192,9 +209,21 @@ def _history(
                 payload=e["payload"],
             )
             out.append(
-                (event_json(e["event_id"], e["producer_task_id"], ev), e["event_id"], ev.dedupe_key)
+                (
+                    event_json(e["event_id"], e["producer_task_id"], ev),
+                    e["event_id"],
+                    ev.dedupe_key,
+                    _input_label(inp),
+                )
             )
     return out
+
+
+def _input_label(inp: Any) -> str:
+    """How a plan names an input: its published name, or the job output it is."""
+    if isinstance(inp, SharedRead):
+        return inp.from_.dataset
+    return f"{inp.job}.outputs[{inp.output}]"
 
 
 def _replay_task(

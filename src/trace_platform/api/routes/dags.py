@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header
 
 from trace_platform.api.auth import ActorDependency
-from trace_platform.api.bodies import DeployBody, RollbackBody, TriggerBody
+from trace_platform.api.bodies import BackfillBody, DeployBody, RollbackBody, TriggerBody
 from trace_platform.api.routes import trace_router
 from trace_platform.control.changes import plan_json
 from trace_platform.identity import Actor
@@ -60,6 +60,20 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
         name: str, user: Actor = Depends(actor), body: RollbackBody | None = None
     ) -> dict[str, Any]:
         return cp.changes.rollback(user, name, body.to if body else None)
+
+    @r.post("/v1/dags/{name}/backfill")
+    def dag_backfill(name: str, body: BackfillBody, user: Actor = Depends(actor)) -> dict[str, Any]:
+        """Replay chosen input scopes for chosen jobs (and so their downstream) as one run;
+        `dry_run`: only the plan."""
+        return cp.changes.backfill(
+            user,
+            name,
+            jobs=body.jobs,
+            from_block=body.from_block,
+            to_block=body.to_block,
+            scopes=body.scopes,
+            dry_run=body.dry_run,
+        )
 
     @r.post("/v1/dags/{name}/pause")
     def dag_pause(name: str, user: Actor = Depends(actor)) -> dict[str, Any]:

@@ -29,4 +29,9 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
     def show_run(run_id: UUID, user: Actor = Depends(actor)) -> dict[str, Any]:
         return cp.show_run(user, run_id)
 
+    @r.post("/v1/runs/{run_id}/cancel")
+    def cancel_run(run_id: UUID, user: Actor = Depends(actor)) -> dict[str, Any]:
+        """Cancels every unfinished task of the run (running ones cooperatively)."""
+        return cp.cancel_run(user, run_id)
+
     return r

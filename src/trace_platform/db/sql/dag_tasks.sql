@@ -119,6 +119,7 @@ SELECT f.run_id, d.name AS dag, f.dag_version, f.trigger, f.kind, f.created_at,
        count(*) FILTER (WHERE s.status IN ('queued', 'running', 'buffered')) AS active,
        count(*) FILTER (WHERE s.status = 'failed') AS failed,
        count(*) FILTER (WHERE s.status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE s.status = 'canceled') AS canceled,
        max(s.finished_at) AS finished_at
 FROM trigger_fires f
 JOIN dags d ON d.dag_id = f.dag_id
