@@ -17,6 +17,7 @@ from trace_platform.api.routes import (
     datasets,
     health,
     internal,
+    names,
     query,
     runs,
     secrets,
@@ -52,6 +53,6 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
-    for routes in (tasks, dags, runs, datasets, query, secrets):
+    for routes in (tasks, dags, runs, datasets, names, query, secrets):
         app.include_router(routes.router(services, actor))
     return app

@@ -70,6 +70,10 @@ class QueryBody(BaseModel):
             raise ValueError("give exactly one of sql or saved")
         return self
 
+    def producer(self) -> str | None:
+        """The DAG a saved query must read from (None: plain SQL reads what the name holds)."""
+        return saved.load(self.saved).producer if self.saved is not None else None
+
     def statement(self) -> tuple[str, dict[str, Any]]:
         if self.saved is not None:
             q = saved.load(self.saved)
@@ -84,3 +88,12 @@ class SecretBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     value: SecretStr
     use_roles: list[str] | None = None
+
+
+class NameGrantBody(BaseModel):
+    """A name or a prefix (`team_a_*`) and exactly one grantee: a user or a role."""
+
+    model_config = ConfigDict(extra="forbid")
+    pattern: str = Field(max_length=129)
+    user: str | None = Field(default=None, max_length=128)
+    role: str | None = Field(default=None, max_length=128)

@@ -28,6 +28,7 @@ from trace_platform.cli.control import (
     users_app,
 )
 from trace_platform.cli.devnet import devnet_app
+from trace_platform.cli.names import names_app
 from trace_platform.cli.query import query
 from trace_platform.cli.safe_text import safe
 from trace_platform.cli.verify import verify
@@ -53,6 +54,7 @@ app.add_typer(datasets_app, name="datasets")
 app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
 app.add_typer(devnet_app, name="devnet")
+app.add_typer(names_app, name="names")
 app.command("query")(query)
 app.command("verify")(verify)
 

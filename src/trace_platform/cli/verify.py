@@ -13,6 +13,8 @@ from trace_platform.cli.control import console, me, services
 from trace_platform.cli.safe_text import safe
 from trace_platform.config import get_settings
 from trace_platform.errors import TraceError
+from trace_platform.query import pinned
+from trace_platform.registry.reserved import PLATFORM_DAG
 from trace_platform.verify import CannotVerify, Node, Outcome, connect, resolve_target, verify_all
 
 CANNOT = 2  # exit code when nothing could be compared (1 is a mismatch)
@@ -73,7 +75,10 @@ def verify(
     svc, actor = services(), me()
 
     def query(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        out = svc.query.query(actor, sql, params).as_json()
+        # What verify reads must be the platform DAG's: never a squatter's numbers.
+        out = pinned.query(
+            svc.query, actor, sql, params, producer=PLATFORM_DAG, what="trace verify"
+        ).as_json()
         cols = [c["name"] for c in out["columns"]]
         return [dict(zip(cols, r, strict=True)) for r in out["rows"]]
 

@@ -32,6 +32,7 @@ from trace_platform.identity.vault import (
     check_secret_name,
     vault_for,
 )
+from trace_platform.registry import names
 from trace_platform.registry.deploy import DeployResult
 from trace_platform.registry.versions import list_versions, purge
 from trace_platform.store.dag_tasks import DagTaskStore
@@ -238,6 +239,27 @@ class ControlPlane:
         ds = self.show_dataset(actor, name)
         with self.pool.connection() as conn, conn.transaction():
             return purge(conn, ds, keep, dry_run=dry_run)
+
+    # -- published names (registry/names.py) --------------------------------------------------
+    def grant_name(
+        self, actor: Actor, pattern: str, *, user: str | None = None, role: str | None = None
+    ) -> dict[str, Any]:
+        with self.pool.connection() as conn, conn.transaction():
+            return names.grant(conn, actor, pattern, user=user, role=role)
+
+    def revoke_name(
+        self, actor: Actor, pattern: str, *, user: str | None = None, role: str | None = None
+    ) -> dict[str, Any]:
+        with self.pool.connection() as conn, conn.transaction():
+            return names.revoke(conn, actor, pattern, user=user, role=role)
+
+    def list_names(self, actor: Actor) -> dict[str, Any]:
+        with self.pool.connection() as conn:
+            return names.listing(conn, actor)
+
+    def reclaim_name(self, actor: Actor, name: str) -> dict[str, Any]:
+        with self.pool.connection() as conn, conn.transaction():
+            return names.reclaim(conn, actor, name)
 
     # -- secrets -------------------------------------------------------------------------------
     def set_secret(

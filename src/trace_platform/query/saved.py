@@ -1,5 +1,6 @@
 """Saved queries: `query/saved/<name>.sql`, a leading `--` description and `$name` parameters
-with `-- param: name = default` lines."""
+with `-- param: name = default` lines. A saved query is the platform's: it reads only what its
+producer DAG publishes (`-- producer: dag`, default the platform's DAG; query/pinned.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from trace_platform.errors import Invalid, NotFound
+from trace_platform.registry.reserved import PLATFORM_DAG
 
 SAVED_DIR = Path(__file__).with_name("saved")
 _PARAM = re.compile(r"^--\s*param:\s*([a-z_][a-z0-9_]*)\s*=\s*(.*?)\s*$")
+_PRODUCER = re.compile(r"^--\s*producer:\s*([a-z][a-z0-9_]*)\s*$")
 _USED = re.compile(r"\$([a-z_][a-z0-9_]*)")
 
 
@@ -21,6 +24,7 @@ class SavedQuery:
     description: str
     sql: str
     defaults: dict[str, str]
+    producer: str = PLATFORM_DAG  # the DAG that must publish every dataset it reads
 
     def params(self, given: dict[str, Any]) -> dict[str, Any]:
         unknown = set(given) - set(self.defaults)
@@ -48,15 +52,19 @@ def load(name: str) -> SavedQuery:
     text = path.read_text()
     desc: list[str] = []
     defaults: dict[str, str] = {}
+    producer = PLATFORM_DAG
     for line in text.splitlines():
         m = _PARAM.match(line)
+        p = _PRODUCER.match(line)
         if m:
             defaults[m.group(1)] = m.group(2)
+        elif p:
+            producer = p.group(1)
         elif line.startswith("--"):
             desc.append(line.lstrip("- ").rstrip())
         else:
             break
-    return SavedQuery(name, " ".join(d for d in desc if d), text, defaults)
+    return SavedQuery(name, " ".join(d for d in desc if d), text, defaults, producer)
 
 
 def names() -> list[str]:

@@ -26,7 +26,7 @@ from trace_platform.errors import Conflict
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
 from trace_platform.layout import dataset_location, version_location
-from trace_platform.registry import rollout
+from trace_platform.registry import names, rollout
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.rollout import RolloutStore
 from trace_platform.store.secrets import SecretStore
@@ -318,11 +318,23 @@ def _cut_versions(d: _Deploy) -> None:
 
 def _publish_names(d: _Deploy, *, apply: bool = True) -> None:
     """Publishing is metadata only: names move, data does not. A building version's names
-    are checked now and move at its cutover."""
+    are checked now and move at its cutover. A user's deploy may publish only the names its
+    deployer may (registry/names.py); a cutover or rollback skips the names an admin reclaimed
+    from this DAG."""
+    held = {
+        r["dataset_name"]
+        for r in RegistryStore(d.conn).datasets_of_dag(dag_id=d.dag_id).fetchall()
+        if r["dataset_name"] is not None
+    }
+    reclaimed = names.reclaimed_from(d.conn, d.dag_id) if d.actor is None else set()
     if apply:
         RegistryStore(d.conn).unpublish_dag(dag_id=d.dag_id)
     for i, pub in enumerate(d.spec.publish):
         ds_uuid = d.outputs[(pub.job, pub.output_index)]
+        if pub.dataset in reclaimed:
+            continue  # taken back by an admin: only a deploy by one (or a grantee) restores it
+        if d.actor is not None:
+            names.check_publish(d.conn, d.actor, d.dag_id, pub.dataset, pub.dataset in held)
         owner = RegistryStore(d.conn).dataset_by_name(org_id=d.org_id, name=pub.dataset).fetchone()
         if owner is not None and owner["producer_dag_id"] != d.dag_id:
             # The producer is named only to whoever may read the dataset: a private DAG's

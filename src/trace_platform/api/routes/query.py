@@ -14,9 +14,13 @@ from trace_platform.api.bodies import QueryBody
 from trace_platform.api.errors import error_response
 from trace_platform.api.routes import trace_router
 from trace_platform.identity import Actor
-from trace_platform.query import formats, saved
+from trace_platform.query import formats, pinned, saved
 from trace_platform.query.errors import NotAdmitted
 from trace_platform.services import Services
+
+
+def _what(body: QueryBody) -> str:
+    return f"saved query '{body.saved}'"
 
 
 def router(services: Services, actor: ActorDependency) -> APIRouter:
@@ -26,13 +30,22 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
     def run_query(body: QueryBody, user: Actor = Depends(actor)) -> Any:
         sql, params = body.statement()
         qs = services.query
+        producer = body.producer()
         try:
             if body.export:
                 fmt = body.format if body.format != "json" else "parquet"
+                if producer is not None:  # a saved query reads only its producer's datasets
+                    return pinned.export(
+                        qs, user, sql, params, fmt, producer=producer, what=_what(body)
+                    )
                 return qs.export(user, sql, params, fmt)
-            result = qs.query(
-                user, sql, params, max_rows=body.max_rows, timeout_seconds=body.timeout_seconds
-            )
+            limits = {"max_rows": body.max_rows, "timeout_seconds": body.timeout_seconds}
+            if producer is not None:
+                result = pinned.query(
+                    qs, user, sql, params, producer=producer, what=_what(body), **limits
+                )
+            else:
+                result = qs.query(user, sql, params, **limits)
         except NotAdmitted as e:  # 429 as every error, plus when to come back
             return error_response(
                 e.status_code, e.code, e.message, e.detail, {"Retry-After": str(e.retry_after)}
