@@ -6,12 +6,14 @@ they read. Real Postgres, real HTTP, no workers."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pyarrow as pa
 import pytest
 
+from tests.support.cli import trace as cli
 from tests.support.dags import admin, user
 from tests.support.datasets import commit_parquet
 from tests.support.servers import secured_api
@@ -161,3 +163,34 @@ def test_a_saved_query_refuses_a_name_another_dag_produces(secure: tuple[Service
     r = httpx.post(f"{url}/v1/query", json={"saved": "token_supplies"}, headers=bearer(key))
     assert r.status_code == 200, r.text
     assert r.json()["rows"][0][0] == "0xabc"
+
+
+def test_a_rollback_of_the_squatting_dag_does_not_publish_a_reclaimed_name(
+    services: Services,
+) -> None:
+    bob, _ = user(services, "bob")
+    services.control.deploy(bob, PUBLISHER.format(dag="squat", name="prices"))
+    # An execution-only change: live at once, version 2.
+    v2 = PUBLISHER.format(dag="squat", name="prices").replace("noop,", "noop, max_attempts: 2,")
+    services.control.deploy(bob, v2)
+    services.control.reclaim_name(admin(services), "prices")
+    services.control.changes.rollback(bob, "squat", 1)
+    assert row(services, "SELECT 1 FROM datasets WHERE dataset_name = 'prices'") is None
+
+
+def test_cli_names_grant_list_and_reclaim(dsn: str, tmp_path: Path) -> None:
+    env = {"TRACE_STATE_DSN": dsn, "TRACE_HOME": str(tmp_path)}
+    svc = Services.build(Settings(state_dsn=dsn, home=tmp_path), dsn)
+    try:
+        bob, bob_key = user(svc, "bob")
+        svc.control.deploy(bob, PUBLISHER.format(dag="squat", name="prices"))
+    finally:
+        svc.close()
+    r = cli(["names", "grant", "team_a_*", "--role", "team_a"], env)
+    assert r.returncode == 0 and "granted team_a_* to role team_a" in r.stdout, r.stdout + r.stderr
+    r = cli(["names", "list"], env)
+    assert r.returncode == 0 and "team_a_*" in r.stdout and "token_supply" in r.stdout, r.stdout
+    r = cli(["names", "reclaim", "prices"], {**env, "TRACE_API_KEY": bob_key})
+    assert r.returncode == 1 and "only org admins may reclaim" in r.stdout, r.stdout
+    r = cli(["names", "reclaim", "prices"], env)
+    assert r.returncode == 0 and "reclaimed prices from DAG squat" in r.stdout, r.stdout
