@@ -11,9 +11,17 @@ It answers exactly what the API's route answers, through the same code: the inte
 (checked before the body is read, in constant time), a body of at most MAX_BODY_BYTES with a
 Content-Length (no chunked bodies: 411), the gateway's bounded JSON parse, no NUL in a header,
 ExchangeBody's validation, `exchange_answer` and Trace's error shapes (`known_error`).
-Anything else (another path or method) is refused in that shape. Connections are capped
-(over the cap: closed unread), a connection idle for IDLE_SECONDS is closed, and a body must
-arrive whole within REQUEST_SECONDS of its headers.
+Anything else (another path or method) is refused in that shape.
+
+Anyone who can reach the port can connect, so what a caller without the token may hold is
+bounded apart from the workers' share: a request's line and headers are at most
+MAX_HEADER_BYTES and must be in HEADER_SECONDS (from the connect, for a new connection), a
+caller without the token is refused as soon as its headers are in (its body never read), and
+at most MAX_UNAUTHENTICATED connections wait for their first headers: one more ends the one
+waiting longest, so half-sent requests cannot fill the listener. A connection whose headers
+carry the token takes one of MAX_CONNECTIONS places (over them: 503), keeps it while alive,
+and is closed after IDLE_SECONDS without a request; its body must arrive at
+BODY_BYTES_PER_SECOND (after BODY_SECONDS of grace), the whole request within REQUEST_SECONDS.
 
 Plain HTTP, for workers on the same host or a private network: the token travels in it, as
 it does to an `http://` API. A worker falls back to the API's route whenever this listener
@@ -24,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import email.message
 import functools
+import http.client
 import json
 import logging
 import secrets
@@ -48,10 +57,15 @@ from trace_platform.dispatcher.core import Dispatcher
 log = logging.getLogger("trace_platform.api.exchange")
 
 PATH = "/internal/exchange"
-MAX_CONNECTIONS = 256  # one thread each; a worker keeps about one
+MAX_CONNECTIONS = 256  # connections past the token, one thread each; a worker keeps about one
+MAX_UNAUTHENTICATED = 64  # connections not yet past the token; one more ends the oldest
+MAX_HEADER_BYTES = 32 * 1024  # request line and headers (100 lease tokens are ~3.7 KB)
 IDLE_SECONDS = 75.0  # a keep-alive connection with no request in this long is closed
-FIRST_SECONDS = 10.0  # a new connection's first request starts within this, or it is closed
-REQUEST_SECONDS = 30.0  # from a request's first byte to the last of its body
+HEADER_SECONDS = 5.0  # a request's line and headers, from its first byte (a new connection's:
+# from the connect); a worker sends them in one write
+BODY_SECONDS = 5.0  # a body's grace, then it must keep up BODY_BYTES_PER_SECOND
+BODY_BYTES_PER_SECOND = 256 * 1024
+REQUEST_SECONDS = 30.0  # from a request's first byte to the last of its body, at most
 STOP_SECONDS = 5.0  # what `stop` gives the requests being answered to finish
 _CHUNK = 256 * 1024
 _MAX_LENGTH_DIGITS = 9  # a longer Content-Length is over any limit (and int() refuses 4,300+)
@@ -65,25 +79,56 @@ class _Refused(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+class _HeadersTooLarge(http.client.HTTPException):
+    """A request's line and headers went past MAX_HEADER_BYTES."""
+
+
+class _HeaderBudget:
+    """The connection's reader while a request's line and headers arrive: MAX_HEADER_BYTES
+    in all (the base class bounds each line and their number, not their sum: 6.5 MB)."""
+
+    def __init__(self, raw: Any, budget: int) -> None:
+        self.raw, self.left = raw, budget
+
+    def readline(self, limit: int = -1) -> bytes:
+        want = self.left + 1 if limit < 0 else min(limit, self.left + 1)
+        line: bytes = self.raw.readline(want)
+        self.left -= len(line)
+        if self.left < 0:
+            raise _HeadersTooLarge(f"request headers over {MAX_HEADER_BYTES} bytes")
+        return line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "trace"
     sys_version = ""
     timeout = IDLE_SECONDS  # the socket's: the wait for a request, and for each read within it
-    served = 0  # requests this connection has had answered
+    authenticated = False  # a request of this connection carried the token
     disable_nagle_algorithm = True  # each answer is one write; Nagle would hold it 40 ms
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.raw_rfile = self.rfile
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     def handle_one_request(self) -> None:
-        """One request, once its first byte is in: the whole of it (request line, headers,
-        body) and its answer within REQUEST_SECONDS, or the server's watchdog ends the
-        connection (a client dripping its headers holds no thread for longer)."""
+        """One request, once its first byte is in: its line and headers within HEADER_SECONDS
+        (a new connection's from its connect), the whole of it and its answer within
+        REQUEST_SECONDS, or the server's watchdog ends the connection (a client dripping its
+        headers holds no thread for longer)."""
         try:
-            # A connection that has asked nothing yet gets less time to start (FIRST_SECONDS).
-            self.connection.settimeout(IDLE_SECONDS if self.served else FIRST_SECONDS)
+            if self.authenticated:
+                self.connection.settimeout(IDLE_SECONDS)
+            else:  # a new connection: its first headers are due HEADER_SECONDS after connect
+                left = self.server.headers_due(self.connection) - time.monotonic()
+                self.connection.settimeout(max(0.001, left))
             if not self.rfile.peek(1):  # the client closed the connection
                 self.close_connection = True
                 return
@@ -91,24 +136,45 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.began = time.monotonic()
-        # A second past the request's own timeouts: a late body is answered 408 first.
-        if not self.server.busy(self.connection, self.began + REQUEST_SECONDS + 1.0):
+        due = self.began + HEADER_SECONDS
+        if not self.authenticated:
+            due = min(due, self.server.headers_due(self.connection))
+        if not self.server.busy(self.connection, due):
             self.close_connection = True  # the listener is stopping: ended, nothing done
             return
+        self.rfile = _HeaderBudget(self.raw_rfile, MAX_HEADER_BYTES)
         try:
-            self.connection.settimeout(REQUEST_SECONDS)
+            self.connection.settimeout(max(0.001, due - time.monotonic()))
             super().handle_one_request()
+        except _HeadersTooLarge:  # in the request line (the base class takes the headers')
+            self.command, self.path = "", ""
+            self.send_error(431)
         finally:
+            self.rfile = self.raw_rfile
             self.server.idle(self.connection)
 
     def parse_request(self) -> bool:
         """The base class's parse, and headers it read whole: a malformed header line (which
-        it would skip, with every line after it) ends the request, as uvicorn's 400 does."""
-        if not super().parse_request():
-            return False
+        it would skip, with every line after it) ends the request, as uvicorn's 400 does. With
+        the headers in, the token decides at once whether this connection is a worker's."""
+        try:
+            if not super().parse_request():
+                return False
+        finally:
+            self.rfile = self.raw_rfile  # the body is read from the connection itself
         if self.headers.defects or self.headers.get_payload():
             self.send_error(400, "malformed request headers")
             return False
+        if self._authorized() and not self.authenticated:
+            if not self.server.authenticate(self.connection):
+                self.close_connection = True
+                full = "the exchange listener serves as many workers as it can; use the API"
+                self._send(error_response(503, "unavailable", full).body, 503, close=True)
+                return False
+            self.authenticated = True
+        # A second past the request's own timeouts: a late body is answered 408 first. (A
+        # caller without the token is answered now, whatever it asked: it sends no body.)
+        self.server.due(self.connection, self.began + REQUEST_SECONDS + 1.0)
         return True
 
     def handle_expect_100(self) -> bool:
@@ -123,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         an unsupported method) in Trace's shape; the connection ends."""
         self.close_connection = True
         method, path = getattr(self, "command", None) or "?", getattr(self, "path", "")
+        if isinstance(self.rfile, _HeaderBudget) and self.rfile.left < 0:  # not "too many"
+            code, message = 431, f"request line and headers over {MAX_HEADER_BYTES} bytes"
         refusal = http_error_response(code, message, method, path)
         self._send(refusal.body, code, close=True)
 
@@ -143,7 +211,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(refusal.body, refusal.status_code)
             return
         self.server.answered += 1  # not atomic: a count to see it used, not an audit
-        self.served += 1
         self._send(answer, 200)
 
     def _not_here(self) -> None:
@@ -231,10 +298,17 @@ class _Handler(BaseHTTPRequestHandler):
             )
         parts: list[bytes] = []
         left = size
+        # A sender slower than BODY_BYTES_PER_SECOND (past BODY_SECONDS) holds its thread no
+        # longer: the body is due then, and the request's own time is the bound above that.
+        due = min(
+            self.began + REQUEST_SECONDS,
+            time.monotonic() + BODY_SECONDS + size / BODY_BYTES_PER_SECOND,
+        )
+        self.server.due(self.connection, due + 1.0)  # the watchdog's: the 408 goes out first
         try:
             while left:
-                # Each read waits no longer than what is left of the request's time.
-                wait = self.began + REQUEST_SECONDS - time.monotonic()
+                # Each read waits no longer than what is left of the body's time.
+                wait = due - time.monotonic()
                 if wait <= 0:
                     raise TimeoutError
                 self.connection.settimeout(wait)
@@ -245,10 +319,12 @@ class _Handler(BaseHTTPRequestHandler):
                 left -= len(chunk)
         except TimeoutError:
             raise _Refused(
-                408, "timeout", f"the body did not arrive within {REQUEST_SECONDS:.0f}s"
+                408, "timeout", f"the body ({size} bytes) did not arrive in time"
             ) from None
         except OSError:  # the client reset the connection: nothing to answer, quietly
             raise _Refused(400, "bad_request", "the connection ended mid-body") from None
+        # The answer's time: what is left of the request's.
+        self.server.due(self.connection, self.began + REQUEST_SECONDS + 1.0)
         self.body_read = True
         return b"".join(parts)
 
@@ -305,11 +381,15 @@ class _Server(ThreadingHTTPServer):
         self.dispatcher = dispatcher
         self.token = token.encode()
         self.answered = 0  # exchanges answered 200
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        # Every connection being served, and for one with a request in, its deadline; those
-        # whose request is past the token (stop waits for their answers, and no other's).
+        # Every connection being served, and for one with a request in (or a new one), its
+        # deadline; those whose request is past the token (stop waits for their answers, and
+        # no other's).
         self._open: dict[socket.socket, float | None] = {}
         self._answering: set[socket.socket] = set()
+        # Connections no request with the token came on yet, oldest first, with when their
+        # first headers are due; and those one did (MAX_CONNECTIONS of them at most).
+        self._pending: dict[socket.socket, float] = {}
+        self._workers: set[socket.socket] = set()
         self._lock = threading.Condition()
         self._stopping = False
         self._stopped = threading.Event()  # the watchdog's end
@@ -330,15 +410,19 @@ class _Server(ThreadingHTTPServer):
         log.debug("connection from %s ended in error", client_address, exc_info=True)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):  # over the cap: closed unread
-            self.shutdown_request(request)
-            return
         with self._lock:  # registered before its thread runs: `stop` sees it
             if self._stopping:
-                self._slots.release()
                 self.shutdown_request(request)
                 return
-            self._open[request] = None
+            if len(self._pending) >= MAX_UNAUTHENTICATED:
+                # The one waiting longest goes (its thread sees its connection end): a worker
+                # sends its headers at once, so only a slow or silent caller is ever ended.
+                oldest = next(iter(self._pending))
+                del self._pending[oldest]
+                _end(oldest)
+            due = time.monotonic() + HEADER_SECONDS
+            self._pending[request] = due
+            self._open[request] = due
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -354,11 +438,33 @@ class _Server(ThreadingHTTPServer):
     def _forget(self, request: Any) -> None:
         with self._lock:
             self._answering.discard(request)
-            if request in self._open:
-                del self._open[request]
-                self._slots.release()
+            self._pending.pop(request, None)
+            self._workers.discard(request)
+            self._open.pop(request, None)
             if self._stopping:
                 self._lock.notify_all()
+
+    def headers_due(self, conn: socket.socket) -> float:
+        """When a new connection's first headers are due (0.0, long past: it was ended)."""
+        with self._lock:
+            return self._pending.get(conn, 0.0)
+
+    def authenticate(self, conn: socket.socket) -> bool:
+        """`conn`'s request carries the token: it takes a worker's place, if one is free."""
+        with self._lock:
+            if conn in self._workers:
+                return True
+            if conn not in self._pending or len(self._workers) >= MAX_CONNECTIONS:
+                return False  # ended meanwhile, or every place is taken
+            del self._pending[conn]
+            self._workers.add(conn)
+            return True
+
+    def due(self, conn: socket.socket, deadline: float) -> None:
+        """`conn`'s request is to be done by `deadline` now (its headers are in, or its body)."""
+        with self._lock:
+            if conn in self._open:
+                self._open[conn] = deadline
 
     def busy(self, conn: socket.socket, deadline: float) -> bool:
         """A request is in on `conn`, to be answered by `deadline`; False: the listener is
