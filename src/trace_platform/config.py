@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Profile(StrEnum):
@@ -62,6 +63,21 @@ class Settings(BaseSettings):
     sandbox_user: str = "trace-op"
     # Extra host directories bound read-write into the sandbox at the same path (testing only).
     sandbox_extra_binds: list[Path] = Field(default_factory=list)
+    # Per operator host (sandbox/enter.py): cgroup v2 memory.max, pids.max and cpu.max where the
+    # worker may make cgroups; else per process RLIMIT_DATA, RLIMIT_NOFILE and RLIMIT_NPROC (the
+    # last per OS user: every sandbox of the machine shares it). 0: no limit.
+    sandbox_memory_mb: int = Field(default=6144, ge=0)
+    sandbox_pids: int = Field(default=4096, ge=0)
+    sandbox_cpus: float = Field(default=0.0, ge=0)  # cgroup only (rlimits have no CPU share)
+    sandbox_nofile: int = Field(default=8192, ge=0)
+    # A cgroup v2 path (under /sys/fs/cgroup) delegated to the worker, holding no process, for
+    # the hosts' cgroups; unset: the worker's own cgroup (works only where it may nest them).
+    sandbox_cgroup: str | None = None
+    # Egress: upstreams that are not public addresses (loopback, private, link-local; a name
+    # that does not resolve) an operator may reach anyway, as host[:port], comma-separated; and
+    # the most RPC URLs (each a gateway) one task may have.
+    egress_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    egress_max_urls: int = Field(default=16, ge=1, le=1024)
     # production: the platform's operators only; testing adds the test operators (noop,
     # emit_events, fail, crash, probe). The aws profile refuses `testing`.
     operator_registry: Literal["production", "testing"] = "production"
@@ -161,6 +177,18 @@ class Settings(BaseSettings):
                 f"TRACE_SPARK_MASTER={v}: use local[*] or a Spark Connect endpoint of the "
                 "cluster (sc://host:port); see the README, 'Spark on a cluster'"
             )
+        return v
+
+    @field_validator("egress_allow", mode="before")
+    @classmethod
+    def _egress_allow(cls, v: Any) -> Any:
+        if isinstance(v, str):  # "host:port,host2" (or a JSON list)
+            v = json.loads(v) if v.strip().startswith("[") else v.split(",")
+        if isinstance(v, list):
+            from trace_platform.sandbox.gateway import parse_allow
+
+            parse_allow(v)  # a ValueError naming a malformed entry
+            return [e.strip() for e in v if e.strip()]
         return v
 
     @field_validator("spark_conf")

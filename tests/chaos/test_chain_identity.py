@@ -149,7 +149,7 @@ def test_the_tip_dags_whole_dataset_analytics_never_run_two_at_once() -> None:
 def test_a_reorg_below_the_tip_is_replaced_and_the_analytics_follow(
     settings: Settings, dsn: str, tmp_path: Path
 ) -> None:
-    devnet = Devnet(tmp_path / "devnet")
+    devnet = Devnet(settings.home)  # the stack's own home's devnet: its workers may reach it
     info, chain = devnet.up(ChainSpec(seed=21, blocks=600, accounts=30, validators=3))
     rpc = Rpc(info.url)
     try:

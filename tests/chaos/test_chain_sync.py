@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.dags import admin, finished_run
 from tests.support.datasets import committed_keys
+from tests.support.devnet import egress_to
 from tests.support.invariants import assert_invariants
 from tests.support.wait import wait_for
 from trace_platform.chain import Rpc
@@ -31,7 +32,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_syn
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     d = Devnet(tmp_path_factory.mktemp("devnet"))
     info, _ = d.up(SPEC)
-    yield info.url
+    with egress_to(info.url):
+        yield info.url
     d.down()
 
 

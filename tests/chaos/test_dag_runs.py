@@ -21,7 +21,8 @@ from trace_platform.lite.stack import LiteStack
 from trace_platform.triggers.cron import tick
 
 pytestmark = pytest.mark.slow
-WORKER_ENV = {"TRACE_QUEUE_POLL_SECONDS": "0.2"}
+# rpc-a and rpc-b do not resolve: allowed by name, as an admin allows an internal RPC.
+WORKER_ENV = {"TRACE_QUEUE_POLL_SECONDS": "0.2", "TRACE_EGRESS_ALLOW": "rpc-a,rpc-b"}
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.dags import admin, finished_run
+from tests.support.devnet import egress_to
 from tests.support.wait import wait_for
 from trace_platform.chain import Rpc, calldata
 from trace_platform.config import Settings
@@ -40,7 +41,8 @@ PROBE = (
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     d = Devnet(tmp_path_factory.mktemp("devnet"))
     info, c = d.up(SPEC)
-    yield info.url, c.token
+    with egress_to(info.url):
+        yield info.url, c.token
     d.down()
 
 

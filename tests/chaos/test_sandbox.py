@@ -56,8 +56,10 @@ def rpc() -> Iterator[str]:
 
 
 @pytest.fixture
-def stack(settings: Settings, dsn: str) -> Iterator[LiteStack]:
-    s = LiteStack(settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"})
+def stack(settings: Settings, dsn: str, rpc: str) -> Iterator[LiteStack]:
+    # The test RPC on loopback is reachable only because the admin allows it.
+    env = {"TRACE_QUEUE_POLL_SECONDS": "0.2", "TRACE_EGRESS_ALLOW": rpc.removeprefix("http://")}
+    s = LiteStack(settings, workers=1, dsn=dsn, worker_env=env)
     s.start()
     yield s
     s.stop()

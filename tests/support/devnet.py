@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -24,6 +27,18 @@ def small_demo_dag(url: str) -> str:
     )
 
 
+@contextmanager
+def egress_to(*urls: str) -> Iterator[None]:
+    """Workers started meanwhile (a LiteStack's read this process's environment) may reach
+    each URL's host:port: an RPC on loopback, such as a devnet, is refused unless the admin
+    allows it (TRACE_EGRESS_ALLOW). A Lite stack allows its own home's devnet by itself."""
+    entries = [urlsplit(u).netloc.rsplit("@", 1)[-1] or u for u in urls]
+    with pytest.MonkeyPatch.context() as mp:
+        before = os.environ.get("TRACE_EGRESS_ALLOW", "")
+        mp.setenv("TRACE_EGRESS_ALLOW", ",".join(filter(None, [before, *entries])))
+        yield
+
+
 def devnet_fixture(spec: ChainSpec) -> Callable[..., Any]:
     """A module-scoped fixture: a devnet of `spec`, as (RPC URL, chain info)."""
 
@@ -31,7 +46,8 @@ def devnet_fixture(spec: ChainSpec) -> Callable[..., Any]:
     def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ChainInfo]]:
         d = Devnet(tmp_path_factory.mktemp("devnet"))
         info, c = d.up(spec)
-        yield info.url, c
+        with egress_to(info.url):
+            yield info.url, c
         d.down()
 
     return devnet

@@ -17,7 +17,7 @@ import pytest
 from trace_platform.contract import DatasetRef, TaskPayload
 from trace_platform.objectstore.local import LocalStore
 from trace_platform.sandbox import Policy, gateway
-from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream
+from trace_platform.sandbox.gateway import EgressRefused, Gateways, check_upstream, parse_allow
 from trace_platform.sandbox.hostdir import HostDir, host_env
 from trace_platform.worker.store_proxy import ScopedStore
 
@@ -68,23 +68,31 @@ def test_egress_to_unspecified_or_link_local_is_refused(url: str) -> None:
 
 
 def test_egress_to_an_rpc_is_allowed() -> None:
-    check_upstream("http://127.0.0.1:8545", {8765, 5432})
-    check_upstream("https://rpc.example.org/v1/key", {8765, 5432, 443})  # not loopback
+    # A loopback RPC only when the admin lists it (the devnet's, say).
+    up = check_upstream("http://127.0.0.1:8545", {8765, 5432}, parse_allow(["127.0.0.1:8545"]))
+    assert up.address == "127.0.0.1"
+    public = check_upstream("https://8.8.8.8/v1/key", {8765, 5432, 443})  # not loopback
+    assert public.address == "8.8.8.8"
 
 
 def test_the_gateway_refuses_connections_over_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gateway, "MAX_CONNECTIONS", 1)
     listener = socket.create_server(("127.0.0.1", 0))
-    gw = Gateway(listener, "http://127.0.0.1:9/")  # never reached: the limit answers first
+    port = listener.getsockname()[1]
+    gws = Gateways()
+    # Never reached: the limit answers first.
+    url = gws.add(
+        listener, check_upstream("http://127.0.0.1:9/", set(), parse_allow(["127.0.0.1"]))
+    )
     try:
-        with socket.create_connection(("127.0.0.1", gw.port)) as held:
+        with socket.create_connection(("127.0.0.1", port)) as held:
             held.sendall(b"POST / HTTP/1.1\r\n")  # accepted and now holding the one slot
-            r = httpx.post(gw.url, content=b"{}", timeout=5)
+            r = httpx.post(url, content=b"{}", timeout=5)
         assert r.status_code == 503 and "too many connections" in r.text
     finally:
-        gw.close()
+        gws.close()
     with pytest.raises(OSError):  # closed: the listener is gone at once
-        socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 def test_the_scoped_store_uploads_only_the_tasks_own_files(tmp_path: Path) -> None:
@@ -159,15 +167,18 @@ def test_the_gateway_adds_no_per_request_stall() -> None:
 
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    gw = Gateway(
-        socket.create_server(("127.0.0.1", 0)), f"http://127.0.0.1:{upstream.server_port}/"
+    gw = Gateways()
+    target = f"http://127.0.0.1:{upstream.server_port}/"
+    url = gw.add(
+        socket.create_server(("127.0.0.1", 0)),
+        check_upstream(target, set(), parse_allow([f"127.0.0.1:{upstream.server_port}"])),
     )
     try:
         with httpx.Client(timeout=5) as client:  # one keep-alive connection, as Cryo's
-            client.post(gw.url, content=b"{}")
+            client.post(url, content=b"{}")
             n, t0 = 25, time.perf_counter()
             for _ in range(n):
-                assert client.post(gw.url, content=b"{}").json()["result"] == "0x1"
+                assert client.post(url, content=b"{}").json()["result"] == "0x1"
             took = time.perf_counter() - t0
         assert took < n * 0.02, f"{n} requests took {took:.2f} s through the gateway"
     finally:

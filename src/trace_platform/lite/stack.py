@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -70,6 +71,14 @@ def worker_command(
     ]
 
 
+def with_devnet(allow: str) -> str:
+    """A TRACE_EGRESS_ALLOW value that also allows this home's devnet (`trace devnet up`, the
+    demo's): the one loopback RPC a Lite stack's operators may reach besides what it lists."""
+    entries = json.loads(allow) if allow.strip().startswith("[") else allow.split(",")
+    entries = [e.strip() for e in entries if e.strip()]
+    return ",".join(entries if "devnet" in entries else [*entries, "devnet"])
+
+
 class LiteStack:
     def __init__(
         self,
@@ -130,6 +139,7 @@ class LiteStack:
             **self.worker_env,
             **(env or {}),
         }
+        full_env["TRACE_EGRESS_ALLOW"] = with_devnet(full_env.get("TRACE_EGRESS_ALLOW", ""))
         with (self.log_dir / f"worker-{index}.out").open("ab") as logf:
             return subprocess.Popen(
                 worker_command(

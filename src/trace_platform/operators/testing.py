@@ -176,6 +176,9 @@ class ProbeConfig(OperatorConfig):
     stdin: bool = False
     rpc_env: list[str] = Field(default_factory=list)
     spark_sql: list[str] = Field(default_factory=list)
+    # The host's resource limits (rlimits, cgroup), and an allocation of this many MiB.
+    limits: bool = False
+    allocate_mb: int = Field(default=0, ge=0, le=1 << 20)
 
 
 PROBE = "PROBE "
@@ -289,6 +292,16 @@ def probe(ctx: OperatorContext) -> None:
             k: _attempt(lambda k=k: httpx.post(ctx.env[k], json=body, timeout=5).json())
             for k in c.rpc_env
         }
+    if c.limits:
+        import resource
+
+        report["limits"] = {
+            name: resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))[0]
+            for name in ("AS", "DATA", "NPROC", "NOFILE")
+        }
+        report["limits"]["cgroup"] = Path("/proc/self/cgroup").read_text()
+    if c.allocate_mb:
+        report["allocate"] = _attempt(lambda: len(bytearray(c.allocate_mb << 20)))
     if c.spark_sql:
         report["spark"] = {
             q: _attempt(lambda q=q: [tuple(r) for r in ctx.spark.sql(q).collect()][:3])

@@ -5,21 +5,25 @@ new PID namespace) its own network, PID and mount namespaces and a /proc that sh
 sandbox. Here, still as root: loopback up, private /tmp, /var/tmp and /dev/shm, the Trace home
 hidden, the directories the host needs (Python, the virtualenv, Java, the host's own directory)
 made reachable at their real paths through any ancestor the sandbox user cannot enter. Then one
-child drops to the sandbox user (no groups, no capabilities, no_new_privs) and execs the host;
-PID 1 stays only to forward SIGTERM and reap, so the host's death ends the namespace.
+child takes the host's resource limits (`limit`), drops to the sandbox user (no groups, no
+capabilities, no_new_privs) and execs the host; PID 1 stays only to forward SIGTERM and reap, so
+the host's death ends the namespace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
 import os
+import resource
 import signal
 import socket
 import stat
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +133,83 @@ def prepare(cfg: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def drop_and_exec(cfg: dict[str, Any]) -> None:
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def make_cgroup(limits: dict[str, Any]) -> Path | None:
+    """The host's own cgroup v2, under `limits["cgroup_parent"]` (a cgroup delegated to the
+    worker, with no process of its own) or else the worker's own cgroup, with memory.max,
+    pids.max and cpu.max set; None where the machine has no cgroup v2 with those controllers for
+    it (cgroup v1, a hybrid mount, a container without delegation): rlimits then."""
+    if not (CGROUP_ROOT / "cgroup.controllers").is_file():  # not a pure cgroup v2 mount
+        return None
+    own = next(
+        (ln[3:] for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln[:3] == "0::"),
+        None,
+    )
+    parent_path = limits.get("cgroup_parent") or own
+    if not parent_path:
+        return None
+    parent = CGROUP_ROOT / str(parent_path).lstrip("/")
+    try:
+        available = (parent / "cgroup.controllers").read_text().split()
+        want = [c for c in ("memory", "pids", "cpu") if c in available]
+        if "memory" not in want or "pids" not in want:
+            return None
+        enabled = (parent / "cgroup.subtree_control").read_text().split()
+        missing = " ".join(f"+{c}" for c in want if c not in enabled)
+        if missing:  # refused (EBUSY) while the parent holds processes: rlimits then
+            (parent / "cgroup.subtree_control").write_text(missing)
+        cg = parent / f"trace-sandbox-{limits.get('name', os.getpid())}"
+        cg.mkdir(exist_ok=True)
+        memory, pids, cpus = (int(limits.get(k) or 0) for k in ("memory_mb", "pids", "cpus_milli"))
+        if memory:
+            (cg / "memory.max").write_text(str(memory << 20))
+            with contextlib.suppress(OSError):  # no swap to spill into past the limit
+                (cg / "memory.swap.max").write_text("0")
+        if pids:
+            (cg / "pids.max").write_text(str(pids))
+        if cpus and "cpu" in want:
+            (cg / "cpu.max").write_text(f"{cpus * 100} 100000")  # milli-CPUs per 100 ms
+        return cg
+    except OSError as e:
+        print(f"trace sandbox: no cgroup v2 limits ({e}); using rlimits", file=sys.stderr)
+        return None
+
+
+def remove_cgroup(cg: Path) -> None:
+    """Kills what is left in the host's cgroup and removes it (the host has exited)."""
+    with contextlib.suppress(OSError):
+        (cg / "cgroup.kill").write_text("1")
+    for _ in range(100):  # its processes die asynchronously: up to about a second
+        try:
+            cg.rmdir()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def limit(limits: dict[str, Any], cgroup: Path | None) -> None:
+    """This process (the host to be) into its cgroup, else its rlimits: RLIMIT_DATA (not
+    RLIMIT_AS: a local Spark JVM reserves far more address space than it uses, and failed to
+    start under 4 GB of it, while 1 GB of RLIMIT_DATA ran a shuffle), RLIMIT_NPROC (per OS user:
+    every sandbox shares it) and RLIMIT_NOFILE either way. Hard limits: the host cannot raise
+    them."""
+    memory, pids, nofile = (int(limits.get(k) or 0) for k in ("memory_mb", "pids", "nofile"))
+    if cgroup is not None:
+        (cgroup / "cgroup.procs").write_text("0")  # "0": the writing process
+    else:
+        if memory:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory << 20, memory << 20))
+        if pids:
+            resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+    if nofile:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+
+def drop_and_exec(cfg: dict[str, Any], cgroup: Path | None = None) -> None:
     uid, gid = int(cfg["uid"]), int(cfg["gid"])
+    limit(cfg.get("limits") or {}, cgroup)
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
@@ -143,6 +222,9 @@ def drop_and_exec(cfg: dict[str, Any]) -> None:
 
 def main() -> None:
     cfg = json.loads(os.environ.pop("TRACE_SANDBOX_CONFIG"))
+    # Before the mounts: /sys stays writable in this namespace, but a cgroup found first is
+    # one less thing that can go wrong.
+    cgroup = make_cgroup(cfg.get("limits") or {})
     try:
         prepare(cfg)
     except OSError as e:
@@ -151,23 +233,27 @@ def main() -> None:
     child = os.fork()
     if child == 0:
         try:
-            drop_and_exec(cfg)
+            drop_and_exec(cfg, cgroup)
         except BaseException as e:
             print(f"trace sandbox: could not start the host: {e!r}", file=sys.stderr)
         finally:
             os._exit(71)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:  # PID 1: reap everything; leave with the host
+    code = 0
+    while True:  # PID 1 (outside the host's cgroup): reap everything; leave with the host
         try:
             pid, status = os.wait()
         except ChildProcessError:
-            sys.exit(0)
+            break
         except InterruptedError:
             continue
         if pid == child:
             code = os.waitstatus_to_exitcode(status)
-            sys.exit(128 - code if code < 0 else code)
+            break
+    if cgroup is not None:
+        remove_cgroup(cgroup)
+    sys.exit(128 - code if code < 0 else code)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trace_platform
+from trace_platform.config import Settings
 from trace_platform.sandbox import Policy
 
 
@@ -167,6 +169,17 @@ def exposures(hd: HostDir, extra_binds: list[Path]) -> list[tuple[str, bool]]:
     return out
 
 
+def resource_limits(settings: Settings) -> dict[str, Any]:
+    """A sandboxed host's limits as `enter.py` applies them (0: none)."""
+    return {
+        "memory_mb": settings.sandbox_memory_mb,
+        "pids": settings.sandbox_pids,
+        "cpus_milli": round(settings.sandbox_cpus * 1000),
+        "nofile": settings.sandbox_nofile,
+        "cgroup_parent": settings.sandbox_cgroup,
+    }
+
+
 def _project_root() -> Path | None:
     """The source checkout of an editable install (`src/` layout): hidden in the sandbox
     except for what it needs (its `src/` and virtualenv come back as read-only exposures)."""
@@ -175,11 +188,14 @@ def _project_root() -> Path | None:
 
 
 def host_command(
-    hd: HostDir, trace_home: Path, extra_binds: list[Path]
+    hd: HostDir,
+    trace_home: Path,
+    extra_binds: list[Path],
+    limits: dict[str, Any] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The host's argv and the extra env that carries the sandbox plan to `enter.py` (in the
     environment of its root-owned PID 1, which the sandbox cannot read; not on argv, which
-    /proc shows to anyone)."""
+    /proc shows to anyone). `limits`: see `resource_limits`."""
     host = [sys.executable, "-m", "trace_platform.worker.host_main"]
     if not hd.policy.isolated:
         return host, {}
@@ -191,6 +207,7 @@ def host_command(
         "expose": exposures(hd, extra_binds),
         "hide": hide,
         "argv": host,
+        "limits": {**(limits or {}), "name": hd.root.name},
     }
     enter = Path(__file__).with_name("enter.py")
     argv = [

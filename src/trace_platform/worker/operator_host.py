@@ -82,13 +82,16 @@ class OperatorHost:
         *,
         extra_env: dict[str, str] | None = None,
         extra_binds: list[Path] | None = None,
+        limits: dict[str, Any] | None = None,
     ) -> None:
+        """`limits`: the sandboxed host's resource limits (`hostdir.resource_limits`)."""
         self.home = home.resolve()
         self.name = name
         self.policy = policy
         self.log_path = home / "logs" / f"worker-{name}.log"
         self.extra_env = extra_env or {}
         self.extra_binds = extra_binds or []
+        self.limits = limits or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.dir: HostDir | None = None
         self.tenant: tuple[Any, ...] | None = None
@@ -104,7 +107,7 @@ class OperatorHost:
         self.kill()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.dir = HostDir.create(self.home / "sandbox", self.name, self.policy)
-        argv, plan = host_command(self.dir, self.home, self.extra_binds)
+        argv, plan = host_command(self.dir, self.home, self.extra_binds, self.limits)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(

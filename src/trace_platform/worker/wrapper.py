@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 
-from trace_platform.config import Settings
+from trace_platform.config import Settings, get_settings
 from trace_platform.contract import (
     MAX_ERROR_CHARS,
     MAX_PROGRESS_BYTES,
@@ -43,8 +43,17 @@ from trace_platform.operators import CLUSTER_OPERATORS, TRUSTED_OPERATORS
 from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.sandbox import Policy
-from trace_platform.sandbox.gateway import EgressRefused, Gateway, check_upstream, host_port, is_url
-from trace_platform.sandbox.hostdir import TaskDirs
+from trace_platform.sandbox.gateway import (
+    Allow,
+    EgressRefused,
+    Gateways,
+    check_all,
+    check_upstream,
+    host_port,
+    is_url,
+    parse_allow,
+)
+from trace_platform.sandbox.hostdir import TaskDirs, resource_limits
 from trace_platform.sandbox.tcp_forward import TcpForward, connect_address
 from trace_platform.worker.client import ApiError, DispatcherClient, transient
 from trace_platform.worker.host_link import HostLink
@@ -219,11 +228,14 @@ class Wrapper:
         platform_ports: set[int] | None = None,
         extra_binds: list[Path] | None = None,
         acks: HeldAcks | None = None,
+        settings: Settings | None = None,
     ) -> None:
         """`host_env`: added to every host's allowlisted environment (Spark settings, the
         operator registry); `trusted_env`: in the task env of trusted platform operators only
         (a sink's data DSN); `platform_ports`: loopback ports no operator may reach (API,
-        Postgres, object store endpoint); `acks`: the worker's shared `HeldAcks`."""
+        Postgres, object store endpoint); `acks`: the worker's shared `HeldAcks`; `settings`:
+        egress and resource limits (default: the process's)."""
+        settings = settings or get_settings()
         self.driver = driver
         self.client = client
         self.store = store
@@ -236,14 +248,34 @@ class Wrapper:
         self.wait_seconds = wait_seconds
         self.acks = acks or HeldAcks(driver, queue_name)
         self.spark_master = (host_env or {}).get("TRACE_SPARK_MASTER", "local[*]")
+        self.home = home
+        self.egress_allow = [e for e in settings.egress_allow if e.strip().lower() != DEVNET]
+        self.egress_devnet = len(self.egress_allow) != len(settings.egress_allow)
+        parse_allow(self.egress_allow)  # a malformed entry stops the worker, not each task
+        self.egress_max_urls = settings.egress_max_urls
+        limits = resource_limits(settings)
         safe_id = self.worker_id.replace(":", "_").replace("/", "_")
         self.host = OperatorHost(
-            home, safe_id, self.policy, extra_env=host_env, extra_binds=extra_binds
+            home,
+            safe_id,
+            self.policy,
+            extra_env=host_env,
+            extra_binds=extra_binds,
+            limits=limits,
         )
-        # Trusted sinks (platform code that writes Postgres data) run in their own host,
-        # outside the sandbox, and only they get the data DSN.
+        # Trusted sinks (platform code that writes Postgres data) run in a host of their own,
+        # sandboxed like any other with the same limits, and only they get the data DSN, with a
+        # forward to its server for the task's run (`_sink_forward`). A DSN with no TCP address
+        # (a Unix socket) cannot be forwarded: that host then runs outside the sandbox.
+        sink = self.trusted_env.get("TRACE_SINK_DSN")
+        trusted_policy = self.policy if sink is None or _tcp_address(sink) else Policy("off")
+        if self.policy.isolated and not trusted_policy.isolated:
+            log.warning(
+                "the hot_window sink runs OUTSIDE the sandbox: its DSN has no TCP address to "
+                "forward into it (a Unix socket); give TRACE_DATA_DSN a host and port"
+            )
         self.trusted_host = OperatorHost(
-            home, safe_id + "-trusted", Policy("off"), extra_env=host_env
+            home, safe_id + "-trusted", trusted_policy, extra_env=host_env, limits=limits
         )
 
     def close(self) -> None:
@@ -342,40 +374,64 @@ class Wrapper:
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
         host, env = self._host_for(task)
-        if task.slot_secret_names:
-            try:
-                env.update(self.client.secrets(claim))
-            except ApiError as e:
-                if e.status in (403, 404):  # the deployer may no longer use a secret
-                    self._report(claim, "failed", error=e.message, retryable=False)
-                    return
-                raise
-        gateways: list[Gateway | TcpForward] = []
+        gateways: list[Gateways | TcpForward] = []
         dirs: TaskDirs | None = None
-        try:
-            host.ensure((task.org_id, task.dag_id))
-            task, env = self._egress(host, task, env, gateways)
-            spark_remote = self._spark_remote(host, task, gateways)
-            dirs = host.new_task(task)
-            scoped = self._scoped(task, host, dirs)
-            run = Running(claim, msg, task, host, dirs, gateways, scoped, self.visibility)
-            host.send(_run_message(run, env, spark_remote))
-        except EgressRefused as e:
+        # Heartbeats go on while the attempt is set up (a host's start, its secrets, its
+        # egress: names a hostile DNS server answers slowly), so a slow set-up keeps its lease.
+        with _SetupBeats(self, claim, msg) as beats:
+            if task.slot_secret_names:
+                try:
+                    env.update(self.client.secrets(claim))
+                except ApiError as e:
+                    if e.status in (403, 404):  # the deployer may no longer use a secret
+                        self._report(claim, "failed", error=e.message, retryable=False)
+                        return
+                    raise
+            try:
+                host.ensure((task.org_id, task.dag_id))
+                task, env = self._egress(host, task, env, gateways)
+                env = self._sink_forward(host, task, env, gateways)
+                spark_remote = self._spark_remote(host, task, gateways)
+                dirs = host.new_task(task)
+                scoped = self._scoped(task, host, dirs)
+            except EgressRefused as e:
+                self._close(gateways, dirs)
+                self._report(
+                    claim, "failed", error=f"network egress refused: {e}", retryable=e.retryable
+                )
+                return
+            except Exception as e:  # the host could not even start
+                self._close(gateways, dirs)
+                host.kill()
+                self._report(claim, "failed", error=f"operator host failed to start: {e}")
+                return
+        if beats.lost is not None or beats.canceled:
             self._close(gateways, dirs)
-            self._report(claim, "failed", error=f"network egress refused: {e}", retryable=False)
+            if beats.canceled:
+                self._report(claim, "canceled", clock=beats.clock)
+            else:  # reaped or superseded meanwhile: the reaper's now, nothing to report
+                log.warning("task %s: lease lost while it was set up: %s", task.task_id, beats.lost)
             return
-        except Exception as e:  # the host could not even start
+        assert dirs is not None  # made in the set-up, or it returned
+        run = Running(claim, msg, task, host, dirs, gateways, scoped, self.visibility)
+        run.clock, run.beat_at = beats.clock, beats.next_at
+        try:
+            host.send(_run_message(run, env, spark_remote))
+        except Exception as e:  # the host could not take it
             self._close(gateways, dirs)
             host.kill()
-            self._report(claim, "failed", error=f"operator host failed to start: {e}")
+            self._report(
+                claim, "failed", clock=run.clock, error=f"operator host failed to start: {e}"
+            )
             return
         self.supervised(run, stop)
 
     def start_ready(self, claim: Claim, msg: Message) -> Running | None:
         """The claimed attempt started at once, when nothing in its start can wait: its
-        payload came with the claim, it is to run, and it needs no secret, no network egress
-        and no Spark forward from a host that already runs for its tenant. None: nothing was
-        done, and `run_claimed` starts it (it may wait on the API, or on a host's start)."""
+        payload came with the claim, it is to run, and it needs no secret, no network egress,
+        no sink forward and no Spark forward from a host that already runs for its tenant. None:
+        nothing was done, and `run_claimed` starts it (it may wait on the API, or on a host's
+        start)."""
         task = claim.task
         if task is None or task.status != "running" or task.slot_secret_names:
             return None
@@ -384,6 +440,7 @@ class Wrapper:
             not host.runs_for((task.org_id, task.dag_id))
             or _task_urls(task, env)
             or self._spark_forwarded(task)
+            or (host is self.trusted_host and host.policy.isolated)  # its sink's forward
         ):
             return None
         dirs = host.new_task(task)
@@ -425,33 +482,72 @@ class Wrapper:
     def _scoped(self, task: TaskPayload, host: OperatorHost, dirs: TaskDirs) -> ScopedStore:
         return ScopedStore(self.store, task, dirs.work, dirs.inbox, host.policy.uid)
 
+    def egress_allowed(self) -> Allow:
+        """TRACE_EGRESS_ALLOW's upstreams; `devnet` in it (the Lite stack's): this Trace home's
+        devnet node, at its address while it runs (it may start after the worker)."""
+        allow = parse_allow(self.egress_allow)
+        if self.egress_devnet and (node := _devnet_node(self.home)) is not None:
+            allow |= {node}
+        return allow
+
     def _egress(
         self,
         host: OperatorHost,
         task: TaskPayload,
         env: dict[str, str],
-        gateways: list[Gateway | TcpForward],
+        gateways: list[Gateways | TcpForward],
     ) -> tuple[TaskPayload, dict[str, str]]:
-        """Every RPC URL the task may use (slot env and secrets, config.rpc_url) is checked;
-        in the sandbox each becomes a gateway on the host's own loopback."""
+        """Every RPC URL the task may use (slot env and secrets, config.rpc_url) is checked,
+        at most `egress_max_urls` of them; in the sandbox they become gateways on the host's
+        own loopback, to the addresses checked."""
         urls = _task_urls(task, env)
         rpc = task.config.get("rpc_url")
-        for url in sorted(urls):
-            check_upstream(url, self.platform_ports)
-        if not host.policy.isolated or not urls:
+        if len(urls) > self.egress_max_urls:
+            # Before any name is resolved: each is a DNS query, and each a gateway.
+            raise EgressRefused(
+                f"the task has {len(urls):,} RPC URLs (http(s) values in its worker pool slot's "
+                f"env and secrets, and config.rpc_url); at most {self.egress_max_urls} per task "
+                "(TRACE_EGRESS_MAX_URLS)"
+            )
+        if not urls:
             return task, env
-        local: dict[str, str] = {}
-        for url in sorted(urls):
-            gw = Gateway(host.listen(), url)
-            gateways.append(gw)
-            local[url] = gw.url
+        allow = self.egress_allowed()
+        checked = check_all(urls, self.platform_ports, allow)
+        if not host.policy.isolated:
+            return task, env
+        group = Gateways(self.platform_ports, allow)
+        gateways.append(group)
+        local = {url: group.add(host.listen(), up) for url, up in sorted(checked.items())}
         env = {k: local.get(v, v) for k, v in env.items()}
         if isinstance(rpc, str) and rpc in local:
             task = task.model_copy(update={"config": {**task.config, "rpc_url": local[rpc]}})
         return task, env
 
+    def _sink_forward(
+        self,
+        host: OperatorHost,
+        task: TaskPayload,
+        env: dict[str, str],
+        forwards: list[Gateways | TcpForward],
+    ) -> dict[str, str]:
+        """A trusted sink's env in the sandbox: its DSN pointed at a forward, on the host's own
+        loopback for this run only, to the server's address (the DSN keeps its host name, for
+        TLS verification)."""
+        dsn = env.get("TRACE_SINK_DSN")
+        if dsn is None or host is not self.trusted_host or not host.policy.isolated:
+            return env
+        address = _tcp_address(dsn)
+        if address is None:
+            raise RuntimeError("the sink DSN has no TCP address to forward into the sandbox")
+        fwd = TcpForward(host.listen(), *address)
+        forwards.append(fwd)
+        params = conninfo_to_dict(dsn)
+        name = str(params.get("host") or "").split(",")[0] or "127.0.0.1"
+        params.update(host=name, hostaddr="127.0.0.1", port=str(fwd.port))
+        return {**env, "TRACE_SINK_DSN": make_conninfo(**params)}
+
     def _spark_remote(
-        self, host: OperatorHost, task: TaskPayload, forwards: list[Gateway | TcpForward]
+        self, host: OperatorHost, task: TaskPayload, forwards: list[Gateways | TcpForward]
     ) -> str | None:
         """The Spark Connect URL the task's operator uses, when the configured master is one
         (`sc://`) and the operator may run on the cluster (CLUSTER_OPERATORS): in the sandbox,
@@ -459,7 +555,10 @@ class Wrapper:
         if not self._spark_forwarded(task):
             return None
         name, port, rest = connect_address(self.spark_master)
-        check_upstream(f"http://{name}:{port}/", self.platform_ports)
+        # The worker's own setting, not a task's: allowed wherever it is, but never a platform port.
+        check_upstream(
+            f"http://{name}:{port}/", self.platform_ports, parse_allow([f"{name}:{port}"])
+        )
         if not host.policy.isolated:
             return self.spark_master
         fwd = TcpForward(host.listen(), name, port)
@@ -489,7 +588,7 @@ class Wrapper:
             return
 
     @staticmethod
-    def _close(gateways: list[Gateway | TcpForward], dirs: TaskDirs | None) -> None:
+    def _close(gateways: list[Gateways | TcpForward], dirs: TaskDirs | None) -> None:
         for gw in gateways:
             gw.close()
         if dirs is not None:
@@ -705,7 +804,7 @@ class Running:
         task: TaskPayload,
         host: OperatorHost,
         dirs: TaskDirs,
-        gateways: list[Gateway | TcpForward],
+        gateways: list[Gateways | TcpForward],
         scoped: ScopedStore,
         visibility: float = 60.0,
     ) -> None:
@@ -751,6 +850,76 @@ def foreign(out: dict[str, Any], run: Running) -> str | None:
     else:  # never str() of whatever the host sent (nested deep, it would recurse)
         whose = f"a run named by a JSON {type(said).__name__}"
     return f"a {kind!r} message for {whose} during run {run.label!r}"
+
+
+DEVNET = "devnet"  # in TRACE_EGRESS_ALLOW: this Trace home's devnet node (see egress_allowed)
+
+
+def _devnet_node(home: Path) -> tuple[str, int] | None:
+    """The devnet node's (host, port), from `trace devnet`'s node file, while its process runs."""
+    try:
+        raw = json.loads((home / "devnet" / "node.json").read_text())
+        pid, port = int(raw["pid"]), int(raw["port"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return "127.0.0.1", port
+
+
+def _tcp_address(dsn: str) -> tuple[str, int] | None:
+    """Where a DSN's (first) server listens over TCP; None: a Unix socket, or no host at all."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return None
+    host = str(params.get("hostaddr") or params.get("host") or "").split(",")[0]
+    if not host or host.startswith("/") or host.startswith("@"):
+        return None
+    port = str(params.get("port") or "").split(",")[0]
+    return host, int(port) if port else 5432
+
+
+class _SetupBeats:
+    """An attempt's heartbeats, on a thread of their own, while the attempt is set up (before
+    its supervisor beats): `lost` says why the lease is gone, `canceled` that a cancel came;
+    `clock` and `next_at` carry on into the supervision."""
+
+    def __init__(self, wrapper: Wrapper, claim: Claim, msg: Message) -> None:
+        self.wrapper, self.claim, self.msg = wrapper, claim, msg
+        self.clock = LeaseClock(claim.lease_until)
+        self.every = beat_every(claim, wrapper.visibility)
+        self.next_at = time.monotonic() + self.every
+        self.lost: str | None = None
+        self.canceled = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="setup-beats", daemon=True)
+
+    def __enter__(self) -> _SetupBeats:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()  # at most one heartbeat call in flight
+
+    def _run(self) -> None:
+        while not self._done.wait(max(0.0, self.next_at - time.monotonic())):
+            self.next_at = time.monotonic() + self.every
+            try:
+                hb = self.wrapper.client.heartbeat(
+                    self.claim, None, timeout=min(5.0, max(1.0, 2 * self.every))
+                )
+            except Exception as e:
+                if not transient(e) or self.clock.left() <= self.every:
+                    self.lost = str(e)
+                    return
+                self.next_at = time.monotonic() + min(self.every, 1.0)  # the API away: soon
+                continue
+            self.clock.renew(hb.lease_until)
+            self.wrapper._extend(self.msg)
+            if hb.cancel_requested:
+                self.canceled = True
+                return
 
 
 def _task_urls(task: TaskPayload, env: dict[str, str]) -> set[str]:
