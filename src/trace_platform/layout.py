@@ -71,6 +71,18 @@ def scope_prefix(
     return attempt_prefix(location, task_id, attempt)
 
 
+def attempt_owns(location: str, task_id: UUID, attempt: int, key: str) -> bool:
+    """Whether object `key` is one attempt `attempt` of `task_id` may write (or delete) for an
+    output assigned `location`: below one of its own scope prefixes (`scope_prefix`), never
+    the version's root, another scope's keys or another attempt's."""
+    root = location.rstrip("/") + "/"
+    if not key.startswith(root):
+        return False
+    own = re.escape(f"t={task_id}.{attempt}/")
+    scope = r"(?:range=\d{10}-\d{10}/|partition=(?!\.\.?/)[A-Za-z0-9_.=-]{1,128}/)?"
+    return re.match(rf"^{scope}{own}", key[len(root) :]) is not None
+
+
 def platform_made(backend: str, location: str, org_id: UUID) -> bool:
     """Whether `location` is one the platform itself assigns to a dataset version of `org_id`
     (or lies below one): the only thing the collector may delete."""

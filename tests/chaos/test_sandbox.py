@@ -198,6 +198,7 @@ jobs:
     refused(report["store_write"])
     refused(report["upload"])
     assert report["store_write_own"].startswith("ALLOWED"), report["store_write_own"]
+    refused({"root": report["store_write_root"]})  # its version's root: not this attempt's keys
     assert not any("evil" in p.name or p.name == "probe" for p in (home / "objects").rglob("*"))
 
 

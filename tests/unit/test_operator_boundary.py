@@ -96,9 +96,14 @@ def test_the_gateway_refuses_connections_over_its_limit(monkeypatch: pytest.Monk
 
 
 def test_the_scoped_store_uploads_only_the_tasks_own_files(tmp_path: Path) -> None:
-    out = "org/o/dataset/d/version/v/"
+    version = "org/o/dataset/d/version/v/"
+    task_id = uuid.uuid4()
+    out = f"{version}t={task_id}.2/"
     task = TaskPayload.model_construct(
-        inputs=[], outputs=[DatasetRef(dataset_uuid=uuid.uuid4(), location=out)]
+        task_id=task_id,
+        attempt=2,
+        inputs=[],
+        outputs=[DatasetRef(dataset_uuid=uuid.uuid4(), location=version)],
     )
     work, inbox = tmp_path / "work", tmp_path / "in"
     work.mkdir()
@@ -118,8 +123,18 @@ def test_the_scoped_store_uploads_only_the_tasks_own_files(tmp_path: Path) -> No
         (work / "link", f"{out}part.parquet"),  # a symlink planted in the scratch dir
         (tmp_path / "secret", f"{out}part.parquet"),  # outside the scratch dir
         (work / "part.parquet", "org/o/dataset/other/x"),  # not one of its outputs
+        # Its output, but not this attempt's own keys (issue 38): the version's root, a
+        # range's prefix, another attempt's and another task's keys.
+        (work / "part.parquet", f"{version}part.parquet"),
+        (work / "part.parquet", f"{version}range=0000000000-0000000010/part.parquet"),
+        (work / "part.parquet", f"{version}t={task_id}.1/part.parquet"),
+        (work / "part.parquet", f"{version}t={uuid.uuid4()}.2/part.parquet"),
     ]:
         assert put(path, key)["kind"] == "denied", (path, key)
+    ranged = f"{version}range=0000000000-0000000010/t={task_id}.2/part.parquet"
+    assert put(work / "part.parquet", ranged) == {"ok": True}
+    gone = scoped.handle({"op": "delete", "key": f"{version}t={task_id}.1/x"})
+    assert gone["kind"] == "denied"
 
 
 def test_production_cannot_load_the_test_operators(monkeypatch: pytest.MonkeyPatch) -> None:

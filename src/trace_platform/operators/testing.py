@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, model_validator
 from trace_platform.contract import EventIn
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorError, PermanentError
+from trace_platform.operators.output import attempt_prefix
 
 
 class NoopConfig(OperatorConfig):
@@ -252,11 +253,17 @@ def probe(ctx: OperatorContext) -> None:
         report["store_write"] = {
             k: _attempt(lambda k=k: ctx.store.put(k, b"probe")) for k in c.store_write
         }
-    if c.store_write_own:
-        own = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
+    if c.store_write_own:  # its own keys (allowed), and its version's root (not its own)
+        root = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
+        own = attempt_prefix(root, ctx.task)
         report["store_write_own"] = _attempt(lambda: ctx.store.put(f"{own}own.txt", b"ok"))
+        report["store_write_root"] = _attempt(lambda: ctx.store.put(f"{root}root.txt", b"x"))
     if c.upload_paths:
-        out = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
+        out = (
+            attempt_prefix(ctx.task.outputs[0].location or "", ctx.task)
+            if ctx.task.outputs
+            else "nowhere/"
+        )
         report["upload"] = {}
         for i, p in enumerate(c.upload_paths):
             path = Path(p)
@@ -267,7 +274,11 @@ def probe(ctx: OperatorContext) -> None:
                 lambda path=path: ctx.store.put_file(f"{out}probe", path)
             )
     if c.fifo_upload:
-        out = ctx.task.outputs[0].location if ctx.task.outputs else "nowhere/"
+        out = (
+            attempt_prefix(ctx.task.outputs[0].location or "", ctx.task)
+            if ctx.task.outputs
+            else "nowhere/"
+        )
         fifo = Path.cwd() / "fifo"
         os.mkfifo(fifo)
         report["fifo_upload"] = _attempt(lambda: ctx.store.put_file(f"{out}fifo", fifo))

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from trace_platform import layout
 from trace_platform.contract import TaskPayload
 from trace_platform.objectstore import (
     NoSuchKey,
@@ -53,8 +54,12 @@ class ScopedStore:
         self.work = work
         self.inbox = inbox
         self.uid = sandbox_uid
-        self.writable = [_prefix(o.location) for o in task.outputs if o.location]
-        self.readable = self.writable + [_prefix(i.location) for i in task.inputs if i.location]
+        outputs = [
+            _prefix(o.location) for o in task.outputs if o.location and o.backend != "postgres"
+        ]
+        self.writable = outputs
+        self.readable = outputs + [_prefix(i.location) for i in task.inputs if i.location]
+        self.task_id, self.attempt = task.task_id, task.attempt
         self._names = itertools.count()
         self.used = False  # set by the wrapper once the host asks anything of it
 
@@ -64,6 +69,18 @@ class ScopedStore:
             raise StoreAccessDenied(
                 f"{what} '{key}' is outside this task's "
                 + ("outputs" if prefixes is self.writable else "inputs and outputs")
+            )
+        return key
+
+    def _own(self, key: str, what: str) -> str:
+        """A write or delete: only this attempt's own keys (`layout.attempt_owns`), so no
+        attempt touches what another committed, nor anything the Dispatcher would not accept
+        as its commit."""
+        self._scope(key, self.writable, what)
+        if not any(layout.attempt_owns(p, self.task_id, self.attempt, key) for p in self.writable):
+            raise StoreAccessDenied(
+                f"{what} '{key}' is outside this attempt's own keys (…/t={self.task_id}."
+                f"{self.attempt}/ below its output, or a range's or partition's of it)"
             )
         return key
 
@@ -119,7 +136,7 @@ class ScopedStore:
     def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op, key = req["op"], str(req.get("key", ""))
         if op == "put_file":
-            self._scope(key, self.writable, "write of")
+            self._own(key, "write of")
             fd = self._open_upload(str(req["path"]))
             try:
                 # The file that was checked, not whatever its path names now: /proc/self/fd/N
@@ -129,7 +146,7 @@ class ScopedStore:
                 os.close(fd)
             return {}
         if op == "delete":
-            self.store.delete(self._scope(key, self.writable, "delete of"))
+            self.store.delete(self._own(key, "delete of"))
             return {}
         if op == "stage":
             return {"path": str(self._stage(key))}
