@@ -289,7 +289,6 @@ def test_the_time_limit_counts_the_run_not_the_wait(make_api: Callable[..., Api]
     # Three users hold as many workers as one org may (3 of 4): carol, of the same org, waits;
     # a user of another org is let onto the fourth at once.
     api = make_api()
-    assert api.svc.settings.query_max_per_org == 3 < api.svc.settings.query_workers == 4
     api.svc.query.workers.prestart(wait=60)
     hogs = [api.reader(name)[1] for name in ("mallory", "trudy", "oscar")]
     carol = api.key("carol")
@@ -297,24 +296,26 @@ def test_the_time_limit_counts_the_run_not_the_wait(make_api: Callable[..., Api]
         other = uuid.uuid4()
         IdentityStore(conn).ensure_org(org_id=other, name="other")
         erin = create_key(conn, ensure_user(conn, other, "erin").user_id)
-    limit = 0.5
+    limit = 1.0
     with api.held():
         held = [in_background(lambda k=k: api.query(k, HELD)) for k in hogs]
         api.settled(running=3, planned=3)
         waiting = in_background(lambda: api.query(carol, "SELECT 2 AS two", timeout_seconds=limit))
         r = in_background(lambda: api.query(erin, "SELECT 1 AS one")).result(timeout=5)
         assert r.status_code == 200 and r.json()["queued_ms"] < 20, r.text
-        # Carol's query waits past twice its time limit, and is not stopped for it.
+        # Carol's query waits past its time limit, and is not stopped for it.
         with pytest.raises(FutureTimeout):
-            waiting.result(timeout=2 * limit)
+            waiting.result(timeout=1.5 * limit)
         assert api.svc.query.admission.waiting() == 1
     r = waiting.result(timeout=10)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["rows"] == [[2]]
-    assert body["queued_ms"] >= 2 * limit * 1000 and body["elapsed_ms"] < limit * 1000, body
+    assert body["queued_ms"] >= 1.5 * limit * 1000 > body["elapsed_ms"], body  # told apart
     for hog in held:
         assert hog.result(timeout=20).status_code == 200
+    s = api.svc.settings
+    assert (s.query_workers, s.query_max_per_org) == (4, 3), "the shipped settings this assumes"
 
 
 def test_a_full_queue_answers_429_with_retry_after(make_api: Callable[..., Api]) -> None:
@@ -326,8 +327,8 @@ def test_a_full_queue_answers_429_with_retry_after(make_api: Callable[..., Api])
         first = [in_background(lambda k=k: api.query(k, HELD)) for k in (mallory, trudy)]
         api.settled(running=2, planned=2)
         queued = in_background(lambda: api.query(mallory, HELD))  # at her share: it waits
-        api.settled(running=2, planned=3)
-        assert api.svc.query.admission.wait_until(lambda: api.svc.query.admission.waiting(), 5)
+        admission = api.svc.query.admission
+        assert admission.wait_until(lambda: admission.waiting() == 1, 5)
         t = time.monotonic()
         r = api.query(trudy, "SELECT 1", timeout_seconds=2)  # at her share, and no room to wait
         assert time.monotonic() - t < 1  # refused at once, not after a wait

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from trace_platform.identity import Actor
-from trace_platform.query.errors import NotAdmitted, QueueFull, QueueTimeout, TooManyQueries
+from trace_platform.query.errors import QueueFull, QueueTimeout, TooManyQueries
 
 log = logging.getLogger(__name__)
 
@@ -117,37 +117,40 @@ class Admission:
             now = time.monotonic()
             t = Ticket(actor.user_id, actor.org_id, next(self._seq), hold, now)
             self._waiting.append(t)
-            if self._next() is not t:
-                self._refuse_if_full(t, actor.name)
-            deadline = now + self.wait_seconds
-            while self._next() is not t:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._waiting.remove(t)
-                    raise QueueTimeout(
-                        f"the query waited {self.wait_seconds:g} s for a query worker and its "
-                        f"turn did not come ({self._load()}; nothing of it ran): the Query "
-                        f"Service is busy, try again in {self._retry_after(t)} s",
-                        retry_after=self._retry_after(t),
-                        waited_seconds=self.wait_seconds,
-                    )
-                self._cond.wait(left)
-            self._waiting.remove(t)
+            try:  # however it ends (admitted, refused, interrupted), it leaves the queue
+                if self._next() is not t:
+                    self._refuse_if_full(t, actor.name)
+                deadline = now + self.wait_seconds
+                while self._next() is not t:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        after = self._retry_after(t)
+                        raise QueueTimeout(
+                            f"the query waited {self.wait_seconds:g} s for a query worker and "
+                            f"its turn did not come ({self._load()}; nothing of it ran): the "
+                            f"Query Service is busy, try again in {after} s",
+                            retry_after=after,
+                            waited_seconds=self.wait_seconds,
+                        )
+                    self._cond.wait(left)
+            finally:
+                self._waiting.remove(t)
+                # Woken once the lock is let go: another waiter may fit beside this one (more
+                # than one place may have freed), and wait_until's callers count the queue.
+                self._cond.notify_all()
             self._running.append(t)
             self._users[t.user] += 1
             self._orgs[t.org] += 1
             t.admitted = time.monotonic()
-            self._cond.notify_all()  # more than one place may have freed
             return t
 
     def _refuse_if_full(self, t: Ticket, name: str) -> None:
         """A query that would wait: refused if its user already has as many waiting as one user
         may, or if the queue is full (the caller holds the lock; `t` is in the queue)."""
         mine = sum(1 for w in self._waiting if w.user == t.user) - 1
-        error: NotAdmitted | None = None
         if mine >= self.queued_per_user:
             after = self._retry_after(t)
-            error = TooManyQueries(
+            raise TooManyQueries(
                 f"'{name}' already has {_queries(self._users[t.user])} running and {mine} "
                 f"waiting, the most one user may have (at most {self.per_user} running, "
                 f"{self.queued_per_user} waiting): try again in {after} s, when one has ended",
@@ -155,21 +158,18 @@ class Admission:
                 running=self._users[t.user],
                 waiting=mine,
             )
-        elif len(self._waiting) - 1 >= self.queue_size:
+        if len(self._waiting) - 1 >= self.queue_size:
             after = self._retry_after(t)
-            error = QueueFull(
-                f"the Query Service is busy ({self._load(t)}, as many as its queue holds): "
+            raise QueueFull(
+                f"the Query Service is busy ({self._load()}, as many as its queue holds): "
                 f"try again in {after} s",
                 retry_after=after,
                 queue_size=self.queue_size,
             )
-        if error is not None:
-            self._waiting.remove(t)
-            raise error
 
-    def _load(self, leaving: Ticket | None = None) -> str:
-        waiting = len(self._waiting) - (leaving is not None)
-        return f"{_queries(len(self._running))} running, {waiting} waiting"
+    def _load(self) -> str:
+        """Running and waiting, but for the query being refused (still in the queue)."""
+        return f"{_queries(len(self._running))} running, {len(self._waiting) - 1} waiting"
 
     def _retry_after(self, t: Ticket) -> int:
         """Whole seconds until one of the running queries in `t`'s way has ended at the latest:
