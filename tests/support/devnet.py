@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
+from trace_platform.lite.stack import egress_allow
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
 
@@ -34,8 +35,9 @@ def egress_to(*urls: str) -> Iterator[None]:
     allows it (TRACE_EGRESS_ALLOW). A Lite stack allows its own home's devnet by itself."""
     entries = [urlsplit(u).netloc.rsplit("@", 1)[-1] or u for u in urls]
     with pytest.MonkeyPatch.context() as mp:
-        before = os.environ.get("TRACE_EGRESS_ALLOW", "")
-        mp.setenv("TRACE_EGRESS_ALLOW", ",".join(filter(None, [before, *entries])))
+        mp.setenv(
+            "TRACE_EGRESS_ALLOW", egress_allow(os.environ.get("TRACE_EGRESS_ALLOW", ""), *entries)
+        )
         yield
 
 

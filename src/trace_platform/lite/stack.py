@@ -71,12 +71,17 @@ def worker_command(
     ]
 
 
+def egress_allow(allow: str, *more: str) -> str:
+    """A TRACE_EGRESS_ALLOW value (comma-separated, or a JSON list) with `more` entries added."""
+    entries = json.loads(allow) if allow.strip().startswith("[") else allow.split(",")
+    out = [e.strip() for e in entries if e.strip()]
+    return ",".join(out + [e for e in more if e not in out])
+
+
 def with_devnet(allow: str) -> str:
     """A TRACE_EGRESS_ALLOW value that also allows this home's devnet (`trace devnet up`, the
     demo's): the one loopback RPC a Lite stack's operators may reach besides what it lists."""
-    entries = json.loads(allow) if allow.strip().startswith("[") else allow.split(",")
-    entries = [e.strip() for e in entries if e.strip()]
-    return ",".join(entries if "devnet" in entries else [*entries, "devnet"])
+    return egress_allow(allow, "devnet")
 
 
 class LiteStack:

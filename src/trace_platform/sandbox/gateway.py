@@ -169,13 +169,17 @@ class Upstream:
         """The URL to send to (its host replaced by the checked address), the Host header and
         httpx's extensions (the TLS server name)."""
         url = httpx.URL(self.url)
-        if self.address is None or _normal(self.host) == self.address:
-            return url, {}, {}
+        if self.address is None:
+            raise EgressRefused(f"'{self.host}' has no checked address")
+        # Host and port as checked, whatever httpx would make of the URL itself.
+        pinned = url.copy_with(host=self.address, port=self.port)
+        if _normal(self.host) == self.address:
+            return pinned, {}, {}
         extensions: dict[str, Any] = {}
         if url.scheme == "https":
             extensions["sni_hostname"] = self.host
         host_header = url.netloc.decode("ascii").rsplit("@", 1)[-1]
-        return url.copy_with(host=self.address), {"Host": host_header}, extensions
+        return pinned, {"Host": host_header}, extensions
 
 
 def check_upstream(url: str, platform_ports: set[int], allow: Allow = frozenset()) -> Upstream:
@@ -443,7 +447,17 @@ class _Hub:
                 self._close_drained(conn)
 
 
-_hub = _Hub()
+_HUB: list[_Hub] = []
+_HUB_LOCK = threading.Lock()
+
+
+def _hub() -> _Hub:
+    """The process's one hub, made with its first gateway (importing this module costs no
+    socket or thread)."""
+    with _HUB_LOCK:
+        if not _HUB:
+            _HUB.append(_Hub())
+        return _HUB[0]
 
 
 class Gateways:
@@ -469,7 +483,7 @@ class Gateways:
                 sock.close()
                 raise RuntimeError("the task's gateways are closed")
             self._listeners.append(sock)
-        _hub.add(sock, _Route(self, upstream))
+        _hub().add(sock, _Route(self, upstream))
         return f"http://127.0.0.1:{port}/"
 
     def client(self) -> httpx.Client:
@@ -520,7 +534,7 @@ class Gateways:
             conns = list(self._open)
             client, self._client = self._client, None
         for sock in listeners:
-            _hub.remove(sock)
+            _hub().remove(sock)
             sock.close()
         for conn in conns:
             with contextlib.suppress(OSError):

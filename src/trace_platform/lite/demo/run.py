@@ -3,8 +3,10 @@ report."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,7 +23,7 @@ from trace_platform.lite.demo.plan import (
     save_run,
 )
 from trace_platform.lite.demo.report import analytics, where
-from trace_platform.lite.stack import LiteStack
+from trace_platform.lite.stack import LiteStack, egress_allow
 
 
 def run_demo(
@@ -60,7 +62,10 @@ def run_demo(
     console.print(
         "[bold]Starting Trace Lite[/bold] (embedded Postgres, object store, API, workers)…"
     )
-    with LiteStack(settings, workers=workers) as stack:
+    # The RPC the admin named on the command line is theirs to allow (a node on loopback or a
+    # private network is refused otherwise); the stack adds its own devnet by itself.
+    worker_env = {"TRACE_EGRESS_ALLOW": allow_also(rpc_url)} if rpc_url else None
+    with LiteStack(settings, workers=workers, worker_env=worker_env) as stack:
         svc = stack.services
         console.print(f"API at {stack.url}; objects under {settings.object_store_root}")
         if rpc_url is None:
@@ -97,6 +102,14 @@ def run_demo(
         devnet.down()
     console.print(f"[bold green]done[/bold green] in {time.monotonic() - t0:.1f}s")
     return 0
+
+
+def allow_also(url: str) -> str:
+    """TRACE_EGRESS_ALLOW as this process has it, and `url`'s host:port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+    return egress_allow(os.environ.get("TRACE_EGRESS_ALLOW", ""), f"{host}:{port}")
 
 
 def _start_devnet(settings: Settings, console: Console, spec: Any) -> tuple[Any, str, str]:
