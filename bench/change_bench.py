@@ -300,10 +300,14 @@ def stage_busy(svc: Services) -> bool:
 
 def rebuild_vs_fresh(settings: Settings, dsn: str, root: Path, blocks: int) -> None:
     from trace_platform.devnet import ChainSpec, Devnet
-    from trace_platform.lite.stack import LiteStack
+    from trace_platform.lite.stack import LiteStack, egress_allow
 
     devnet = Devnet(root / "devnet")
     info, chain = devnet.up(ChainSpec(blocks=blocks, accounts=200, validators=5))
+    # The stack's workers may reach this devnet (another home's: not their own `devnet`).
+    os.environ["TRACE_EGRESS_ALLOW"] = egress_allow(
+        os.environ.get("TRACE_EGRESS_ALLOW", ""), f"127.0.0.1:{info.port}"
+    )
     try:
         with LiteStack(settings, workers=2, dsn=dsn) as stack:
             svc = stack.services

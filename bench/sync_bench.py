@@ -27,6 +27,7 @@ and the median ratio, as the node's speed drifts with the machine's load.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -42,7 +43,7 @@ from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.identity import lite_admin
-from trace_platform.lite.stack import LiteStack
+from trace_platform.lite.stack import LiteStack, egress_allow
 from trace_platform.objectstore import list_all, make_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,6 +238,10 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         info, _ = devnet.up(ChainSpec(blocks=args.blocks, accounts=300, validators=10))
+        # The stacks' workers may reach this devnet (another home's: not their own `devnet`).
+        os.environ["TRACE_EGRESS_ALLOW"] = egress_allow(
+            os.environ.get("TRACE_EGRESS_ALLOW", ""), f"127.0.0.1:{info.port}"
+        )
         print(
             f"devnet: {args.blocks} blocks generated in {time.perf_counter() - t0:.0f} s (not measured below)"
         )
