@@ -40,7 +40,7 @@ def range_prefix(location: str, start: int, end: int) -> str:
 
 
 def partition_prefix(location: str, partition_key: str) -> str:
-    if not _PARTITION.match(partition_key):
+    if not _PARTITION.fullmatch(partition_key):
         raise ValueError(
             f"partition key {partition_key!r} cannot name files: use at most 128 of "
             "A-Z a-z 0-9 _ . = -"

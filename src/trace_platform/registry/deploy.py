@@ -27,6 +27,7 @@ from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
 from trace_platform.layout import dataset_location, version_location
 from trace_platform.registry import names, rollout
+from trace_platform.registry.reserved import PLATFORM_DAG
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.rollout import RolloutStore
 from trace_platform.store.secrets import SecretStore
@@ -190,6 +191,8 @@ def _lock_dag(
     # that order; a row locked first would deadlock with a cutover).
     dag = RegistryStore(conn).dag_by_name(org_id=actor.org_id, name=spec.name).fetchone()
     assert dag is not None
+    if spec.name == PLATFORM_DAG:
+        _platform_dag(conn, actor, dag, dry_run)
     if not can_deploy(actor, dag):
         raise Forbidden(
             f"'{actor.name}' may not deploy DAG '{spec.name}' (not its owner, an admin, or in its deploy roles)"
@@ -204,6 +207,21 @@ def _lock_dag(
         )
         previous = prev["spec"]["jobs"] if prev else {}
     return _Deploy(conn, actor, spec, source_yaml, source, dag, created, previous)
+
+
+def _platform_dag(conn: Connection[Any], actor: Actor, dag: dict[str, Any], dry_run: bool) -> None:
+    """The platform's own readers (saved queries, `trace verify`) trust what PLATFORM_DAG
+    publishes, so only org admins deploy it, and an admin's deploy makes it an admin's: a
+    user who created the name first (before this rule, or by any other path) keeps no hold on
+    it (no trigger, backfill, pause or rollback of it)."""
+    if not actor.is_admin:
+        raise Forbidden(
+            f"'{actor.name}' may not deploy DAG '{PLATFORM_DAG}': it is the platform's DAG, "
+            "whose datasets the saved queries and `trace verify` trust; only an org admin may"
+        )
+    if dag["owner_user_id"] != actor.user_id and not dry_run:
+        RegistryStore(conn).take_dag_ownership(dag_id=dag["dag_id"], owner=actor.user_id)
+        dag["owner_user_id"], dag["deploy_roles"] = actor.user_id, []
 
 
 def _supersede_rebuild(d: _Deploy, intents: Intents) -> None:

@@ -22,6 +22,9 @@ class RegistryStore(Calls):
             _Q.insert_dag, {"dag_id": dag_id, "org_id": org_id, "name": name, "owner": owner}
         )
 
+    def take_dag_ownership(self, *, dag_id: UUID, owner: UUID) -> Cursor[Row]:
+        return self._run(_Q.take_dag_ownership, {"dag_id": dag_id, "owner": owner})
+
     def dag_for_update(self, *, org_id: UUID, name: str) -> Cursor[Row]:
         return self._run(_Q.dag_for_update, {"org_id": org_id, "name": name})
 

@@ -92,17 +92,24 @@ SELECT run_id FROM trigger_fires
 WHERE dag_id = %(dag_id)s AND trigger = %(trigger)s AND fire_key = %(fire_key)s;
 
 -- name: run_tree
--- Lineage of a run: roots of the run, then every task whose parent is in the tree. Children
--- are created after their parent, so each step prunes to the parent's start_day onwards.
+-- Lineage of a run: roots of the run (no parent, or a parent in another run: a shared read's
+-- producer in another DAG), then every task of the run whose parent is in the tree. A run
+-- never reaches past its own DAG: a DAG reading another's data gets runs of its own, and
+-- whoever may see (or cancel) this run may not see theirs. Children are created after their
+-- parent, so each step prunes to the parent's start_day onwards.
 WITH RECURSIVE tree AS (
   SELECT r.task_id, r.parent_task_id, r.start_day, 0 AS depth
   FROM task_registry r
-  WHERE r.run_id = %(run_id)s AND r.parent_task_id IS NULL
+  WHERE r.run_id = %(run_id)s
+    AND (r.parent_task_id IS NULL
+         OR NOT EXISTS (SELECT 1 FROM task_registry p
+                        WHERE p.task_id = r.parent_task_id AND p.run_id = %(run_id)s))
   UNION ALL
   SELECT c.task_id, c.parent_task_id, c.start_day, t.depth + 1
   FROM tree t
   JOIN task_registry c ON c.parent_task_id = t.task_id
    AND c.start_day BETWEEN t.start_day AND t.start_day + 31
+   AND c.run_id = %(run_id)s
 )
 SELECT t.task_id, t.parent_task_id, t.depth, r.job, r.operator, r.dag_id, r.created_at,
        s.status, s.attempt, s.started_at, s.finished_at, s.last_error, s.progress,

@@ -5,6 +5,10 @@ INSERT INTO dags (dag_id, org_id, name, owner_user_id)
 VALUES (%(dag_id)s, %(org_id)s, %(name)s, %(owner)s)
 ON CONFLICT (org_id, name) DO NOTHING;
 
+-- name: take_dag_ownership
+-- An admin's deploy of the platform's DAG makes it the admin's (registry/reserved.py).
+UPDATE dags SET owner_user_id = %(owner)s, deploy_roles = '{}' WHERE dag_id = %(dag_id)s;
+
 -- name: dag_for_update
 SELECT * FROM dags WHERE org_id = %(org_id)s AND name = %(name)s FOR UPDATE;
 
