@@ -147,8 +147,50 @@ def test_golden_path_analytics_match_the_node(
         # script (and the block before), against the node.
         check_large_amount_token(svc, me, rpc, info, head)
 
+        # A user's first DAG over the data the demo already synced (issue 44): it runs with no
+        # further command, equals a direct count, and a backfill of blocks 100-199 re-runs
+        # exactly the scope that holds them and leaves the result equal, twice.
+        check_new_dag_over_existing_data(svc, me)
+
         assert_invariants(svc)
         assert_datasets_complete(svc, span=(0, SPEC.blocks))
+
+
+TX_WINDOWS = """
+name: tx_windows
+jobs:
+  count:
+    operator: sql_transform
+    inputs: [{from: {dataset: transactions}}]
+    outputs: [{backend: parquet}]
+    config:
+      sql: |
+        SELECT CAST(floor(block_number / 100) * 100 AS BIGINT) AS window_start,
+               count(*) AS txs
+        FROM transactions GROUP BY 1
+publish:
+  - {job: count, output_index: 0, dataset: tx_per_100_blocks}
+"""
+
+
+def check_new_dag_over_existing_data(svc: Any, me: Any) -> None:
+    direct = query_rows(
+        svc,
+        me,
+        "SELECT CAST(floor(block_number / 100) * 100 AS BIGINT) AS window_start, "
+        "count(*) AS txs FROM transactions GROUP BY 1 ORDER BY 1",
+    )
+    res = svc.control.deploy(me, TX_WINDOWS)
+    assert res.live and res.replays["count"].sources == {"transactions": 3}
+    finished_run(svc, res.replays["count"].run_id, 300)
+    windows = "SELECT window_start, txs FROM tx_per_100_blocks ORDER BY 1"
+    assert query_rows(svc, me, windows) == direct and len(direct) == 3
+    for _ in range(2):
+        plan = svc.control.changes.backfill(me, "tx_windows", from_block=100, to_block=199)
+        assert plan["jobs"]["count"]["scopes"] == ["range:100-200"]
+        tasks = finished_run(svc, plan["run_id"], 300)
+        assert [t["status"] for t in tasks] == ["succeeded"]
+        assert query_rows(svc, me, windows) == direct
 
 
 def check_staking(svc: Any, me: Any, rpc: Rpc, head: int) -> None:
