@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test processes: most tests wait on subprocesses (workers, Spark, Postgres), so more than the
+# cores pays; tests are dealt one by one (--dist load) so the long chaos tests of one module run
+# side by side (measured on 2 cores: README, "Tests and benchmarks").
+TEST_WORKERS ?= 4
 
 .PHONY: demo test lint bench up clean check-prereqs
 
@@ -25,7 +29,7 @@ demo: $(STAMP) check-prereqs
 test: $(STAMP) check-prereqs
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --durations=30
 
 bench: $(STAMP)
 	$(BIN)/python bench/queue_bench.py

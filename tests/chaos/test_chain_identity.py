@@ -25,6 +25,7 @@ from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import DEPLOYER
 from trace_platform.lite.demo import run_demo, saved_rows
 from trace_platform.lite.stack import LiteStack
+from trace_platform.registry.reserved import PLATFORM_DAG
 from trace_platform.services import Services
 
 pytestmark = pytest.mark.slow
@@ -122,7 +123,8 @@ def tip_dag(url: str) -> str:
     jobs["transfers"]["inputs"] = [{"job": "ingest", "output": 1}]
     jobs["transfers_complete"]["config"] = {"size": 100, "origin": 0}
     dag = {
-        "name": "tipped",
+        # The platform's DAG: its saved queries read token_supply only from it (issue 38).
+        "name": PLATFORM_DAG,
         "worker_pools": {"rpc": [{"env": {"RPC_URL": url}}], "analytics": [{}]},
         "jobs": jobs,
         "publish": [
@@ -160,7 +162,7 @@ def test_a_reorg_below_the_tip_is_replaced_and_the_analytics_follow(
             svc.control.deploy(me, tip_dag(info.url))
 
             def follow() -> list[dict[str, Any]]:
-                tasks = finished_run(svc, svc.control.trigger(me, "tipped")["run_id"], 300)
+                tasks = finished_run(svc, svc.control.trigger(me, PLATFORM_DAG)["run_id"], 300)
                 assert all(t["status"] == "succeeded" for t in tasks), [
                     (t["job"], t["last_error"]) for t in tasks if t["status"] != "succeeded"
                 ]

@@ -35,7 +35,10 @@ publish:
 
 @pytest.fixture
 def stack(settings: Settings, dsn: str) -> Iterator[LiteStack]:
-    s = LiteStack(settings, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"})
+    # A lease long enough for a host's start on a busy machine: the refusal, not a lost lease,
+    # is what fails these attempts.
+    roomy = settings.model_copy(update={"lease_seconds": 30.0, "heartbeat_seconds": 1.0})
+    s = LiteStack(roomy, workers=1, dsn=dsn, worker_env={"TRACE_QUEUE_POLL_SECONDS": "0.2"})
     s.start()
     yield s
     s.stop()
