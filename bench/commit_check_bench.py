@@ -21,7 +21,6 @@ import itertools
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +29,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from embedded_pg import migrated_postgres  # this folder's: run as a script
 from trace_platform import layout
 from trace_platform.config import Settings
 from trace_platform.contract import (
@@ -41,8 +41,6 @@ from trace_platform.contract import (
     RangeSpec,
     TaskSpec,
 )
-from trace_platform.db.embedded import EmbeddedPostgres
-from trace_platform.db.migrate import migrate
 from trace_platform.dispatcher import commits
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.errors import Forbidden
@@ -177,21 +175,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"  # the no-op test operators
-    root = Path(tempfile.mkdtemp(prefix="trace-commit-bench-", dir="/tmp"))
-    root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=True)  # fsync on: real commit costs
-    pg.start()
-    try:
-        dsn = pg.dsn()
-        migrate(dsn)
+    with migrated_postgres("trace-commit-bench-") as (root, dsn):
         settings = Settings(state_dsn=dsn, home=root / "home", auth="permissive")
         svc = Services.build(settings, dsn)
         try:
             _bench(svc, args)
         finally:
             svc.close()
-    finally:
-        pg.destroy()
 
 
 def _bench(svc: Services, args: argparse.Namespace) -> None:

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.datasets import commit_parquet
 
+from embedded_pg import migrated_postgres  # this folder's: run as a script
 from trace_platform.config import Settings
-from trace_platform.db.embedded import EmbeddedPostgres, free_port
-from trace_platform.db.migrate import migrate
+from trace_platform.db.embedded import free_port
 from trace_platform.identity import Actor, create_key, ensure_user, lite_admin
 from trace_platform.lite.stack import ApiServer
 from trace_platform.query import formats
@@ -240,13 +239,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=3, help="threads per saturating user")
     ap.add_argument("--rounds", type=int, default=5, help="idle/saturated blocks, alternating")
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="trace-fairbench-", dir="/tmp"))
-    root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=True)
-    pg.start()
-    try:
-        dsn = pg.dsn()
-        migrate(dsn)
+    with migrated_postgres("trace-fairbench-") as (root, dsn):
         shipped = Settings(state_dsn=dsn, home=root / "home", auth="required")
         svc = Services.build(shipped, dsn)
         with svc.pool.connection() as conn, conn.transaction():
@@ -327,8 +320,6 @@ def main() -> None:
             f"\nbystander p99 saturated / idle: {ratio:.2f}x "
             f"({'within' if ratio <= 2 else 'OVER'} the 2x target)"
         )
-    finally:
-        pg.destroy()
 
 
 if __name__ == "__main__":

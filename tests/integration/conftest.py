@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.support.servers import secured_api
+from trace_platform.config import Settings
 from trace_platform.db.embedded import free_port
 from trace_platform.lite.stack import ApiServer
 from trace_platform.services import Services
@@ -36,3 +38,10 @@ def client(services: Services) -> Iterator[DispatcherClient]:
     yield c
     c.close()
     server.stop()
+
+
+@pytest.fixture
+def secure(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
+    """An API that requires keys, over this test's database: (services, base URL)."""
+    with secured_api(settings, dsn) as running:
+        yield running

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.cli import trace as cli
 from tests.support.dags import admin, three_jobs, user
-from tests.support.servers import empty_database, secured_api
+from tests.support.servers import admin_key, bearer, empty_database
 from trace_platform.config import Settings
 from trace_platform.contract import LITE_ORG_ID, ClaimRequest, LeaseRef
 from trace_platform.db import migrate as mig
@@ -50,20 +50,6 @@ def refreshed(services: Services, actor: Actor) -> Actor:
     """The user as they are now (roles change under a held Actor)."""
     a, _ = user(services, actor.name)
     return a
-
-
-@pytest.fixture
-def secure(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
-    with secured_api(settings, dsn) as running:
-        yield running
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def admin_key(svc: Services) -> str:
-    return svc.new_admin_key or (svc.settings.home / "admin.key").read_text().strip()
 
 
 def same_404(

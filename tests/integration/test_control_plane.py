@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,8 +12,6 @@ import pytest
 
 from tests.support.dags import admin, three_jobs, user
 from tests.support.invariants import expire_lease
-from tests.support.servers import secured_api
-from trace_platform.config import Settings
 from trace_platform.contract import (
     ClaimRequest,
     CompleteRequest,
@@ -315,10 +312,6 @@ def test_manual_trigger_idempotency_key(services: Services) -> None:
 
 
 # -- permissions over HTTP ------------------------------------------------------------------
-@pytest.fixture
-def secure(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
-    with secured_api(settings, dsn) as running:
-        yield running
 
 
 def test_permissions_and_clear_401_403(secure: tuple[Services, str]) -> None:

@@ -5,18 +5,16 @@ they read. Real Postgres, real HTTP, no workers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pyarrow as pa
-import pytest
 
 from tests.support.cli import trace as cli
 from tests.support.dags import admin, user
 from tests.support.datasets import commit_parquet
-from tests.support.servers import secured_api
+from tests.support.servers import admin_key, bearer
 from trace_platform.config import Settings
 from trace_platform.services import Services
 
@@ -24,20 +22,6 @@ PUBLISHER = (
     "name: {dag}\njobs:\n  p: {{operator: noop, outputs: [{{backend: parquet}}]}}\n"
     "publish:\n  - {{job: p, output_index: 0, dataset: {name}}}\n"
 )
-
-
-@pytest.fixture
-def secure(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
-    with secured_api(settings, dsn) as running:
-        yield running
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def admin_key(svc: Services) -> str:
-    return svc.new_admin_key or (svc.settings.home / "admin.key").read_text().strip()
 
 
 def deploy(url: str, key: str, dag: str, name: str) -> httpx.Response:

@@ -3,14 +3,10 @@ too: no status, text or producer's name tells it from a name nobody uses (issue 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
 from tests.support.dags import user
-from tests.support.servers import secured_api
-from trace_platform.config import Settings
 from trace_platform.services import Services
 
 PRIVATE = "name: alices_secret_dag\njobs:\n  a: {operator: noop, outputs: [{}]}\npublish:\n  - {job: a, output_index: 0, dataset: alice_private}\n"
@@ -19,12 +15,6 @@ PUBLISHER = (
     "name: bobs\njobs:\n  p: {{operator: noop, outputs: [{{}}]}}\n"
     "publish:\n  - {{job: p, output_index: 0, dataset: {name}}}\n"
 )
-
-
-@pytest.fixture
-def secure(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
-    with secured_api(settings, dsn) as running:
-        yield running
 
 
 def _deploy(url: str, key: str, yaml: str, dry_run: bool) -> httpx.Response:

@@ -28,6 +28,15 @@ def secured_api(settings: Settings, dsn: str) -> Iterator[tuple[Services, str]]:
         svc.close()
 
 
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def admin_key(svc: Services) -> str:
+    """The Lite admin's key: as the first start printed it, else as it saved it."""
+    return svc.new_admin_key or (svc.settings.home / "admin.key").read_text().strip()
+
+
 @contextmanager
 def empty_database(pg_server: str) -> Iterator[str]:
     """A new database with no migration applied (dropped afterwards): its DSN."""

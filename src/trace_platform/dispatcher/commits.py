@@ -117,24 +117,23 @@ def check_commits(
     return checked
 
 
-def purged_outputs(
-    tx: StoreTx, st: dict[str, Any], attempt: int, commits: list[OutputCommit]
-) -> list[str]:
-    """The output versions these commits name that an admin purged since the task was made
-    (a commit that is not what the task was assigned is refused first)."""
-    wanted = {str(v) for _, v in check_commits(st, attempt, commits)}
+def purged_outputs(tx: StoreTx, checked: list[tuple[OutputCommit, UUID]]) -> list[str]:
+    """The output versions these checked commits (`check_commits`) land in that an admin
+    purged since the task was made."""
+    wanted = {str(v) for _, v in checked}
     if not wanted:
         return []
     return sorted(wanted - tx.existing_versions(sorted(wanted)))
 
 
 def commit_outputs(
-    tx: StoreTx, st: dict[str, Any], attempt: int, commits: list[OutputCommit]
+    tx: StoreTx, st: dict[str, Any], attempt: int, checked: list[tuple[OutputCommit, UUID]]
 ) -> set[tuple[str, str]]:
-    """Lands the commits; returns the (dataset, scope) pairs of `replace` outputs that rewrote
-    an earlier commit: the events for those scopes are invalidations."""
+    """Lands commits already checked (`check_commits`, each with its version); returns the
+    (dataset, scope) pairs of `replace` outputs that rewrote an earlier commit: the events for
+    those scopes are invalidations."""
     rewritten: set[tuple[str, str]] = set()
-    for c, version in check_commits(st, attempt, commits):
+    for c, version in checked:
         strategy = tx.insert_commit(
             NewCommit(
                 commit_id=uuid.uuid4(),

@@ -32,7 +32,12 @@ from trace_platform.contract import (
     TaskPayload,
 )
 from trace_platform.dispatcher import access, reads, state
-from trace_platform.dispatcher.commits import Emitter, commit_outputs, purged_outputs
+from trace_platform.dispatcher.commits import (
+    Emitter,
+    check_commits,
+    commit_outputs,
+    purged_outputs,
+)
 from trace_platform.dispatcher.fencing import check_lease, fenced, reject_finished, withdraw
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.models import CancelResponse
@@ -482,11 +487,15 @@ class Lifecycle:
                         task_id=req.task_id, attempt=req.attempt, status=st["status"]
                     )
                 reject_finished(st, req)
-            req = withdraw(st, req, purged_outputs(tx, st, req.attempt, req.outputs))
+            # What the operator reports is checked against what was assigned before anything
+            # else: a forged commit is refused, never withdrawn or landed.
+            checked = check_commits(st, req.attempt, req.outputs)
+            req = withdraw(st, req, purged_outputs(tx, checked))
             req, conflict = self._compare_state(tx, st, req)
             req = self._superseded_whole(st, req)
             # Commits first: an event for a scope they rewrote is an invalidation.
-            rewritten = commit_outputs(tx, st, req.attempt, req.outputs)
+            # A withdrawn or superseded report carries no outputs any more: it lands none.
+            rewritten = commit_outputs(tx, st, req.attempt, checked if req.outputs else [])
             ids, dups, created = self.emitter.insert(
                 tx, st, req.attempt, req.final_events, rewritten
             )
