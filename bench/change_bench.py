@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+import smoke  # this folder's: run as a script
+from trace_platform import layout
 from trace_platform.config import Settings
 from trace_platform.contract import (
     ClaimRequest,
@@ -157,7 +159,9 @@ def drive(svc: Services) -> int:
                         OutputCommit(
                             dataset_uuid=o.dataset_uuid,
                             range=RangeSpec(start=a, end=b),
-                            location=f"{o.location}r={a}/t={task_id}/",
+                            location=layout.scope_prefix(
+                                o.location, task_id, c.attempt, rng=RangeSpec(start=a, end=b)
+                            ),
                             row_count=1,
                         )
                         for o in p.outputs
@@ -395,7 +399,7 @@ def main() -> None:
     ap.add_argument("--demo", action="store_true", help="also the decode-stage rebuild vs fresh")
     ap.add_argument("--demo-only", action="store_true", help="only the decode-stage figures")
     ap.add_argument("--blocks", type=int, default=2000)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, jobs=200, readers=5, history=2, rounds=1, blocks=200)
 
     print(f"machine: {os.cpu_count()} cores")
     if not args.demo_only:
@@ -423,4 +427,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    smoke.main(main)

@@ -29,6 +29,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import smoke  # this folder's: run as a script
 from embedded_pg import migrated_postgres  # this folder's: run as a script
 from trace_platform import layout
 from trace_platform.config import Settings
@@ -173,7 +174,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--commits", type=int, default=4, help="range commits per completion")
     ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, tasks=10, commits=2, rounds=1)
     os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"  # the no-op test operators
     with migrated_postgres("trace-commit-bench-") as (root, dsn):
         settings = Settings(state_dsn=dsn, home=root / "home", auth="permissive")
@@ -221,4 +222,4 @@ def _bench(svc: Services, args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    smoke.main(main)

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+import smoke  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.contract import ClaimRequest, CompleteRequest, TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgres
@@ -358,7 +359,7 @@ def main() -> None:
         help="the end-to-end rows' wrappers per worker (each its own operator host)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="end-to-end rows per arrangement")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, runs=3, tasks=100, e2e_tasks=20, workers=1, wrappers="2")
 
     root = Path(tempfile.mkdtemp(prefix="trace-dispatch-bench-", dir="/tmp"))
     root.chmod(0o755)
@@ -427,4 +428,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    smoke.main(main)

@@ -26,7 +26,6 @@ import contextlib
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -37,6 +36,7 @@ from typing import Any
 
 import psycopg
 
+import smoke  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgres
@@ -133,10 +133,12 @@ def back_to_normal(
     raise SystemExit("refusing to print: the tasks ran out before throughput was back to normal")
 
 
-def restart_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> tuple[float, float]:
+def restart_recovery(
+    settings: Settings, pg: EmbeddedPostgres, dsn: str, stream: int = 900
+) -> tuple[float, float]:
     """(to the next completion, to normal throughput) after a restart."""
     with LiteStack(settings, workers=2, dsn=dsn) as stack:
-        ids = create(stack, 900, 0.05)
+        ids = create(stack, stream, 0.05)
         wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
         fault_at = server_now(dsn)
         pg.stop("fast")
@@ -152,10 +154,10 @@ def restart_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> tupl
     return took, normal
 
 
-def freeze_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str) -> float:
+def freeze_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str, stream: int = 900) -> float:
     """To normal throughput after the server was stopped (SIGSTOP) for 1.5 leases."""
     with LiteStack(settings, workers=2, dsn=dsn) as stack:
-        ids = create(stack, 900, 0.05)
+        ids = create(stack, stream, 0.05)
         wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
         fault_at = server_now(dsn)
         postmaster = int((pg.pgdata / "postmaster.pid").read_text().split()[0])
@@ -207,7 +209,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=300)
-    args = ap.parse_args()
+    ap.add_argument(
+        "--stream", type=int, default=900, help="short tasks streaming through each fault"
+    )
+    ap.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=None,
+        help="the lease (heartbeat a third of it; default: the shipped settings')",
+    )
+    args = smoke.parse_args(ap, repeat=1, tasks=30, stream=200, lease_seconds=3.0)
     root = Path(tempfile.mkdtemp(prefix="trace-fault-bench-", dir="/tmp"))
     root.chmod(0o755)
     pg = EmbeddedPostgres(root / "pg", durable=True)
@@ -216,6 +227,13 @@ def main() -> int:
         dsn = pg.dsn()
         migrate(dsn)
         settings = Settings(state_dsn=dsn, home=root / "home", auth="permissive")
+        if args.lease_seconds:
+            settings = settings.model_copy(
+                update={
+                    "lease_seconds": args.lease_seconds,
+                    "heartbeat_seconds": args.lease_seconds / 3,
+                }
+            )
         print(
             f"{os.cpu_count()} cores, fsync on; lease {settings.lease_seconds:.0f} s, heartbeat "
             f"{settings.heartbeat_seconds:.0f} s, reaper every {settings.reaper_interval_seconds:.0f} s"
@@ -225,7 +243,7 @@ def main() -> int:
             f"worker SIGKILL -> task running again: median {statistics.median(kills):.1f} s, "
             f"max {max(kills):.1f} s (target <= {3 * settings.heartbeat_seconds:.0f} s)"
         )
-        restarts = [restart_recovery(settings, pg, dsn) for _ in range(args.repeat)]
+        restarts = [restart_recovery(settings, pg, dsn, args.stream) for _ in range(args.repeat)]
         flowing, normal = [r[0] for r in restarts], [r[1] for r in restarts]
         two_leases = 2 * settings.lease_seconds
         print(
@@ -234,7 +252,7 @@ def main() -> int:
             f"{statistics.median(normal):.1f} s, max {max(normal):.1f} s "
             f"(target <= {two_leases:.0f} s, 2 leases)"
         )
-        thaws = [freeze_recovery(settings, pg, dsn) for _ in range(args.repeat)]
+        thaws = [freeze_recovery(settings, pg, dsn, args.stream) for _ in range(args.repeat)]
         print(
             f"Postgres frozen {1.5 * settings.lease_seconds:.0f} s -> throughput back to normal "
             f"after the thaw: median {statistics.median(thaws):.1f} s, max {max(thaws):.1f} s "
@@ -255,4 +273,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    smoke.main(main)

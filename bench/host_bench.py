@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import smoke  # this folder's: run as a script
 from dispatch_bench import _ancestor_in, processes  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.contract import TaskPayload
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=64)
     ap.add_argument("--tasks", type=int, default=6400)
     ap.add_argument("--pairs", type=int, default=3)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, hosts=2, tasks=20, pairs=1)
     home = Path(tempfile.mkdtemp(prefix="trace-host-bench-", dir="/tmp"))
     home.chmod(0o755)
     settings = Settings(home=home, state_dsn="postgresql://unused/db")
@@ -135,4 +136,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    smoke.main(main)

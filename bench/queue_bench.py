@@ -39,24 +39,34 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 from uuid import uuid4
 
-import asyncpg
 import psycopg
 from psycopg.types.json import Jsonb
 
+import smoke  # this folder's: run as a script
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
 from trace_platform.queue.pgqueue import PgQueue
 
 OURS = "pgqueue"  # as production runs it: receive, ack and nack with synchronous_commit=off
 OURS_DURABLE = "pgqueue durable"  # every call with synchronous_commit=on, as the peers run
-PGQUEUER = f"PgQueuer {version('pgqueuer')}"
-PROCRASTINATE = f"procrastinate {version('procrastinate')}"
+
+
+def installed(dist: str) -> str | None:
+    """A peer's version, or None when the bench extra is not installed (its side is skipped)."""
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+PGQUEUER = f"PgQueuer {installed('pgqueuer')}"
+PROCRASTINATE = f"procrastinate {installed('procrastinate')}"
 BARE = "bare SKIP LOCKED"
 SYSTEMS = [OURS, OURS_DURABLE, PGQUEUER, PROCRASTINATE, BARE]
 # What each system commits with (printed beside its figures: a ratio is only as fair as this).
@@ -406,7 +416,8 @@ class PgQueuerBench:
         self.adsn = plain_dsn(dsn)
         self.tables: list[str] = []
 
-    async def _queries(self) -> tuple[asyncpg.Connection, Any]:
+    async def _queries(self) -> tuple[Any, Any]:
+        import asyncpg
         from pgqueuer import Queries
 
         conn = await asyncpg.connect(self.adsn)
@@ -792,7 +803,7 @@ def machine_info(dsn: str) -> list[tuple[str, str]]:
         ("shared_buffers", settings["shared_buffers"]),
         (
             "clients",
-            f"psycopg {version('psycopg')}, asyncpg {version('asyncpg')} "
+            f"psycopg {version('psycopg')}, asyncpg {installed('asyncpg')} "
             f"(PgQueuer), psycopg_pool {version('psycopg-pool')}",
         ),
     ]
@@ -912,7 +923,19 @@ def parse_args(argv: list[str] | None) -> Config:
         help="interleaved pairs of drains, durable pgqueue against the bare loop (0: none)",
     )
     ap.add_argument("--quick", action="store_true", help="N=5000, 1 repeat")
-    a = ap.parse_args(argv)
+    a = smoke.parse_args(
+        ap,
+        argv,
+        messages=200,
+        single_n=50,
+        procrastinate_n=50,
+        repeats=1,
+        latency_samples=5,
+        pairs=1,
+    )
+    if a.smoke:  # the warm-up probes are most of a smoke run's latency samples
+        global LATENCY_WARMUP
+        LATENCY_WARMUP = 2
     if a.quick:
         a.messages, a.repeats, a.single_n = 5_000, 1, min(a.single_n, 1_000)
     return Config(
@@ -945,8 +968,14 @@ def main(argv: list[str] | None = None) -> int:
         bench_ours(pg.dsn(dbs["pgqueue"]), cfg, res, OURS_DURABLE)
         bench_bare(pg.dsn(dbs["pgqueue"]), cfg, res)
         paired_with_bare(pg.dsn(dbs["pgqueue"]), cfg, res)
-        bench_pgqueuer(pg.dsn(dbs["pgqueuer"]), cfg, res)
-        bench_procrastinate(pg.dsn(dbs["procrastinate"]), cfg, res)
+        if installed("pgqueuer") and installed("asyncpg"):
+            bench_pgqueuer(pg.dsn(dbs["pgqueuer"]), cfg, res)
+        else:
+            log(f"{PGQUEUER}: not installed (the bench extra), its side skipped")
+        if installed("procrastinate"):
+            bench_procrastinate(pg.dsn(dbs["procrastinate"]), cfg, res)
+        else:
+            log(f"{PROCRASTINATE}: not installed (the bench extra), its side skipped")
     finally:
         log("destroying the cluster")
         pg.destroy()
@@ -956,4 +985,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    smoke.main(main)

@@ -1,0 +1,100 @@
+"""The benches' smoke size, one way for all of them.
+
+`--smoke` (or TRACE_BENCH_SMOKE=1 in the environment) runs a bench at a size at which it takes
+seconds: the same code paths, the same checks of its own work (its own tasks and rows counted,
+the two sides' results compared), and the same refusal (a non-zero exit) when one fails. A smoke
+run prints no figure that could be quoted: the bench's standard output is swallowed, and only
+`smoke: <bench>: checks passed` is printed, once the bench has returned without an error.
+tests/integration/test_benches_smoke.py runs every bench this way.
+
+A bench uses it in two places:
+
+    args = smoke.parse_args(ap, tasks=20, repeat=1)  # the smoke sizes: defaults under --smoke
+    ...
+    if __name__ == "__main__":
+        smoke.main(main)
+
+Full-size runs are unchanged, except that `make bench` (bench/run_all.py) sets
+TRACE_BENCH_FIGURES to a file, to which `smoke.figure(...)` appends each quoted figure as a line
+of JSON (ignored at smoke size, and when the variable is unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ENV = "TRACE_BENCH_SMOKE"
+FIGURES_ENV = "TRACE_BENCH_FIGURES"
+FLAG = "--smoke"
+
+_real_stdout = sys.stdout
+_active = False
+
+
+def requested(argv: list[str] | None = None) -> bool:
+    """Whether this run is at smoke size: `--smoke` on the command line, or TRACE_BENCH_SMOKE
+    set to anything but empty or 0."""
+    argv = sys.argv[1:] if argv is None else argv
+    return FLAG in argv or os.environ.get(ENV, "") not in ("", "0")
+
+
+def active() -> bool:
+    """Whether smoke.parse_args found a smoke run (and so the figures go nowhere)."""
+    return _active
+
+
+def parse_args(
+    ap: argparse.ArgumentParser, argv: list[str] | None = None, **sizes: Any
+) -> argparse.Namespace:
+    """Parse the bench's arguments; at smoke size `sizes` replace the defaults (an option given
+    on the command line still wins), `args.smoke` is True, and standard output is swallowed
+    from here on."""
+    global _active
+    ap.add_argument(
+        FLAG,
+        action="store_true",
+        help=f"smoke size: seconds, every check, no figures (or {ENV}=1)",
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    smoke = requested(argv)
+    if smoke:
+        unknown = [k for k in sizes if not any(a.dest == k for a in ap._actions)]
+        if unknown:
+            raise ValueError(f"smoke sizes for options the bench does not have: {unknown}")
+        ap.set_defaults(**sizes)
+    args = ap.parse_args(argv)
+    args.smoke = smoke
+    if smoke and not _active:
+        _active = True
+        sys.stdout = io.StringIO()  # figures go nowhere; checks still raise
+    return args
+
+
+def figure(bench: str, label: str, value: float | str, unit: str = "", **extra: Any) -> None:
+    """Record one quoted figure for `make bench`'s table (nothing at smoke size, or when
+    TRACE_BENCH_FIGURES is not set). `extra` (ratio=..., note=...) goes in its own columns."""
+    path = os.environ.get(FIGURES_ENV)
+    if _active or not path:
+        return
+    row = {"bench": bench, "label": label, "value": value, "unit": unit, **extra}
+    with Path(path).open("a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+
+
+def main(entry: Callable[[], int | None], name: str | None = None) -> None:
+    """Run a bench's main(); exit with its failure (an exception's traceback, a SystemExit's
+    message or a non-zero return) or, at smoke size, print that its checks passed."""
+    rc = entry()
+    if rc not in (None, 0):
+        raise SystemExit(rc)
+    if _active:
+        sys.stdout = _real_stdout
+        bench = name or Path(sys.argv[0]).stem
+        print(f"smoke: {bench}: checks passed", flush=True)
