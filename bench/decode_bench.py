@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support import amounts
 from tests.support.proc import tree_cpu
 
+import smoke  # this folder's: run as a script
 from trace_platform.operators import decode, output
 from trace_platform.operators.cryo_ingest import ROW_GROUP_ROWS
 from trace_platform.spark import JIT_OPTIONS
@@ -576,7 +577,7 @@ def main() -> int:
         help="rows per input row group (default: cryo_ingest's; 0: pyarrow's, 1M rows a group)",
     )
     ap.add_argument("--profile", action="store_true", help="Spark's stages and plans too")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, rows=5_000, repeat=1)
     rows = 100_000 if args.quick else args.rows
     cores = os.cpu_count() or 1
     spark_cores = cores if args.master in ("local[*]", "local") else int(args.master[6:-1])
@@ -719,4 +720,4 @@ def line(name: str, out: int, rows: int, med: dict[str, list[float]]) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    smoke.main(main)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.datasets import commit_parquet
 
+import smoke  # this folder's: run as a script
 from embedded_pg import migrated_postgres  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.db.embedded import free_port
@@ -238,7 +239,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--threads", type=int, default=3, help="threads per saturating user")
     ap.add_argument("--rounds", type=int, default=5, help="idle/saturated blocks, alternating")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, blocks=300_000, samples=5, threads=3, rounds=1)
     with migrated_postgres("trace-fairbench-") as (root, dsn):
         shipped = Settings(state_dsn=dsn, home=root / "home", auth="required")
         svc = Services.build(shipped, dsn)
@@ -323,4 +324,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    smoke.main(main)

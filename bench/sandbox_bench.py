@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import smoke  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgres
@@ -132,7 +133,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--switches", type=int, default=10)
     ap.add_argument("--spark-runs", type=int, default=3)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, tasks=5, switches=1, spark_runs=1)
     if os.geteuid() != 0:
         raise SystemExit("the sandboxed rows need root (the sandbox switches users)")
     root = Path(tempfile.mkdtemp(prefix="trace-sandbox-bench-", dir="/tmp"))
@@ -184,4 +185,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    smoke.main(main)

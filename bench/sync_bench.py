@@ -38,6 +38,7 @@ from typing import Any
 
 import psycopg
 
+import smoke  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
@@ -230,7 +231,13 @@ def main() -> None:
         help="bare/Trace pairs per concurrency, interleaved (the first side alternates), so a "
         "busy machine's drift falls on both sides; the median ratio is reported",
     )
-    args = ap.parse_args()
+    ap.add_argument(
+        "--concurrency",
+        default="1,2",
+        help="ranges at a time, one figure each (the Spark decode follows the last)",
+    )
+    args = smoke.parse_args(ap, blocks=200, concurrency="2")
+    concurrency = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="trace-sync-bench-", dir="/tmp"))
     work.chmod(0o755)
     devnet = Devnet(work / "home")
@@ -250,11 +257,11 @@ def main() -> None:
             f"each side: {RPS} requests/s and {CONCURRENCY} concurrent requests per Cryo call, "
             f"ranges of {CHUNK} blocks"
         )
-        for n in (1, 2):
+        for n in concurrency:
             ratios = []
             for r in range(args.repeat):
                 tag = f"{n}_{r}"
-                last = n == 2 and r == args.repeat - 1
+                last = n == concurrency[-1] and r == args.repeat - 1
                 sides = ("bare", "trace") if r % 2 == 0 else ("trace", "bare")
                 for side in sides:
                     if side == "bare":
@@ -288,4 +295,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    smoke.main(main)

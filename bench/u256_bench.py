@@ -40,6 +40,7 @@ from tests.support import amounts
 from tests.support.operators import put_table, read_output, run_operator
 from tests.support.proc import tree_cpu
 
+import smoke  # this folder's: run as a script
 import trace_platform.spark as tspark
 from trace_platform.chain import topic0
 from trace_platform.contract import RangeSpec
@@ -245,7 +246,7 @@ def main() -> int:
     ap.add_argument("--accounts", type=int, default=5_000)
     ap.add_argument("--blocks", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, logs=2_000, tokens=3, accounts=50, blocks=1_000, repeat=1)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     exact_sql = {
         job: yaml.safe_load(DEMO.read_text())["jobs"][job]["config"]["sql"] for job in DECIMAL_SQL
@@ -303,4 +304,4 @@ def report(args: Any, rows: dict[str, int], costs: dict[tuple[str, bool], list[C
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    smoke.main(main)
