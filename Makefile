@@ -31,16 +31,10 @@ test: $(STAMP) check-prereqs
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --durations=30
 
-bench: $(STAMP)
-	$(BIN)/python bench/queue_bench.py
-	$(BIN)/python bench/dispatch_bench.py
-	$(BIN)/python bench/sync_bench.py
-	$(BIN)/python bench/query_bench.py
-	$(BIN)/python bench/sandbox_bench.py
-	$(BIN)/python bench/change_bench.py --demo
-	$(BIN)/python bench/fault_bench.py
-	$(BIN)/python bench/u256_bench.py
-	$(BIN)/python bench/decode_bench.py
+# Every bench at full size, one at a time; their figures, ratios, the machine and the date go to
+# bench/results.md (the docs' benchmark page includes it). `make test` runs each at smoke size.
+bench: $(STAMP) check-prereqs
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python bench/run_all.py --out bench/results.md
 
 up: $(STAMP)
 	$(BIN)/trace up

@@ -14,16 +14,14 @@ A bench uses it in two places:
     if __name__ == "__main__":
         smoke.main(main)
 
-Full-size runs are unchanged, except that `make bench` (bench/run_all.py) sets
-TRACE_BENCH_FIGURES to a file, to which `smoke.figure(...)` appends each quoted figure as a line
-of JSON (ignored at smoke size, and when the variable is unset).
+Full-size runs are unchanged: `make bench` (bench/run_all.py) runs every bench at full size and
+writes their figures to bench/results.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -31,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 ENV = "TRACE_BENCH_SMOKE"
-FIGURES_ENV = "TRACE_BENCH_FIGURES"
 FLAG = "--smoke"
 
 _real_stdout = sys.stdout
@@ -75,17 +72,6 @@ def parse_args(
         _active = True
         sys.stdout = io.StringIO()  # figures go nowhere; checks still raise
     return args
-
-
-def figure(bench: str, label: str, value: float | str, unit: str = "", **extra: Any) -> None:
-    """Record one quoted figure for `make bench`'s table (nothing at smoke size, or when
-    TRACE_BENCH_FIGURES is not set). `extra` (ratio=..., note=...) goes in its own columns."""
-    path = os.environ.get(FIGURES_ENV)
-    if _active or not path:
-        return
-    row = {"bench": bench, "label": label, "value": value, "unit": unit, **extra}
-    with Path(path).open("a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
 
 
 def main(entry: Callable[[], int | None], name: str | None = None) -> None:

@@ -34,7 +34,6 @@ def test_every_bench_is_covered() -> None:
 @pytest.mark.parametrize("bench", BENCHES)
 def test_bench_smoke(bench: str) -> None:
     env = {**os.environ, "TRACE_BENCH_SMOKE": "1", "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("TRACE_BENCH_FIGURES", None)
     proc = subprocess.run(
         [sys.executable, str(BENCH / f"{bench}.py"), "--smoke"],
         cwd=BENCH.parent,

@@ -1,0 +1,174 @@
+"""`make bench`: every bench at full size, one at a time, and one results file.
+
+Runs each bench below as a subprocess with this interpreter (never two at once: they measure
+this machine), echoes its output as it comes, and writes bench/results.md: the machine and the
+date, one table of every bench's outcome (its command, whether its checks passed, its wall
+time), and under it each bench's own figures and ratios, verbatim (a bench prints nothing when
+a check fails: the table then says so and quotes its error). The docs' benchmark page includes
+that file.
+
+    .venv/bin/python bench/run_all.py [--only queue_bench,u256_bench] [--out bench/results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+# (bench, its full-size arguments), in the order they run.
+BENCHES: list[tuple[str, list[str]]] = [
+    ("queue_bench", []),
+    ("dispatch_bench", []),
+    ("sync_bench", []),
+    ("query_bench", []),
+    ("query_fairness_bench", []),
+    ("sandbox_bench", []),
+    ("change_bench", ["--demo"]),
+    ("commit_check_bench", []),
+    ("fault_bench", []),
+    ("host_bench", []),
+    ("u256_bench", []),
+    ("decode_bench", []),
+]
+
+
+def machine() -> list[tuple[str, str]]:
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        mem = f"{int(f.readline().split()[1]) / 1024 / 1024:.1f} GiB"
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return [
+        ("cores", f"{os.cpu_count()} ({cpu})"),
+        ("memory", mem),
+        ("os", platform.platform()),
+        ("python", platform.python_version()),
+        ("commit", commit or "?"),
+    ]
+
+
+def loadavg() -> str:
+    with contextlib.suppress(OSError), open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+    return "?"
+
+
+def run(name: str, args: list[str]) -> tuple[int, float, str, str]:
+    """(exit code, wall seconds, stdout, stderr's tail); stdout and stderr echoed as they come."""
+    cmd = [sys.executable, str(BENCH / f"{name}.py"), *args]
+    env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
+    env.pop("TRACE_BENCH_SMOKE", None)  # full size
+    print(f"\n=== {name} {' '.join(args)}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    err_lines: list[str] = []
+
+    def pump_err() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            err_lines.append(line)
+            del err_lines[:-40]
+
+    t = threading.Thread(target=pump_err, daemon=True)
+    t.start()
+    out: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        out.append(line)
+    rc = proc.wait()
+    t.join(5)
+    return rc, time.perf_counter() - t0, "".join(out), "".join(err_lines)
+
+
+def write(path: Path, info: list[tuple[str, str]], rows: list[dict[str, object]]) -> None:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` (bench/run_all.py) on {now}: every bench at full size, one at"
+        " a time, on the machine below. Each bench checks its own work (its own tasks and rows"
+        " counted, the two sides' results compared) and prints no figure when a check fails.",
+        "",
+        "| machine | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in info),
+        "",
+        "| bench | command | checks | wall time | load average (before, after) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| [{r['name']}](#{r['name']}) | `{r['cmd']}` | {r['status']} | {r['wall']:.0f} s "
+            f"| {r['load']} |"
+        )
+    for r in rows:
+        lines += ["", f"## {r['name']}", "", f"`{r['cmd']}`", "", "```text"]
+        lines += [str(r["out"]).rstrip("\n") or "(no figures printed)", "```"]
+        if r["rc"]:
+            lines += ["", "Its error (stderr, last lines):", "", "```text"]
+            lines += [str(r["err"]).rstrip("\n"), "```"]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated bench names (default: all)")
+    ap.add_argument("--out", type=Path, default=BENCH / "results.md")
+    args = ap.parse_args()
+    only = {n for n in args.only.split(",") if n}
+    unknown = only - {n for n, _ in BENCHES}
+    if unknown:
+        raise SystemExit(f"no such bench: {sorted(unknown)}")
+    info = machine()
+    rows: list[dict[str, object]] = []
+    for name, bench_args in BENCHES:
+        if only and name not in only:
+            continue
+        before = loadavg()
+        rc, wall, out, err = run(name, bench_args)
+        rows.append(
+            {
+                "name": name,
+                "cmd": " ".join(["python", f"bench/{name}.py", *bench_args]),
+                "rc": rc,
+                "status": "passed" if rc == 0 else f"**FAILED** (exit {rc}): no figures",
+                "wall": wall,
+                "load": f"{before}; {loadavg()}",
+                "out": out if rc == 0 else "",
+                "err": err,
+            }
+        )
+        write(args.out, info, rows)  # after every bench: a long run leaves what it measured
+    print(f"\nresults: {args.out}")
+    return 1 if any(r["rc"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
