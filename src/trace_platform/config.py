@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from trace_platform.spark.conf import check_user_conf
+
 
 class Profile(StrEnum):
     lite = "lite"
@@ -194,8 +196,6 @@ class Settings(BaseSettings):
     @field_validator("spark_conf")
     @classmethod
     def _spark_conf(cls, v: dict[str, str]) -> dict[str, str]:
-        from trace_platform.spark import check_user_conf
-
         return check_user_conf(v)
 
     @model_validator(mode="after")

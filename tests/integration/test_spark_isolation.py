@@ -23,13 +23,9 @@ from trace_platform.objectstore.local import LocalStore
 from trace_platform.operators.context import OperatorContext, PermanentError
 from trace_platform.operators.sql_transform import sql_transform
 from trace_platform.spark import helpers
-from trace_platform.spark.sql_guard import (
-    DIALECT,
-    CheckedQuery,
-    SqlRefused,
-    check_query,
-    check_spark_plan,
-)
+from trace_platform.spark.dialect import DIALECT
+from trace_platform.spark.sql_guard import CheckedQuery, SqlRefused, check_query
+from trace_platform.spark.sql_plan_check import check_spark_plan
 
 pytest.importorskip("pyspark")
 

@@ -77,3 +77,128 @@ def test_the_dispatcher_holds_no_connection_or_sql() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("psycopg"):
                 offenders.append(f"{name}:{node.lineno} imports {node.module}")
     assert offenders == [], offenders
+
+
+def _module_names() -> dict[str, Path]:
+    """Dotted name of every trace_platform module -> its file (a package is its __init__)."""
+    names = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = ["trace_platform", *path.relative_to(SRC).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _executed_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import that can run: at module level and inside functions alike (a deferred import
+    is how a circle hides, not how it is broken); only `if TYPE_CHECKING:` blocks never run."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the trace_platform modules it imports. `from pkg import sub` names the submodule
+    `pkg.sub`; the implicit import of a parent package is not an edge (Python allows a child to
+    load while its package is still initialising, as long as the child needs nothing from it)."""
+    names = _module_names()
+
+    def owner(dotted: str) -> str | None:
+        while dotted and dotted not in names:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: list[str] = []
+        for node in _executed_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+                continue
+            base = node.module or ""
+            if node.level:  # relative: climb from this module's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets += [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in names else base
+                for alias in node.names
+            ]
+        graph[name] = {t for t in map(owner, targets) if t and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(root, sorted(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(graph[nxt])))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_sees_a_circle() -> None:
+    """Guard the guard: a three-module circle and a self-contained chain."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    """No two trace_platform modules import each other, directly or round a circle (issue 39:
+    config <-> spark.objects and spark.helpers <-> sql_guard <-> u256 were broken by moving the
+    shared pieces to modules both can import; this keeps them from coming back)."""
+    graph = _import_graph()
+    assert "trace_platform.spark.sql_guard" in graph  # the graph really covers the package
+    cycles = _cycles(graph)
+    assert cycles == [], "import cycles:\n" + "\n".join(", ".join(c) for c in cycles)

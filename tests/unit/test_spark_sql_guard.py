@@ -12,12 +12,9 @@ from sqlglot import exp
 
 from trace_platform.operators.context import PermanentError
 from trace_platform.spark import helpers
-from trace_platform.spark.sql_guard import (
-    DIALECT,
-    SPARK_EXTRA_FUNCTIONS,
-    SqlRefused,
-    check_query,
-)
+from trace_platform.spark.dialect import DIALECT
+from trace_platform.spark.sql_allowlist import SPARK_EXTRA_FUNCTIONS
+from trace_platform.spark.sql_guard import SqlRefused, check_query
 
 INPUTS = ["transfers", "blocks"]
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"

@@ -17,7 +17,8 @@ from sqlglot import exp
 from trace_platform.devnet.big_token import LINE, MAX, SCRIPT, Step, replay, schedule
 from trace_platform.query import bignum, formats
 from trace_platform.spark import u256
-from trace_platform.spark.sql_guard import DIALECT, SqlRefused, check_query
+from trace_platform.spark.dialect import DIALECT
+from trace_platform.spark.sql_guard import SqlRefused, check_query
 
 # --- the helpers ------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trace_platform.objectstore import NoSuchKey, ObjectStore, ObjectStoreError, list_all
+from trace_platform.objectstore.protocol import NoSuchKey, ObjectStore, ObjectStoreError, list_all
 
 MANIFEST = "_manifest.json"
 # ~100k files' entries: far above any job Trace runs, far below a reader's memory.

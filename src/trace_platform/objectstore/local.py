@@ -9,7 +9,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trace_platform.objectstore import NoSuchKey, ObjectInfo, Page, check_key
+from trace_platform.objectstore.protocol import NoSuchKey, ObjectInfo, Page, check_key
 
 
 class LocalStore:

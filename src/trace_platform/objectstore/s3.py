@@ -10,7 +10,13 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from trace_platform.objectstore import NoSuchKey, ObjectInfo, ObjectStoreError, Page, check_key
+from trace_platform.objectstore.protocol import (
+    NoSuchKey,
+    ObjectInfo,
+    ObjectStoreError,
+    Page,
+    check_key,
+)
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 

@@ -28,7 +28,8 @@ from trace_platform.operators.context import OperatorContext, OperatorResult, Pe
 from trace_platform.operators.inputs import read_frame, version_locations
 from trace_platform.operators.output import publish_frame
 from trace_platform.spark import u256
-from trace_platform.spark.sql_guard import check_query, check_spark_plan, plan_parser
+from trace_platform.spark.sql_guard import check_query
+from trace_platform.spark.sql_plan_check import check_spark_plan, plan_parser
 
 
 class SqlTransformConfig(OperatorConfig):

@@ -53,6 +53,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trace_platform.spark.conf import SESSION_HARDENING, user_conf
+from trace_platform.spark.conf import check_user_conf as check_user_conf  # the package API
+
 log = logging.getLogger("trace.spark")
 
 _lock = threading.Lock()
@@ -60,42 +63,7 @@ _session: Any = None
 _workdir: Path | None = None
 _context_baseline: tuple[int, int, int] = (0, 0, 0)
 
-# Set on the SparkConf (so every session and RESET keep them) and again on each task session.
-SESSION_HARDENING: dict[str, str] = {
-    "spark.sql.runSQLOnFiles": "false",
-    "spark.sql.variable.substitute": "false",
-    # Exact amounts rely on it: an overflowing limb sum or a bad cast is an error, never a
-    # wrapped or NULL number (a spark-defaults.conf must not turn it off).
-    "spark.sql.ansi.enabled": "true",
-}
-
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
-
-
-def check_user_conf(conf: Mapping[str, str]) -> dict[str, str]:
-    """A user's Spark settings (TRACE_SPARK_CONF): `spark.*` keys only, and none that would
-    undo `SESSION_HARDENING` or choose the master (TRACE_SPARK_MASTER does)."""
-    out: dict[str, str] = {}
-    for key, value in conf.items():
-        if not key.startswith("spark."):
-            raise ValueError(f"TRACE_SPARK_CONF: {key!r} is not a Spark setting (spark.*)")
-        if key == "spark.master" or key.startswith("spark.remote"):
-            raise ValueError(f"TRACE_SPARK_CONF: set {key} through TRACE_SPARK_MASTER")
-        if key in SESSION_HARDENING and str(value) != SESSION_HARDENING[key]:
-            raise ValueError(
-                f"TRACE_SPARK_CONF: {key} is fixed at {SESSION_HARDENING[key]} (operators' "
-                "sessions are hardened)"
-            )
-        out[key] = str(value)
-    return out
-
-
-def user_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The user's Spark settings as the worker handed them to this host (TRACE_SPARK_CONF)."""
-    import json
-
-    raw = (os.environ if environ is None else environ).get("TRACE_SPARK_CONF") or "{}"
-    return check_user_conf(json.loads(raw))
 
 
 # What the JVM's environment may hold: exact names, and name prefixes.
@@ -165,7 +133,7 @@ class _NarrowedEnviron:
 def _conf_options(workdir: Path) -> dict[str, str]:
     master = os.environ.get("TRACE_SPARK_MASTER", "local[*]")
     return {
-        # With a Spark Connect master the local JVM only parses (sql_guard.plan_parser).
+        # With a Spark Connect master the local JVM only parses (sql_plan_check.plan_parser).
         "spark.master": "local[1]" if is_remote(master) else master,
         "spark.app.name": "trace-operator-host",
         "spark.ui.enabled": "false",

@@ -25,6 +25,7 @@ import sqlglot
 from sqlglot import exp
 
 from trace_platform.spark import u256
+from trace_platform.spark.dialect import DIALECT
 
 ARITY: dict[str, int] = {
     "u256": 1,
@@ -41,12 +42,6 @@ class HelperMisused(ValueError):
     refuses the query with this message)."""
 
 
-def _dialect() -> type:
-    from trace_platform.spark.sql_guard import DIALECT  # it imports this module
-
-    return DIALECT
-
-
 class _Expander:
     def __init__(self) -> None:
         self._names = (f"_u256_{i}" for i in itertools.count(1))
@@ -60,9 +55,9 @@ class _Expander:
         var = next(self._names)
         # Parsed from text, so the body refers to the variable as sqlglot's parser would (the
         # guard compares the tree with its regeneration); `arg` goes in after.
-        inner = body(exp.column(var)).sql(dialect=_dialect())
+        inner = body(exp.column(var)).sql(dialect=DIALECT)
         bound = sqlglot.parse_one(
-            f"element_at(transform(array(NULL), {var} -> {inner}), 1)", read=_dialect()
+            f"element_at(transform(array(NULL), {var} -> {inner}), 1)", read=DIALECT
         )
         bound.find(exp.Null).replace(arg.copy())  # type: ignore[union-attr]
         return bound

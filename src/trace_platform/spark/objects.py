@@ -34,13 +34,13 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from trace_platform.config import Settings
+from trace_platform.objectstore import NoSuchKey, ObjectStore, list_all, make_store
 from trace_platform.objectstore.committed import MANIFEST
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
-
-    from trace_platform.objectstore import ObjectStore
 
 NAME = "trace_objects"
 ATTEMPT_PREFIX = re.compile(
@@ -54,9 +54,6 @@ class ClusterStoreMissing(RuntimeError):
 
 def cluster_store() -> ObjectStore:
     """The object store as this Spark process's environment configures it."""
-    from trace_platform.config import Settings
-    from trace_platform.objectstore import make_store
-
     if not os.environ.get("TRACE_OBJECT_STORE"):
         raise ClusterStoreMissing(
             "the Spark cluster has no object store configured: set TRACE_OBJECT_STORE (and "
@@ -110,8 +107,6 @@ def _read_schema(store: ObjectStore, key: str) -> pa.Schema:
     """A Parquet object's schema from its footer alone (one or two ranged reads, not the file):
     the cluster's driver plans a read with it."""
     import pyarrow.parquet as pq
-
-    from trace_platform.objectstore import NoSuchKey
 
     page = store.list_page(key, None, 1)
     if not page.items or page.items[0].key != key:
@@ -222,8 +217,6 @@ class _Writer(DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         import pyarrow.parquet as pq
         from pyspark.sql.pandas.types import to_arrow_schema
-
-        from trace_platform.objectstore import list_all
 
         store = cluster_store()
         files = sorted(

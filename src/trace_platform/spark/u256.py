@@ -33,6 +33,8 @@ import sqlglot
 from sqlglot import exp
 
 from trace_platform.operators.context import PermanentError
+from trace_platform.spark import spark_error_text
+from trace_platform.spark.dialect import DIALECT
 
 DIGITS = 9  # per limb
 TOP = 8  # limbs l8 (the signed top one) .. l0
@@ -168,8 +170,6 @@ _TEMPLATES: dict[str, exp.Expression] = {}
 
 
 def _tree(template: str) -> exp.Expression:
-    from trace_platform.spark.sql_guard import DIALECT
-
     tree = _TEMPLATES.get(template)
     if tree is None:
         tree = _TEMPLATES[template] = sqlglot.parse_one(template, read=DIALECT)
@@ -190,8 +190,6 @@ def fill(template: str, **args: exp.Expression) -> exp.Expression:
 
 
 def sql(template: str, **args: exp.Expression) -> str:
-    from trace_platform.spark.sql_guard import DIALECT
-
     return fill(template, **args).sql(dialect=DIALECT)
 
 
@@ -211,8 +209,6 @@ def constant(value: int) -> exp.Expression:
     for _ in range(TOP):
         v, limb = divmod(v, BASE)  # floor division: floor form
         fields.append(str(limb))
-    from trace_platform.spark.sql_guard import DIALECT
-
     return sqlglot.parse_one(_limbs([str(v), *reversed(fields)]), read=DIALECT)
 
 
@@ -245,8 +241,6 @@ def invalid_amounts_fail() -> Iterator[None]:
     except Exception as e:
         if not type(e).__module__.startswith(("pyspark", "py4j")):
             raise
-        from trace_platform.spark import spark_error_text
-
         text = spark_error_text(e, 20)
         if INVALID in str(e):
             line = next((ln for ln in text.splitlines() if INVALID in ln), str(e))
