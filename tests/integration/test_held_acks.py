@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.queue_conformance import wake
 from trace_platform.queue.pgqueue import PgQueue
-from trace_platform.worker.wrapper import HeldAcks
+from trace_platform.worker.held_acks import HeldAcks
 
 Q = "tasks"
 

@@ -27,9 +27,10 @@ from trace_platform.queue.pgqueue import PgQueue
 from trace_platform.services import Services
 from trace_platform.worker import reactor
 from trace_platform.worker.client import DispatcherClient
+from trace_platform.worker.held_acks import HeldAcks
 from trace_platform.worker.http import Response
 from trace_platform.worker.reactor import Reactor
-from trace_platform.worker.wrapper import HeldAcks, Wrapper
+from trace_platform.worker.wrapper import Wrapper
 
 Q = "tasks"
 

@@ -18,8 +18,10 @@ from uuid import uuid4
 import pytest
 
 from trace_platform.worker import host_link
+from trace_platform.worker.attempt import Running
 from trace_platform.worker.host_link import HostLink
-from trace_platform.worker.wrapper import Running, Wrapper, foreign
+from trace_platform.worker.reports import foreign
+from trace_platform.worker.wrapper import Wrapper
 
 
 def _host(script: str) -> subprocess.Popen[bytes]:

@@ -14,7 +14,8 @@ from tests.unit.test_progress import CLAIM
 from trace_platform.contract import MAX_ERROR_CHARS, Claim, EventIn, TaskPayload
 from trace_platform.worker.client import DispatcherClient, complete_item
 from trace_platform.worker.host_main import _retryable
-from trace_platform.worker.wrapper import _one_line, clean_report, final_report
+from trace_platform.worker.reports import clean_report, final_report
+from trace_platform.worker.reports import one_line as _one_line
 
 
 def _claim() -> Claim:

@@ -17,7 +17,7 @@ from trace_platform.contract import (
     HeartbeatRequest,
     progress_text,
 )
-from trace_platform.worker.wrapper import bounded_progress
+from trace_platform.worker.reports import bounded_progress
 
 CLAIM = Claim(
     task_id=uuid.uuid4(),

@@ -197,8 +197,10 @@ def worker(
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import SandboxUnavailable, resolve
     from trace_platform.worker.client import DispatcherClient
+    from trace_platform.worker.held_acks import HeldAcks
     from trace_platform.worker.reactor import Reactor, loop_client
-    from trace_platform.worker.wrapper import HeldAcks, Wrapper, platform_ports
+    from trace_platform.worker.task_network import platform_ports
+    from trace_platform.worker.wrapper import Wrapper
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from trace_platform.contract import Claim, ClaimRequest, CompleteItem, CompleteResponse
 from trace_platform.queue.driver import Message
+from trace_platform.worker.attempt import LeaseClock, Running
 from trace_platform.worker.client import (
     ApiError,
     Ask,
@@ -34,10 +35,7 @@ from trace_platform.worker.client import (
     complete_item,
     transient,
 )
-from trace_platform.worker.wrapper import (
-    LeaseClock,
-    Running,
-    Wrapper,
+from trace_platform.worker.reports import (
     bounded_progress,
     clean_report,
     final_report,
@@ -45,6 +43,7 @@ from trace_platform.worker.wrapper import (
     refused_report,
     reported,
 )
+from trace_platform.worker.wrapper import Wrapper
 
 log = logging.getLogger(__name__)
 # The loop's own calls to the API are tried once, within this many seconds: the loop tries
