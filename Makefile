@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # side by side (measured on 2 cores: README, "Tests and benchmarks").
 TEST_WORKERS ?= 4
 
-.PHONY: demo test lint bench up clean check-prereqs
+.PHONY: demo test lint bench up clean check-prereqs docs
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s); install python3.11 and run: make PYTHON=python3.11 ..." % sys.version.split()[0])'
@@ -35,6 +35,13 @@ test: $(STAMP) check-prereqs
 # bench/results.md (the docs' benchmark page includes it). `make test` runs each at smoke size.
 bench: $(STAMP) check-prereqs
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python bench/run_all.py --out bench/results.md
+
+# The user's manual: the reference pages regenerated from the code (python -m
+# trace_platform.docs_gen), then the mkdocs-material site built offline into build/site; a
+# broken link or anchor fails it. make test checks the same (tests/unit/test_docs.py).
+docs: $(STAMP)
+	$(BIN)/python -m trace_platform.docs_gen
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 up: $(STAMP)
 	$(BIN)/trace up
