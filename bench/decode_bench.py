@@ -577,7 +577,7 @@ def main() -> int:
         help="rows per input row group (default: cryo_ingest's; 0: pyarrow's, 1M rows a group)",
     )
     ap.add_argument("--profile", action="store_true", help="Spark's stages and plans too")
-    args = smoke.parse_args(ap, rows=5_000, repeat=1)
+    args = smoke.parse_args(ap, rows=5_000, repeat=0)
     rows = 100_000 if args.quick else args.rows
     cores = os.cpu_count() or 1
     spark_cores = cores if args.master in ("local[*]", "local") else int(args.master[6:-1])
@@ -627,7 +627,7 @@ def main() -> int:
                     out.parent.mkdir(parents=True, exist_ok=True)
                     cost = timed(lambda s=side, d=dataset, o=out: sides[s](logs_path, d, o))
                     outs[(side, dataset)] = out
-                    if round_:
+                    if round_ or not args.repeat:  # --repeat 0: the warm-up round is reported
                         costs.setdefault((side, dataset), []).append(cost)
             problems = []
             for dataset in DATASETS:

@@ -73,14 +73,14 @@ def wait_for(check: Any, timeout: float = 60, every: float = 0.002) -> Any:
     raise TimeoutError("bench step timed out")
 
 
-def trigger_to_running(stack: LiteStack, runs: int) -> list[float]:
+def trigger_to_running(stack: LiteStack, runs: int, warmup: int = 10) -> list[float]:
     svc = stack.services
     with svc.pool.connection() as conn:
         admin = lite_admin(conn)
     svc.control.deploy(admin, ONE_JOB)
     out: list[float] = []
     with httpx.Client(base_url=stack.url) as http:
-        for i in range(runs + 10):
+        for i in range(runs + warmup):
             sent = time.time()  # the request's start: the same machine's clock as the server's
             r = http.post("/v1/dags/one/trigger")
             run_id = r.json()["run_id"]
@@ -97,18 +97,18 @@ def trigger_to_running(stack: LiteStack, runs: int) -> list[float]:
                     ).fetchone()
 
             row = wait_for(started)
-            if i >= 10:  # the first runs warm the worker, the pool and the caches
+            if i >= warmup:  # the first runs warm the worker, the pool and the caches
                 out.append((float(row["started"]) - sent) * 1000)
     return out
 
 
-def commit_to_downstream(stack: LiteStack, runs: int) -> list[float]:
+def commit_to_downstream(stack: LiteStack, runs: int, warmup: int = 10) -> list[float]:
     svc = stack.services
     with svc.pool.connection() as conn:
         admin = lite_admin(conn)
     svc.control.deploy(admin, TWO_JOBS)
     out: list[float] = []
-    for i in range(runs + 10):
+    for i in range(runs + warmup):
         run_id = svc.control.trigger(admin, "two")["run_id"]
 
         def started(run_id: uuid.UUID = run_id) -> Any:
@@ -124,7 +124,7 @@ def commit_to_downstream(stack: LiteStack, runs: int) -> list[float]:
                 ).fetchone()
 
         row = wait_for(started)
-        if i >= 10:
+        if i >= warmup:
             out.append(float(row["ms"]))
     return out
 
@@ -359,7 +359,8 @@ def main() -> None:
         help="the end-to-end rows' wrappers per worker (each its own operator host)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="end-to-end rows per arrangement")
-    args = smoke.parse_args(ap, runs=3, tasks=100, e2e_tasks=20, workers=1, wrappers="2")
+    ap.add_argument("--warmup", type=int, default=10, help="unmeasured runs before the latencies")
+    args = smoke.parse_args(ap, runs=3, warmup=1, tasks=100, e2e_tasks=20, workers=1, wrappers="2")
 
     root = Path(tempfile.mkdtemp(prefix="trace-dispatch-bench-", dir="/tmp"))
     root.chmod(0o755)
@@ -374,9 +375,9 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cores; Postgres {pg.bindir}; fsync on")
         postmaster = (pg.pgdata / "postmaster.pid").read_text().split()[0]
         with LiteStack(settings, workers=1, dsn=dsn) as stack:
-            lat = trigger_to_running(stack, args.runs)
+            lat = trigger_to_running(stack, args.runs, args.warmup)
             print(f"trigger request -> running (HTTP, warm worker):      {fmt(lat)}")
-            lat2 = commit_to_downstream(stack, args.runs)
+            lat2 = commit_to_downstream(stack, args.runs, args.warmup)
             print(f"upstream commit -> downstream running:               {fmt(lat2)}")
         for conc in (int(w) for w in args.wrappers.split(",")):
             with LiteStack(

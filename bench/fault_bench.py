@@ -218,7 +218,7 @@ def main() -> int:
         default=None,
         help="the lease (heartbeat a third of it; default: the shipped settings')",
     )
-    args = smoke.parse_args(ap, repeat=1, tasks=30, stream=200, lease_seconds=3.0)
+    args = smoke.parse_args(ap, repeat=1, tasks=30, stream=200, lease_seconds=6.0)
     root = Path(tempfile.mkdtemp(prefix="trace-fault-bench-", dir="/tmp"))
     root.chmod(0o755)
     pg = EmbeddedPostgres(root / "pg", durable=True)

@@ -395,7 +395,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=200_000)
     ap.add_argument("--hot", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=30)
-    args = smoke.parse_args(ap, blocks=2_000, hot=200, repeat=1)
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured runs of each path first")
+    args = smoke.parse_args(ap, blocks=2_000, hot=200, repeat=1, warmup=0)
     root = Path(tempfile.mkdtemp(prefix="trace-qbench-", dir="/tmp"))
     root.chmod(0o755)
     pg = EmbeddedPostgres(root / "pg", durable=True)
@@ -440,7 +441,7 @@ def main() -> None:
             rows = want.num_rows
             expected = json.loads(json.dumps(formats.rows(want)))
 
-            for i in range(args.repeat + 3):
+            for i in range(args.repeat + args.warmup):
                 order = list(t)
                 rng.shuffle(order)  # no path always runs first (or right after another)
                 for k in order:
@@ -468,7 +469,7 @@ def main() -> None:
                             )
                     else:
                         same(got, want, f"{name} {k}")
-                    if i >= 3:  # warm-up excluded
+                    if i >= args.warmup:  # warm-up excluded
                         t[k].append(took)
             p50 = {k: pct(v, 50) for k, v in t.items()}
             ratios.append((name, p50["bare"], p50["svc"] / p50["bare"]))

@@ -21,7 +21,6 @@ writes their figures to bench/results.md.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
 from collections.abc import Callable
@@ -31,8 +30,8 @@ from typing import Any
 ENV = "TRACE_BENCH_SMOKE"
 FLAG = "--smoke"
 
-_real_stdout = sys.stdout
 _active = False
+_real_stdout_fd: int | None = None  # the process's standard output, set aside at smoke size
 
 
 def requested(argv: list[str] | None = None) -> bool:
@@ -70,8 +69,20 @@ def parse_args(
     args.smoke = smoke
     if smoke and not _active:
         _active = True
-        sys.stdout = io.StringIO()  # figures go nowhere; checks still raise
+        _swallow_stdout()
     return args
+
+
+def _swallow_stdout() -> None:
+    """Figures go nowhere: standard output (file descriptor 1, so also what native code such as
+    Cryo's report and the bench's child processes write there) is pointed at /dev/null; errors
+    and the checks' refusals still reach standard error."""
+    global _real_stdout_fd
+    sys.stdout.flush()
+    _real_stdout_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def main(entry: Callable[[], int | None], name: str | None = None) -> None:
@@ -80,7 +91,7 @@ def main(entry: Callable[[], int | None], name: str | None = None) -> None:
     rc = entry()
     if rc not in (None, 0):
         raise SystemExit(rc)
-    if _active:
-        sys.stdout = _real_stdout
+    if _active and _real_stdout_fd is not None:
+        sys.stdout.flush()
         bench = name or Path(sys.argv[0]).stem
-        print(f"smoke: {bench}: checks passed", flush=True)
+        os.write(_real_stdout_fd, f"smoke: {bench}: checks passed\n".encode())
