@@ -174,7 +174,11 @@ def freeze_recovery(settings: Settings, pg: EmbeddedPostgres, dsn: str, stream: 
 
 def descendants(pid: int) -> list[int]:
     out: list[int] = []
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:  # exited since its parent listed it (a backend ends any time)
+        return out
+    for child in children:
         out += [int(child), *descendants(int(child))]
     return out
 

@@ -239,7 +239,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--threads", type=int, default=3, help="threads per saturating user")
     ap.add_argument("--rounds", type=int, default=5, help="idle/saturated blocks, alternating")
-    args = smoke.parse_args(ap, blocks=1_000_000, samples=5, threads=3, rounds=1)
+    args = smoke.parse_args(ap, blocks=2_000_000, samples=20, threads=3, rounds=1)
     with migrated_postgres("trace-fairbench-") as (root, dsn):
         shipped = Settings(state_dsn=dsn, home=root / "home", auth="required")
         svc = Services.build(shipped, dsn)

@@ -115,9 +115,10 @@ def alternating(stack: LiteStack, n: int) -> float:
 SPARK_ROWS = ("after another tenant (host + JVM start)", "next of the same tenant (session only)")
 
 
-def spark_starts(stack: LiteStack, runs: int) -> dict[str, list[float]]:
+def spark_starts(stack: LiteStack, runs: int, warmup: bool = True) -> dict[str, list[float]]:
     a, b = deploy_tenants(stack, "spark_ping")
-    one_run(stack, b)  # untimed: whatever host ran before, the first pair is a switch
+    if warmup:
+        one_run(stack, b)  # untimed: whatever host ran before, the first pair is a switch
     switch, same = SPARK_ROWS
     out: dict[str, list[float]] = {switch: [], same: []}
     for i in range(runs):
@@ -137,7 +138,13 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--switches", type=int, default=10)
     ap.add_argument("--spark-runs", type=int, default=3)
-    args = smoke.parse_args(ap, tasks=5, switches=1, spark_runs=1)
+    ap.add_argument(
+        "--no-spark-warmup",
+        dest="spark_warmup",
+        action="store_false",
+        help="no untimed Spark task first (its host and JVM start)",
+    )
+    args = smoke.parse_args(ap, tasks=5, switches=1, spark_runs=1, spark_warmup=False)
     if os.geteuid() != 0:
         raise SystemExit("the sandboxed rows need root (the sandbox switches users)")
     root = Path(tempfile.mkdtemp(prefix="trace-sandbox-bench-", dir="/tmp"))
@@ -159,7 +166,7 @@ def main() -> None:
                     "uid": uid,
                     "noop_ms": noop_throughput(stack, args.tasks),
                     "switch_ms": alternating(stack, args.switches),
-                    "spark": spark_starts(stack, args.spark_runs),
+                    "spark": spark_starts(stack, args.spark_runs, args.spark_warmup),
                 }
         off, on = results["off"], results["auto"]
         print(f"\n{'':72}{'sandbox off':>14}{'sandbox on':>14}{'ratio':>8}")
