@@ -102,6 +102,62 @@ OPERATOR_NOTES: dict[str, str] = {
     "decode_staking_events.staking_address": "the staking contract (Monad's precompile by default)",
 }
 
+# Lines for the API's routes whose handlers carry no docstring (`METHOD path`); a route with
+# neither fails the generation.
+ROUTE_NOTES: dict[str, str] = {
+    "POST /internal/claim": "Lease a queued task (increments the attempt). `claim_id`, the "
+    "worker's key for this claim (a random UUID v4, as secret as a lease token), becomes the "
+    "lease token, so a retry after a lost answer gets the same lease, renewed, instead of a 409.",
+    "GET /internal/task-fetch": "The task's payload (fenced: `task_id`, `attempt` and the lease "
+    "token).",
+    "GET /internal/task-secrets": "The slot's secret env of the task (fenced).",
+    "POST /internal/heartbeat": "Extend the lease, with optional progress (at most 4 KiB of "
+    "JSON); the answer carries a cancel request.",
+    "POST /internal/events": "Events of a running attempt, attempt-fenced and deduplicated.",
+    "POST /internal/task-complete": "The attempt's outcome, error, final events, output commits "
+    "and operator state, atomically (fenced; a stale attempt is refused).",
+    "GET /healthz": "Database reachable, outbox backlog. No key needed.",
+    "POST /v1/tasks": "Create one ad-hoc task (org admins).",
+    "GET /v1/tasks": "Recent tasks of the caller's org (org admins).",
+    "GET /v1/tasks/{task_id}": "One task: definition, status, attempts.",
+    "POST /v1/tasks/{task_id}/cancel": "Cancel a task (cooperatively, if it is running).",
+    "GET /v1/dags": "The DAGs of the caller's org.",
+    "GET /v1/dags/{name}": "One DAG version (the active one, or `?version=`): jobs, wiring, "
+    "publishes, triggers.",
+    "GET /v1/dags/{name}/status": "The live version, a rebuild in flight (per job: done of "
+    "total, what blocks the cutover) and the versions.",
+    "POST /v1/dags/{name}/cutover": "Make a completed rebuild live: every dataset pointer and "
+    "the version, in one transaction (deployers).",
+    "POST /v1/dags/{name}/rollback": "Restore an earlier version (`{to}`, default the previous "
+    "live one) at once; the rolled-back version's work is canceled. During a rebuild: abandon "
+    "it.",
+    "POST /v1/dags/{name}/pause": "Hold the DAG: tasks are still recorded, none starts.",
+    "POST /v1/dags/{name}/resume": "Let a paused DAG's waiting tasks run.",
+    "POST /v1/dags/{name}/trigger": "Start a run of the DAG's source jobs now, with the body "
+    "as run config; honours `Idempotency-Key`.",
+    "GET /v1/runs": "Recent runs with their status (`?dag=`, `?limit=`).",
+    "GET /v1/runs/{run_id}": "A run's task tree: status, attempts, durations, progress.",
+    "GET /v1/datasets": "Published datasets the caller may read.",
+    "GET /v1/datasets/{name}": "One dataset: uuid, backend, location, current version, "
+    "producer, read roles, size.",
+    "POST /v1/datasets/{name}/read-roles": "Add and remove roles of a dataset's `read_roles` "
+    "(admins).",
+    "GET /v1/datasets/{name}/versions": "Every version of a dataset, newest first, and what "
+    "still needs each one.",
+    "POST /v1/datasets/{name}/purge": "Purge old versions (admins): keeps the `keep` newest "
+    "complete ones and the current, building and mapped ones; `dry_run` lists them.",
+    "GET /v1/names": "Reserved names and grants: who may publish which dataset names.",
+    "POST /v1/names/grants": "Grant a name or a prefix (`NAME*`) to a user or a role (admins).",
+    "POST /v1/names/revoke": "Revoke such a grant (admins).",
+    "POST /v1/names/{name}/reclaim": "Unpublish a name from the DAG holding it (admins): the "
+    "dataset keeps its uuid and data.",
+    "POST /v1/query": "SQL (or a saved query) over published datasets, each pinned to its "
+    "current version at query start; as JSON, CSV or Parquet, or exported to the object store.",
+    "GET /v1/queries": "The saved queries, their parameters and what they answer.",
+    "PUT /v1/secrets/{name}": "Create or update a secret (owners and admins); the value is "
+    "never returned.",
+}
+
 # Example configs for operators no shipped DAG file uses (each validated by its model).
 EXAMPLES: dict[str, dict[str, Any]] = {
     "noop": {"operator": "noop", "config": {"record_to": "/tmp/runs.txt"}},
@@ -392,13 +448,27 @@ def example_jobs(root: Path) -> dict[str, tuple[str, str, dict[str, Any]]]:
     return found
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """YAML as a person writes it: multi-line strings (SQL) as `|` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _str)
+
+
 def operator_section(
     name: str, fn_spec: str, model: type[BaseModel], example: tuple[str, str, dict[str, Any]]
 ) -> list[str]:
     fn = _target(fn_spec)
     lines = [f"### {name}", ""]
-    if fn.__doc__:
-        lines += [" ".join(fn.__doc__.split()), ""]
+    module_doc = sys.modules[fn.__module__].__doc__ or ""
+    about = fn.__doc__ or module_doc.split("\n\n")[0]  # else its module's first paragraph
+    if about:
+        lines += [" ".join(about.split()), ""]
     if model.__doc__ and model.__doc__ != BaseModel.__doc__:
         lines += [" ".join(model.__doc__.split()), ""]
     strict = not fn_spec.startswith("trace_platform.operators.testing:")
@@ -411,7 +481,7 @@ def operator_section(
     source, job, spec = example
     model.model_validate(spec.get("config") or {})  # an example that no longer validates fails
     where = f"job `{job}` of `{source}`" if source else "an example job"
-    text = yaml.safe_dump({job: spec}, sort_keys=False, width=90).rstrip()
+    text = yaml.dump({job: spec}, Dumper=_BlockDumper, sort_keys=False, width=90).rstrip()
     lines += ["", f"Example ({where}):", "", "```yaml", text, "```", ""]
     return lines
 
@@ -581,7 +651,8 @@ def http_api_page() -> str:
         '`X-Lease-Token`. Errors are JSON `{"error": code, "message": ..., "detail": '
         "{...}}`: 401 no or unknown key, 403 not allowed, 404 unknown (or not yours to see), "
         "409 a state conflict, 413 an oversized body, 422 a bad body or DAG file, 429 a full "
-        "query queue. Bodies are at most 2 MiB. This page is generated from the API's OpenAPI "
+        "query queue. Bodies are at most 2 MiB. A call answers 200 unless its section says "
+        "otherwise. This page is generated from the API's OpenAPI "
         "document ([openapi.json](openapi.json)).",
         "",
     ]
@@ -596,10 +667,10 @@ def http_api_page() -> str:
         lines += [f"## /{group}", ""]
         for method, path, op in ops:
             lines += [f"### {method} {path}", ""]
-            if op.get("description"):
-                lines += [" ".join(op["description"].split()), ""]
-            elif op.get("summary"):
-                lines += [op["summary"], ""]
+            text = op.get("description") or ROUTE_NOTES.get(f"{method} {path}")
+            if not text:
+                raise ValueError(f"{method} {path}: no docstring and no note")
+            lines += [" ".join(text.split()), ""]
             params = op.get("parameters", [])
             if params:
                 rows = [
@@ -619,11 +690,13 @@ def http_api_page() -> str:
                 if ref:
                     used.append(ref)
                     lines += [f"Body (`{media}`): [{ref}](#{ref.lower()}).", ""]
-            answers = [
+            unusual = [  # every route answers 200 or 422 (a bad body) unless it says otherwise
                 f"{code(status)} {r.get('description', '')}".strip()
                 for status, r in op.get("responses", {}).items()
+                if status not in ("200", "422")
             ]
-            lines += ["Answers: " + "; ".join(answers) + ".", ""]
+            if unusual:
+                lines += ["Answers: " + "; ".join(unusual) + ".", ""]
     lines += ["## Request bodies", ""]
     for name in sorted(referenced(used, components)):
         schema = components[name]

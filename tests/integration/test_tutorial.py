@@ -97,6 +97,7 @@ def test_the_readme_tutorial_runs_as_written(dsn: str, tmp_path: Path) -> None:
     running: list[subprocess.Popen[str]] = []
     try:
         for block in steps:
+            began = time.monotonic()
             if block.mode == "file":
                 assert block.path is not None
                 (tmp_path / block.path).write_text(block.text)
@@ -104,6 +105,8 @@ def test_the_readme_tutorial_runs_as_written(dsn: str, tmp_path: Path) -> None:
                 running.append(start_background(block, tmp_path, env))
             else:
                 run_block(block, tmp_path, activated)
+            # Shown when the test fails: which step took the time.
+            print(f"README line {block.line} ({block.mode}): {time.monotonic() - began:.1f} s")
     finally:
         for proc in running:
             stop(proc)
