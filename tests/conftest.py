@@ -22,6 +22,9 @@ TEMPLATE = "trace_template"
 # The test operators (noop, emit_events, probe, …): for this process (DAG validation) and every
 # worker it spawns. A production install never sets this; the aws profile refuses it.
 os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"
+# Every Spark JVM of the run (in-process sessions and every worker's operator hosts) on the
+# quick compiler profile: the tests' data is small, and C2 doubled their JVMs' CPU.
+os.environ.setdefault("TRACE_SPARK_JIT", "quick")
 
 
 def _with_db(dsn: str, dbname: str) -> str:

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     # "8"}'): all of them for a local JVM; on a Spark Connect cluster, the session-level ones
     # (spark.sql.*), the rest being the cluster's own configuration.
     spark_conf: dict[str, str] = Field(default_factory=dict)
+    # The operator hosts' JVM compiler profile (spark.JIT_PROFILES): "full" (C2) for large data,
+    # "quick" (C1 only, serial GC: half the JVM CPU on small data; `trace demo` uses it).
+    spark_jit: Literal["full", "quick"] = "full"
 
     # Operator isolation. auto: sandboxed when run as root on Linux (own uid, network, PID and
     # mount namespaces), else a warning and reduced isolation; required: refuse to start without

@@ -20,6 +20,7 @@ from tests.support.invariants import assert_invariants
 from trace_platform.chain import Rpc, calldata
 from trace_platform.config import Settings
 from trace_platform.dag.schema import DagSpec
+from trace_platform.dag.whole import implicit_pool, task_pool
 from trace_platform.db.pool import embedded_cluster
 from trace_platform.devnet import ChainSpec, Devnet
 from trace_platform.devnet.chain import DEPLOYER
@@ -97,9 +98,9 @@ def test_a_chain_reset_under_the_same_id_is_detected_and_resynced(
 
 def tip_dag(url: str) -> str:
     """Tip following into the demo's decode and token analytics (their jobs as the demo DAG
-    defines them, token_supply on its one-slot `analytics` pool), one window per range.
+    defines them, token_supply on its implicit one-slot pool), one window per range.
 
-    The pool is what keeps token_supply right: each window wakes it, and a run rewrites the
+    That pool is what keeps token_supply right: each window wakes it, and a run rewrites the
     whole output from the transfers committed when it started, so two runs at once could land
     the older read last (tests/integration/test_whole_readers.py)."""
     demo = yaml.safe_load(DEMO.read_text())
@@ -125,7 +126,7 @@ def tip_dag(url: str) -> str:
     dag = {
         # The platform's DAG: its saved queries read token_supply only from it (issue 38).
         "name": PLATFORM_DAG,
-        "worker_pools": {"rpc": [{"env": {"RPC_URL": url}}], "analytics": [{}]},
+        "worker_pools": {"rpc": [{"env": {"RPC_URL": url}}]},
         "jobs": jobs,
         "publish": [
             {"job": "ingest", "output_index": 0, "dataset": "blocks"},
@@ -139,13 +140,12 @@ def tip_dag(url: str) -> str:
 
 def test_the_tip_dags_whole_dataset_analytics_never_run_two_at_once() -> None:
     """Every sql_transform of the tip DAG (woken once per window, rewriting its whole output)
-    runs on a pool within a concurrency of one."""
+    runs on a pool of one slot (its implicit `whole:` pool: dag/whole.py)."""
     spec = DagSpec.model_validate(yaml.safe_load(tip_dag("http://127.0.0.1:8545")))
     analytics = {n: j for n, j in spec.jobs.items() if j.operator == "sql_transform"}
     assert analytics
     for name, job in analytics.items():
-        assert job.worker_pool is not None, name
-        assert min(job.scaling.max_concurrency, len(spec.worker_pools[job.worker_pool])) == 1, name
+        assert task_pool(name, job) == (implicit_pool(name), 1), name
 
 
 def test_a_reorg_below_the_tip_is_replaced_and_the_analytics_follow(

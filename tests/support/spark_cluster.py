@@ -19,6 +19,7 @@ from pathlib import Path
 import pyspark
 
 from trace_platform.db.embedded import free_port
+from trace_platform.spark import jit_options
 
 SPARK_HOME = Path(pyspark.__file__).parent
 CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -50,6 +51,8 @@ class SparkCluster:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOG_DIR": str(self.root),
+            # The master's and workers' own JVMs: small, short-lived, C1 is plenty.
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
             **(extra or {}),
         }
         log = (self.root / f"{name}.log").open("wb")
@@ -101,6 +104,9 @@ class SparkCluster:
             "spark.executor.memory": "768m",
             "spark.cores.max": str(self.n_workers),
             "spark.sql.shuffle.partitions": "4",
+            # The Connect server's and executors' JVMs on the tests' profile (TRACE_SPARK_JIT).
+            "spark.driver.extraJavaOptions": jit_options(),
+            "spark.executor.extraJavaOptions": jit_options(),
             **{f"spark.executorEnv.{k}": v for k, v in self.env.items()},
         }
         argv = [str(SPARK_HOME / "bin" / "spark-submit"), "--class", CONNECT_SERVER]

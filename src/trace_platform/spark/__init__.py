@@ -64,6 +64,22 @@ _workdir: Path | None = None
 _context_baseline: tuple[int, int, int] = (0, 0, 0)
 
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
+# The JVM's compiler profile (TRACE_SPARK_JIT). "full": C2 too, which long stages over large
+# data need. "quick": C1 only and the serial collector, for small data (the demo, the tests): a
+# JVM start plus seven small window queries took 13-16 CPU-s instead of 31 on 2 cores, C2's
+# compiles of Spark's generated code costing more than they ever win back on a few thousand rows.
+JIT_PROFILES: dict[str, str] = {
+    "full": JIT_OPTIONS,
+    "quick": f"{JIT_OPTIONS} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+}
+
+
+def jit_options(environ: Mapping[str, str] | None = None) -> str:
+    """The JVM options of TRACE_SPARK_JIT's profile (default "full")."""
+    name = (os.environ if environ is None else environ).get("TRACE_SPARK_JIT") or "full"
+    if name not in JIT_PROFILES:
+        raise ValueError(f"TRACE_SPARK_JIT: {name!r} is not one of {sorted(JIT_PROFILES)}")
+    return JIT_PROFILES[name]
 
 
 # What the JVM's environment may hold: exact names, and name prefixes.
@@ -146,8 +162,8 @@ def _conf_options(workdir: Path) -> dict[str, str]:
         # Spark generates one method per stage; with exact amounts (spark/u256.py: nine-limb
         # structs) it often passes 8,000 bytes of bytecode, which HotSpot never JIT-compiles by
         # default: such a stage then runs interpreted, 2-3x slower.
-        "spark.driver.extraJavaOptions": JIT_OPTIONS,
-        "spark.executor.extraJavaOptions": JIT_OPTIONS,
+        "spark.driver.extraJavaOptions": jit_options(),
+        "spark.executor.extraJavaOptions": jit_options(),
         **user_conf(),
         **SESSION_HARDENING,
     }

@@ -25,7 +25,8 @@ STAGES = [
 ]
 
 
-def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
+def backfill(svc: Services, plan: DemoPlan, console: Console) -> list[dict[str, Any]] | None:
+    """The run's tasks once all have ended, or None when one failed."""
     me = admin(svc)
     run = svc.control.trigger(
         me,
@@ -87,7 +88,17 @@ def backfill(svc: Services, plan: DemoPlan, console: Console) -> bool:
     console.print(
         f"run {run_id}: {len(tasks)} tasks (see it: [cyan]trace runs show {run_id}[/cyan])"
     )
-    return not failed
+    return None if failed else tasks
+
+
+def stage_of(tasks: list[dict[str, Any]]) -> dict[str, str]:
+    """Each job of the run by the stage its progress bar shows (bookkeeping jobs left out)."""
+    names = dict(STAGES)
+    return {
+        job: names[stage]
+        for stage, mine in _by_stage(tasks, {j: 0 for j, _ in STAGES[:-1]}).items()
+        for job in {t["job"] for t in mine}
+    }
 
 
 def _by_stage(

@@ -12,9 +12,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trace_platform.config import Settings
-from trace_platform.lite.demo.backfill import backfill
+from trace_platform.lite.demo.backfill import backfill, stage_of
 from trace_platform.lite.demo.dag import DEMO_DAG, dag_text
 from trace_platform.lite.demo.data import admin, chain_changes, complete
+from trace_platform.lite.demo.phases import Phases
 from trace_platform.lite.demo.plan import (
     chain_plan,
     devnet_plan,
@@ -41,7 +42,7 @@ def run_demo(
     console = console or Console()
     if not console.is_terminal:  # logs and CI: wide enough for the tables
         console.width = max(console.width, 160)
-    t0 = time.monotonic()
+    phases = Phases()
     state_file = settings.home / "demo" / "last.json"
     devnet = None
     previous = last_run(state_file)
@@ -64,14 +65,22 @@ def run_demo(
     )
     # The RPC the admin named on the command line is theirs to allow (a node on loopback or a
     # private network is refused otherwise); the stack adds its own devnet by itself.
-    worker_env = {"TRACE_EGRESS_ALLOW": allow_also(rpc_url)} if rpc_url else None
-    with LiteStack(settings, workers=workers, worker_env=worker_env) as stack:
+    worker_env = {"TRACE_EGRESS_ALLOW": allow_also(rpc_url)} if rpc_url else {}
+    # The devnet's few thousand rows: Spark's JVMs on the quick compiler profile (half their
+    # CPU), unless the environment chose one (TRACE_SPARK_JIT).
+    if rpc_url is None:
+        worker_env["TRACE_SPARK_JIT"] = os.environ.get("TRACE_SPARK_JIT", "quick")
+    with phases.phase("start the stack"):
+        stack = LiteStack(settings, workers=workers, worker_env=worker_env).start()
+    try:
         svc = stack.services
         console.print(f"API at {stack.url}; objects under {settings.object_store_root}")
         if rpc_url is None:
             # Up first: the data on hand is complete only if the chain under it is the same.
-            devnet, plan.rpc_url, plan.token = _start_devnet(settings, console, spec)
-        svc.control.deploy(admin(svc), dag_text(plan), str(DEMO_DAG))
+            with phases.phase("devnet: generate the chain"):
+                devnet, plan.rpc_url, plan.token = _start_devnet(settings, console, spec)
+        with phases.phase("deploy the DAG"):
+            svc.control.deploy(admin(svc), dag_text(plan), str(DEMO_DAG))
         changed = chain_changes(svc, plan)
         if changed:
             console.print(
@@ -90,17 +99,25 @@ def run_demo(
                 f"[bold]Backfilling blocks {plan.from_block}-{plan.to_block}[/bold] from {plan.rpc_url} "
                 f"in {plan.ranges} ranges of {plan.chunk_size}…"
             )
-            if not backfill(svc, plan, console):
+            with phases.phase("backfill: sync, decode, analytics"):
+                tasks = backfill(svc, plan, console)
+            if tasks is None:
                 return 1
+            phases.stages(tasks, stage_of(tasks))
         save_run(state_file, plan)
-        analytics(svc, plan, settings.home / "demo", console)
-        where(svc, plan, console)
+        with phases.phase("report: queries and charts"):
+            analytics(svc, plan, settings.home / "demo", console)
+            where(svc, plan, console)
         svc.publisher.drain()
         dead = svc.driver.dead_letters(settings.task_queue)
         console.print(f"outbox pending: {svc.publisher.pending()}; dead letters: {len(dead)}")
+    finally:
+        with phases.phase("stop the stack"):
+            stack.stop()
     if devnet is not None:
         devnet.down()
-    console.print(f"[bold green]done[/bold green] in {time.monotonic() - t0:.1f}s")
+    phases.report(console)
+    console.print(f"[bold green]done[/bold green] in {time.monotonic() - phases.t0:.1f}s")
     return 0
 
 
