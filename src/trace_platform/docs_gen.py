@@ -3,16 +3,17 @@
 - `docs/reference/dag-file.md` (and `dag-file.schema.json`): the DAG file, from the JSON Schema
   of `DagSpec` (`trace dag schema`), every field of every part;
 - `docs/reference/operators.md`: every operator's config, from its pydantic model
-  (`operators.CONFIGS`), with an example job each, taken from the shipped DAG files;
+  (`operators.CONFIGS`), with an example job each (`OPERATOR_EXAMPLES`, validated as a deploy
+  validates a DAG);
 - `docs/reference/cli.md`: the `trace` command line, from its typer app;
 - `docs/reference/http-api.md` (and `openapi.json`): the HTTP API, from FastAPI's OpenAPI;
 - `docs/index.md`: the README (the site's home page), its `docs/` links made site-relative.
 
 `python -m trace_platform.docs_gen` writes them (run from the repository root: it reads the
-README and `examples/dags/`); `--check` writes nothing and exits 1 naming every stale page.
-`make docs` runs it, then `mkdocs build --strict`. Field notes: a field whose model carries no
-description gets its line from `NOTES` here, and a field with neither fails the generation, so
-a new field cannot reach the manual undocumented."""
+README); `--check` writes nothing and exits 1 naming every stale page. `make docs` runs it,
+then `mkdocs build --strict`. Notes: a field or route whose code carries no description gets
+its line from `DAG_NOTES`, `OPERATOR_NOTES` or `ROUTE_NOTES` here, and one with neither fails
+the generation, so nothing new reaches the manual undocumented."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ ROUTE_NOTES: dict[str, str] = {
     "never returned.",
 }
 
-# Example configs for operators no shipped DAG file uses (each validated by its model).
+# Example jobs of the test operators (each config validated by its model).
 EXAMPLES: dict[str, dict[str, Any]] = {
     "noop": {"operator": "noop", "config": {"record_to": "/tmp/runs.txt"}},
     "fail": {"operator": "fail", "config": {"message": "boom", "succeed_on_attempt": 2}},
@@ -173,8 +174,73 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "leave_traces": {"operator": "leave_traces", "config": {"value": "x"}},
 }
 
-# Where the operator examples come from, in order of preference (relative to the root).
-EXAMPLE_DAGS = ("examples/dags", "src/trace_platform/lite/dags")
+# The platform operators' examples are the jobs of this DAG, which the generator validates as
+# a deploy does (and its sql_transform SQL through the guard) before writing the page. It is
+# the manual's own, so a change to a shipped DAG file never makes the reference stale.
+OPERATOR_EXAMPLES = """\
+# One DAG with every platform operator: what the operator reference's examples are cut from.
+name: operator_examples
+worker_pools:
+  rpc:  # one slot per RPC endpoint: at most two RPC-bound tasks at once
+    - env: {RPC_URL: "https://rpc-a.example.org"}
+    - env: {RPC_URL: "https://rpc-b.example.org"}
+jobs:
+  split:
+    operator: range_splitter
+    config: {from_block: 0, to_block: 99999, chunk_size: 1000}
+    outputs: [{}]
+  tip:
+    operator: chain_tip
+    config: {chunk_size: 100, safety_blocks: 3, start_block: 100000}
+    outputs: [{}]
+    worker_pool: rpc
+  ingest:
+    operator: cryo_ingest
+    config: {datatypes: [blocks, logs], network_name: monad}
+    inputs: [{job: split}]
+    outputs: [{}, {}]
+    worker_pool: rpc
+    scaling: {max_concurrency: 2}
+  hot:
+    operator: hot_window
+    config: {window_blocks: 500}
+    inputs: [{job: ingest, output: 0}]
+    outputs: [{backend: postgres}]
+  transfers:
+    operator: decode_erc20_transfers
+    config: {token_address: "0x00000000000000000000000000000000000000aa"}
+    inputs: [{job: ingest, output: 1}]
+    outputs: [{update_strategy: append, unique_key: [tx_hash, log_index]}]
+  staking:
+    operator: decode_staking_events
+    inputs: [{job: ingest, output: 1}]
+    outputs: [{update_strategy: append, unique_key: [tx_hash, log_index]}]
+  windows:
+    operator: range_aggregator
+    config: {size: 10000}
+    inputs: [{job: transfers}]
+    outputs: [{}]
+  volume:
+    operator: sql_transform
+    config:
+      sql: |
+        SELECT token_address, count(*) AS transfers, u256_sum(value) AS volume
+        FROM erc20_transfers
+        GROUP BY token_address
+    inputs: [{job: windows}, {job: transfers, triggers: false}]
+    outputs: [{}]
+  settle:
+    operator: sleep
+    config: {seconds: 5}
+    inputs: [{job: windows}]
+publish:
+  - {job: ingest, output_index: 0, dataset: blocks}
+  - {job: ingest, output_index: 1, dataset: logs}
+  - {job: hot, dataset: blocks_hot, hot_window: {of: blocks}}
+  - {job: transfers, dataset: erc20_transfers}
+  - {job: staking, dataset: staking_events}
+  - {job: volume, dataset: token_volume}
+"""
 
 
 # -- small markdown helpers ------------------------------------------------------------------
@@ -433,18 +499,27 @@ def _target(spec: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def example_jobs(root: Path) -> dict[str, tuple[str, str, dict[str, Any]]]:
-    """The shortest job of each operator in the shipped DAG files: operator -> (file, job,
-    the job's fields)."""
+def example_jobs() -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """Each platform operator's job in OPERATOR_EXAMPLES: operator -> ("", job, its fields),
+    once the DAG passed deploy's checks and every SQL the guard."""
+    from trace_platform.dag.validate import check, parse
+    from trace_platform.spark.sql_guard import check_query
+
+    spec = parse(OPERATOR_EXAMPLES, "the operator reference's examples")
+    problems = check(spec)
+    if problems:
+        raise ValueError("; ".join(f"{p.where}: {p.message}" for p in problems))
+    published = {(p.job, p.output_index): p.dataset for p in spec.publish}
+    doc = yaml.safe_load(OPERATOR_EXAMPLES)
     found: dict[str, tuple[str, str, dict[str, Any]]] = {}
-    for folder in EXAMPLE_DAGS:
-        for path in sorted((root / folder).glob("*.yaml")):
-            doc = yaml.safe_load(path.read_text()) or {}
-            for job, spec in (doc.get("jobs") or {}).items():
-                op = spec.get("operator")
-                rel = path.relative_to(root).as_posix()
-                if op and (op not in found or len(dumped(spec)) < len(dumped(found[op][2]))):
-                    found[op] = (rel, job, spec)
+    for job, fields in doc["jobs"].items():
+        if fields["operator"] == "sql_transform":
+            views = [
+                published.get((i["job"], i.get("output", 0)), f"input_{n}")
+                for n, i in enumerate(fields.get("inputs", []))
+            ]
+            check_query(fields["config"]["sql"], views)
+        found.setdefault(fields["operator"], ("", job, fields))
     return found
 
 
@@ -478,15 +553,14 @@ def operator_section(
         lambda f: OPERATOR_NOTES.get(f"{name}.{f}"),
         strict=strict,
     )
-    source, job, spec = example
+    _, job, spec = example
     model.model_validate(spec.get("config") or {})  # an example that no longer validates fails
-    where = f"job `{job}` of `{source}`" if source else "an example job"
     text = yaml.dump({job: spec}, Dumper=_BlockDumper, sort_keys=False, width=90).rstrip()
-    lines += ["", f"Example ({where}):", "", "```yaml", text, "```", ""]
+    lines += ["", "Example:", "", "```yaml", text, "```", ""]
     return lines
 
 
-def operators_page(root: Path) -> str:
+def operators_page() -> str:
     from trace_platform.operators import (
         CLUSTER_OPERATORS,
         CONFIGS,
@@ -496,7 +570,7 @@ def operators_page(root: Path) -> str:
         WHOLE_OUTPUT_OPERATORS,
     )
 
-    examples = example_jobs(root)
+    examples = example_jobs()
     lines = [
         GENERATED,
         "",
@@ -527,9 +601,18 @@ def operators_page(root: Path) -> str:
     for name, fn_spec in REGISTRY.items():
         model = _target(CONFIGS[name])
         if name not in examples:
-            raise ValueError(f"no shipped DAG file uses operator {name}: add one or an example")
+            raise ValueError(f"OPERATOR_EXAMPLES has no job of operator {name}: add one")
         lines += operator_section(name, fn_spec, model, examples[name])
     lines += [
+        "## The examples together",
+        "",
+        "The platform operators' examples above are the jobs of this one DAG, which passes "
+        "the checks a deploy makes (the page is not written otherwise):",
+        "",
+        "```yaml",
+        OPERATOR_EXAMPLES.rstrip(),
+        "```",
+        "",
         "## Test operators",
         "",
         "Loaded only with `TRACE_OPERATOR_REGISTRY=testing` (the test suite and the benches set "
@@ -722,7 +805,7 @@ def pages(root: Path) -> dict[str, str]:
         "index.md": index_page(root),
         "reference/dag-file.md": dag_file_page(),
         "reference/dag-file.schema.json": json.dumps(dag_schema(), indent=2) + "\n",
-        "reference/operators.md": operators_page(root),
+        "reference/operators.md": operators_page(),
         "reference/cli.md": cli_page(),
         "reference/http-api.md": http_api_page(),
         "reference/openapi.json": json.dumps(openapi(), indent=2) + "\n",
