@@ -126,6 +126,11 @@ def write(path: Path, info: list[tuple[str, str]], rows: list[dict[str, object]]
             f"| [{r['name']}](#{r['name']}) | `{r['cmd']}` | {r['status']} | {r['wall']:.0f} s "
             f"| {r['load']} |"
         )
+    ran = {r["name"] for r in rows}
+    for name, args in BENCHES:  # `--only`: the others are listed, not left out silently
+        if name not in ran:
+            cmd = " ".join(["python", f"bench/{name}.py", *args])
+            lines.append(f"| {name} | `{cmd}` | not run in this pass | - | - |")
     for r in rows:
         lines += ["", f"## {r['name']}", "", f"`{r['cmd']}`", "", "```text"]
         lines += [str(r["out"]).rstrip("\n") or "(no figures printed)", "```"]
