@@ -50,3 +50,49 @@ def test_bench_smoke(bench: str) -> None:
     assert f"smoke: {bench}: checks passed" in out, proc.stdout[-3000:]
     # No figure to quote: the bench's own output is swallowed at smoke size.
     assert [line for line in out if line.startswith("smoke:")] == out, proc.stdout[-3000:]
+
+
+FAKE = """
+import argparse, sys
+sys.path.insert(0, {bench!r})
+import smoke
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--extra", type=int, default=0)
+    args = smoke.parse_args(ap, tasks=3)
+    done = args.tasks + args.extra  # the bench's own count of what it ran
+    if done != args.tasks:
+        raise SystemExit(f"refusing to print: {{done}} of {{args.tasks}} tasks")
+    print(f"{{args.tasks}} tasks: 1234 tasks/s")
+
+if __name__ == "__main__":
+    smoke.main(main)
+"""
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_smoke_size_keeps_the_checks_and_prints_no_figure(extra: int, tmp_path: Path) -> None:
+    """The shared helper's contract, on a bench of three lines: smoke sizes replace the
+    defaults, a figure is never printed, and a failed check (one task counted more) still exits
+    non-zero with its refusal."""
+    fake = tmp_path / "fake_bench.py"
+    fake.write_text(FAKE.format(bench=str(BENCH)))
+    env = {k: v for k, v in os.environ.items() if k != "TRACE_BENCH_SMOKE"}
+    full = subprocess.run(
+        [sys.executable, str(fake), "--extra", str(extra)], capture_output=True, text=True, env=env
+    )
+    smoke = subprocess.run(
+        [sys.executable, str(fake), "--smoke", "--extra", str(extra)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if extra:
+        assert full.returncode != 0 and "1001 of 1000" in full.stderr
+        assert smoke.returncode != 0 and "4 of 3" in smoke.stderr
+        assert smoke.stdout == "" and full.stdout == ""
+    else:
+        assert full.returncode == 0 and full.stdout == "1000 tasks: 1234 tasks/s\n"
+        assert smoke.returncode == 0 and smoke.stdout == "smoke: fake_bench: checks passed\n"
