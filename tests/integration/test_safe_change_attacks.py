@@ -111,10 +111,8 @@ def test_a_rebuild_writes_with_its_own_output_shape(live: Services) -> None:
 def test_a_rebuild_to_another_backend_writes_that_backend(live: Services) -> None:
     services, me = live, admin(live)
     v2 = _decode_output(pipeline("a"), "[{backend: postgres}]")
-    try:
-        res = services.control.deploy(me, v2)
-    except Exception as e:
-        pytest.skip(f"postgres output refused for noop: {e}")
+    # A deploy that fails here fails the test (it once turned into a skip, issue 39).
+    res = services.control.deploy(me, v2)
     assert not res.live
     task_id = next(
         t
@@ -129,8 +127,10 @@ def test_a_rebuild_to_another_backend_writes_that_backend(live: Services) -> Non
     assert out.backend == "postgres", f"v2 task writes backend={out.backend!r} at {out.location!r}"
 
 
-def _race(first: Any, second: Any, gap: float = 0.3) -> list[BaseException]:
-    """Runs `first` in a thread, `second` `gap` seconds later here; returns what either raised."""
+def _race(first: Any, second: Any, gap: float = 0.3, timeout: float = 60.0) -> list[BaseException]:
+    """Runs `first` in a thread, `second` `gap` seconds later here; returns what either raised.
+    A `first` still running `timeout` seconds later fails the test (stuck: a deadlock Postgres
+    cannot see, such as a lock wait behind a Python-side wait)."""
     errors: list[BaseException] = []
 
     def run_first() -> None:
@@ -146,8 +146,19 @@ def _race(first: Any, second: Any, gap: float = 0.3) -> list[BaseException]:
         second()
     except BaseException as e:
         errors.append(e)
-    t.join(60)
+    t.join(timeout)
+    assert not t.is_alive(), f"the first call is still running after {timeout} s: stuck"
     return errors
+
+
+def test_race_fails_when_its_first_call_never_ends() -> None:
+    """`_race` sees a call that never returns (it used to join with a timeout and go on)."""
+    release = threading.Event()
+    try:
+        with pytest.raises(AssertionError, match=r"still running after 0\.2 s"):
+            _race(lambda: release.wait(30), lambda: None, gap=0.0, timeout=0.2)
+    finally:
+        release.set()
 
 
 def test_a_completion_racing_a_rollback_does_not_deadlock(live: Services, monkeypatch: Any) -> None:
