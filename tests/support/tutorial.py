@@ -56,8 +56,9 @@ def parse_marker(spec: str, block: Block) -> None:
             raise ValueError(f"line {block.line}: unknown option {key.strip()!r}")
 
 
-def blocks(text: str) -> list[Block]:
-    """Every fenced block of `text`, with the marker right before it (blank lines allowed)."""
+def blocks(text: str, first_line: int = 1) -> list[Block]:
+    """Every fenced block of `text`, with the marker right before it (blank lines allowed);
+    line numbers count from `first_line`."""
     out: list[Block] = []
     lines = text.splitlines()
     i = 0
@@ -78,7 +79,7 @@ def blocks(text: str) -> list[Block]:
                 body.append(lines[i])
                 i += 1
             lang = f.group("info").strip().split(" ")[0] if f.group("info").strip() else ""
-            block = Block(lang=lang, text="\n".join(body) + "\n", line=start + 1)
+            block = Block(lang=lang, text="\n".join(body) + "\n", line=start + first_line)
             if marker is not None:
                 parse_marker(marker, block)
             out.append(block)
@@ -97,4 +98,7 @@ def tutorial_section(text: str) -> str:
 
 
 def tutorial_blocks() -> list[Block]:
-    return blocks(tutorial_section(README.read_text()))
+    """The tutorial's blocks, numbered by their README lines."""
+    text = README.read_text()
+    section = tutorial_section(text)
+    return blocks(section, text[: text.index(section)].count("\n") + 1)
