@@ -20,10 +20,6 @@ def dag_text(plan: DemoPlan) -> str:
         slot["env"]["RPC_URL"] = plan.rpc_url
     jobs = dag["jobs"]
     jobs["ingest"]["config"]["network_name"] = plan.network
-    if plan.network == "devnet":
-        # The embedded node has no provider's rate limit to respect: the file's 200 requests a
-        # second (a hosted node's) made each range wait on the limiter, not on the node.
-        jobs["ingest"]["config"]["requests_per_second"] = 5000
     jobs["hot"]["config"]["window_blocks"] = plan.hot_blocks
     jobs["staking_periods"]["config"]["args"]["window_blocks"] = plan.window_blocks
     for name in ("transfers_complete", "staking_complete"):
