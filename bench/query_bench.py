@@ -1,8 +1,13 @@
 """Query Service latency against bare DuckDB over the same files, in the same run.
 
-Synthetic chain-shaped data (cold Parquet datasets committed like an operator's output, and a
-hot window loaded into Postgres by the real sink code) sized by --blocks. Each query runs
-interleaved five ways:
+Every saved query (query/saved/*.sql), and a hot+cold join, over synthetic chain-shaped data
+(cold Parquet datasets committed like an operator's output, and a hot window loaded into
+Postgres by the real sink code) sized by --blocks. The datasets built are those the saved
+queries read, each with the columns and types its declaration gives: the analytics' from the
+platform DAG's SQL (lite/dags/monad_demo.yaml, followed from the decode operators' schemas;
+amounts as limbs), so a column added there is built here too (with values of its type when
+the bench has no shape for it). Every row built is counted back through bare DuckDB. Each
+query runs interleaved five ways:
 
 - bare: bare DuckDB (one warm connection, the same views over the same files and tables, the
   same SQL, no sandbox);
@@ -17,7 +22,7 @@ Every path's result is checked against bare DuckDB's, on every run. Prints p50/p
 service/bare and HTTP/bare ratios, and the isolation cost (worker - in-proc, p50). Target: the
 service within 1.25x of bare DuckDB on queries of 20 ms or more.
 
-    python bench/query_bench.py [--blocks 200000] [--repeat 30]
+    python bench/query_bench.py [--blocks 200000] [--repeat 30] [--smoke]
 """
 
 from __future__ import annotations

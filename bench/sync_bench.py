@@ -236,7 +236,7 @@ def main() -> None:
         default="1,2",
         help="ranges at a time, one figure each (the Spark decode follows the last)",
     )
-    args = smoke.parse_args(ap, blocks=200, concurrency="2")
+    args = smoke.parse_args(ap, blocks=200, concurrency="1")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="trace-sync-bench-", dir="/tmp"))
     work.chmod(0o755)
