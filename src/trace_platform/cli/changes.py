@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from trace_platform.cli.control import console, dag_app, fail, me, run_op, services
 from trace_platform.cli.safe_text import safe
-from trace_platform.registry.deploy import DeployResult
+
+if TYPE_CHECKING:
+    from trace_platform.registry.deploy import DeployResult
 
 
 def _read(file: Path) -> str:

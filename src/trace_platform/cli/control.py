@@ -7,7 +7,7 @@ import sys
 import time
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from uuid import UUID
 
 import typer
@@ -24,7 +24,9 @@ from trace_platform.dag.validate import DagInvalid, load
 from trace_platform.errors import TraceError
 from trace_platform.identity import Actor, authenticate
 from trace_platform.lite.bootstrap import key_file
-from trace_platform.services import Services
+
+if TYPE_CHECKING:
+    from trace_platform.services import Services
 
 console = Console()
 dag_app = typer.Typer(help="DAGs: validate, deploy, trigger.", no_args_is_help=True)
@@ -55,6 +57,10 @@ def fail(message: str) -> NoReturn:
 
 @cache
 def services() -> Services:
+    # Here, not at import: every `trace` command (a worker's start too) would pay for the
+    # whole control plane's imports otherwise.
+    from trace_platform.services import Services
+
     svc = Services.build(get_settings())
     if svc.new_admin_key:
         console.print(

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from trace_platform.cli.control import console, fail, me, run_op, services
 from trace_platform.cli.safe_text import printable, safe
-from trace_platform.query import formats, saved
-from trace_platform.query.service import Result
+
+if TYPE_CHECKING:
+    from trace_platform.query.service import Result
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -27,6 +28,8 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
 
 
 def result_table(result: Result, title: str | None = None, limit: int = 50) -> Table:
+    from trace_platform.query import formats
+
     cols = formats.columns(result.table)
     # Column names and values are whatever the data holds (other DAGs' operators wrote it).
     table = Table(*[safe(c["name"]) for c in cols], title=title, title_justify="left")
@@ -61,6 +64,9 @@ def query(
     list_saved: Annotated[bool, typer.Option("--list", help="list saved queries")] = False,
 ) -> None:
     """Run SQL over published datasets (each pinned to its current version at query start)."""
+    # Imported when a query runs: pyarrow and DuckDB cost every other command a second.
+    from trace_platform.query import formats, saved
+
     if list_saved:
         t = Table("saved query", "parameters", "what it answers")
         for name in saved.names():

@@ -13,7 +13,6 @@ from trace_platform.cli.control import console, me, services
 from trace_platform.cli.safe_text import safe
 from trace_platform.config import get_settings
 from trace_platform.errors import TraceError
-from trace_platform.query import pinned
 from trace_platform.registry.reserved import PLATFORM_DAG
 from trace_platform.verify import CannotVerify, Node, Outcome, connect, resolve_target, verify_all
 
@@ -73,6 +72,8 @@ def verify(
         _cannot(str(e))
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     svc, actor = services(), me()
+
+    from trace_platform.query import pinned  # DuckDB: only for the command that queries
 
     def query(sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         # What verify reads must be the platform DAG's: never a squatter's numbers.
