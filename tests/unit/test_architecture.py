@@ -81,7 +81,7 @@ def test_the_dispatcher_holds_no_connection_or_sql() -> None:
 
 def _module_names() -> dict[str, Path]:
     """Dotted name of every trace_platform module -> its file (a package is its __init__)."""
-    names = {}
+    names: dict[str, Path] = {}
     for path in sorted(SRC.rglob("*.py")):
         if "__pycache__" in path.parts:
             continue
