@@ -69,6 +69,8 @@ def parse_args(
     args.smoke = smoke
     if smoke and not _active:
         _active = True
+        # Small data: Spark's JVMs on the quick compiler profile, as the test suite runs them.
+        os.environ.setdefault("TRACE_SPARK_JIT", "quick")
         _swallow_stdout()
     return args
 
