@@ -50,8 +50,8 @@ class Settings(BaseSettings):
     queue_max_attempts: int = 20
     queue_poll_seconds: float = 1.0
 
-    # local[*] (default), or a Spark Connect endpoint sc://host:port of a cluster (see README:
-    # "Spark on a cluster").
+    # local[*] (default), or a Spark Connect endpoint sc://host:port of a cluster
+    # (docs/spark-cluster.md).
     spark_master: str = "local[*]"
     # Spark settings for operators' sessions (TRACE_SPARK_CONF='{"spark.sql.shuffle.partitions":
     # "8"}'): all of them for a local JVM; on a Spark Connect cluster, the session-level ones
@@ -180,7 +180,7 @@ class Settings(BaseSettings):
             # host's workdir, and its driver would need the cluster's network.
             raise ValueError(
                 f"TRACE_SPARK_MASTER={v}: use local[*] or a Spark Connect endpoint of the "
-                "cluster (sc://host:port); see the README, 'Spark on a cluster'"
+                "cluster (sc://host:port); see docs/spark-cluster.md"
             )
         return v
 

@@ -131,7 +131,7 @@ def test_every_endpoint_answers_without_5xx_and_in_traces_error_shape(target: Ta
         labels.append(operation.label)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             failures += fuzz(operation, mode, target)
-    assert len(labels) >= 24, labels  # every route of the README's table
+    assert len(labels) >= 24, labels  # every route (docs/reference/http-api.md)
     assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures)
     # The fuzz got past authentication and validation, not only bounced off them.
     assert any(200 <= s < 300 for s in target.statuses), target.statuses

@@ -37,7 +37,8 @@ The host's contract (one task at a time per host process):
   makes the base session the default again. The task session is then dropped with its own conf.
   If the task changed SparkContext-wide state that cannot be undone in place (added jars, files
   or archives), the JVM is stopped (`stop_spark()`) and the next task starts a new one.
-  Costs: see the README (bench/sandbox_bench.py: a fresh host + JVM vs the next task of a tenant).
+  Costs: docs/benchmarks.md, "Isolation" (bench/sandbox_bench.py: a fresh host + JVM vs the
+  next task of a tenant).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ as it is.
   cost almost nothing). Its type is its mark: the Query Service reads every column of this type
   as DuckDB BIGNUM (query/bignum.py) and answers with exact text. There is no decimal text on
   disk: making it and parsing it again at every Spark edge cost more than the arithmetic
-  (README, "Exact amounts").
+  (docs/benchmarks.md, "Exact amounts").
 - **In Spark** the arithmetic stays in primitive longs (DECIMAL(38,0) limbs allocate a
   BigDecimal per operation). sql_transform authors use the helpers
   (`trace_platform.spark.helpers`, expanded by the SQL guard into the native Spark SQL below):
