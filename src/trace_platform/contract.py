@@ -391,6 +391,37 @@ class ExchangeResponse(BaseModel):
     claims: list[ClaimResult]  # one per claim, in the body's order
 
 
+BUFFER_CONTENT_TYPES = {
+    ".jsonl": "application/jsonl",
+    ".parquet": "application/vnd.apache.parquet",
+}
+
+
+class BufferPublishBody(_Body):
+    """A pointer to a batch an attempt wrote for a buffered dataset (`/internal/buffer-publish`,
+    sent by the wrapper, never the operator): the artifact's key, below the attempt's own
+    buffer prefix (`layout.buffer_prefix`), ending .jsonl or .parquet."""
+
+    dataset: str = Field(pattern=r"^[a-z][a-z0-9_]{0,127}$")
+    location: str = Field(min_length=1, max_length=2048)
+
+    @property
+    def content_type(self) -> str | None:
+        return next(
+            (t for ext, t in BUFFER_CONTENT_TYPES.items() if self.location.endswith(ext)), None
+        )
+
+
+class BufferPublishRequest(LeaseRef, BufferPublishBody):
+    pass
+
+
+class BufferPublishResponse(BaseModel):
+    record_id: UUID
+    dataset_uuid: UUID
+    duplicate: bool  # this artifact was published before: the same record answers
+
+
 class IdempotencyContext(BaseModel):
     """What an operator needs to make its writes idempotent across retries."""
 

@@ -375,6 +375,8 @@ def dag_models() -> dict[str, type[BaseModel]]:
             s.Triggers,
             s.CronTrigger,
             s.WebhookTrigger,
+            s.BufferedDataset,
+            s.BufferColumn,
         )
     }
 
@@ -400,6 +402,8 @@ DAG_ORDER = (
     "Triggers",
     "CronTrigger",
     "WebhookTrigger",
+    "BufferedDataset",
+    "BufferColumn",
 )
 
 DAG_TITLES = {
@@ -416,6 +420,8 @@ DAG_TITLES = {
     "Triggers": "Triggers (`triggers`)",
     "CronTrigger": "A cron trigger (`triggers.cron[]`)",
     "WebhookTrigger": "A webhook (`triggers.webhooks[]`)",
+    "BufferedDataset": "A buffered dataset (`buffered[]`)",
+    "BufferColumn": "A buffered dataset's column (`buffered[].columns[]`)",
 }
 
 

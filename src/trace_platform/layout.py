@@ -96,3 +96,18 @@ def platform_made(backend: str, location: str, org_id: UUID) -> bool:
         and "//" not in location
         and not any(part in (".", "..") for part in location.split("/"))
     )
+
+
+def buffer_root(org_id: UUID, task_id: UUID) -> str:
+    """Where a task's attempts write buffered-dataset batches: each attempt only its own keys
+    below it (`attempt_prefix`), which the buffer publish then checks as `attempt_owns`."""
+    return f"org/{org_id}/buffers/task={task_id}/"
+
+
+def buffer_prefix(org_id: UUID, task_id: UUID, attempt: int) -> str:
+    return attempt_prefix(buffer_root(org_id, task_id), task_id, attempt)
+
+
+def buffer_queue(dataset_uuid: UUID) -> str:
+    """A buffered dataset's own queue: one backlog (and one sink's share) per dataset."""
+    return f"buffer.{dataset_uuid.hex}"

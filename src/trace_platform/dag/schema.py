@@ -116,6 +116,12 @@ class JobSpec(_Strict):
     max_attempts: int = Field(default=3, gt=0, le=100)
     worker_pool: str | None = None
     scaling: Scaling = Field(default_factory=Scaling)
+    buffer_outputs: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="buffered datasets this job publishes batches to (it must be one of "
+        "their writers)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -206,6 +212,65 @@ class PublishSpec(_Strict):
     hot_window: HotWindow | None = None
 
 
+BUFFER_TYPES = ("text", "int64", "float64", "bool", "timestamp", "uint256", "json")
+# Columns the sink writes itself: never declared, never taken from a batch's rows.
+BUFFER_RESERVED = frozenset({"org_id", "record_id", "loaded_at"})
+
+
+class BufferColumn(_Strict):
+    name: str = Field(pattern=NAME_RE, description="the column's name")
+    type: Literal["text", "int64", "float64", "bool", "timestamp", "uint256", "json"] = Field(
+        description="uint256: an exact amount (JSON integer or decimal text, or limbs), "
+        "stored as numeric(78,0); timestamp: ISO 8601 or epoch seconds"
+    )
+    required: bool = Field(default=True, description="false: a row may leave it out (NULL)")
+
+
+class BufferedDataset(_Strict):
+    """A multi-writer Postgres dataset: producer jobs publish batches, the trusted sink loads
+    them, deduplicated by `unique_key`. Its rows stay through deploys and rollbacks."""
+
+    name: str = Field(pattern=NAME_RE, description="the dataset's name in the org")
+    columns: list[BufferColumn] = Field(
+        min_length=1, max_length=200, description="the columns every batch row is checked against"
+    )
+    unique_key: list[str] = Field(
+        min_length=1,
+        max_length=16,
+        description="the columns that identify a row: a row whose key is stored is skipped",
+    )
+    writers: list[str] = Field(
+        min_length=1,
+        max_length=100,
+        description="'dag.job' of every job allowed to publish to it (any DAG of the org)",
+    )
+    max_rows: int = Field(default=100_000, ge=1, le=10_000_000, description="rows per batch")
+    max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1, le=1024 * 1024 * 1024, description="bytes per batch"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        names = [c.name for c in self.columns]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"column names repeat: {', '.join(dup)}")
+        reserved = sorted(BUFFER_RESERVED & set(names))
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)}: reserved (the sink writes it)")
+        missing = [k for k in self.unique_key if k not in names]
+        if missing:
+            raise ValueError(f"unique_key names no column: {', '.join(missing)}")
+        optional = [c.name for c in self.columns if c.name in self.unique_key and not c.required]
+        if optional:
+            raise ValueError(f"unique_key columns must be required: {', '.join(optional)}")
+        for w in self.writers:
+            dag, _, job = w.partition(".")
+            if not (NAME.fullmatch(dag) and job):
+                raise ValueError(f"writer {w!r} is not 'dag.job'")
+        return self
+
+
 class DagSpec(_Strict):
     name: str = Field(pattern=NAME_RE)
     description: str | None = None
@@ -213,6 +278,11 @@ class DagSpec(_Strict):
     publish: list[PublishSpec] = Field(default_factory=list)
     worker_pools: dict[str, list[PoolSlot]] = Field(default_factory=dict)
     triggers: Triggers = Field(default_factory=Triggers)
+    buffered: list[BufferedDataset] = Field(
+        default_factory=list,
+        max_length=100,
+        description="multi-writer Postgres datasets this DAG declares (loaded by the sink)",
+    )
 
     @model_validator(mode="before")
     @classmethod

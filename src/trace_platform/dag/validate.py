@@ -340,7 +340,27 @@ def check(spec: DagSpec) -> list[DagProblem]:
                 "triggers", "the DAG has triggers but no source job (a job without inputs) to start"
             )
         )
+    problems.extend(_buffered_problems(spec))
     return problems
+
+
+def _buffered_problems(spec: DagSpec) -> list[DagProblem]:
+    """Buffered datasets' names: once each, and not also a name this file publishes. Whether
+    a job may write one is checked at deploy (it may be another DAG's)."""
+    out: list[DagProblem] = []
+    published = {p.dataset for p in spec.publish}
+    seen: set[str] = set()
+    for i, b in enumerate(spec.buffered):
+        if b.name in seen or b.name in published:
+            out.append(DagProblem(f"buffered[{i}].name", f"dataset name '{b.name}' is used twice"))
+        seen.add(b.name)
+    for name, job in spec.jobs.items():
+        for i, b in enumerate(job.buffer_outputs):
+            if not NAME.fullmatch(b):
+                out.append(
+                    DagProblem(f"jobs.{name}.buffer_outputs[{i}]", f"'{b}' is not a dataset name")
+                )
+    return out
 
 
 def source_jobs(spec: DagSpec) -> list[str]:

@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Settings
 from trace_platform.contract import EventsRequest, EventsResponse, LeaseRef, TaskRef, TaskSpec
+from trace_platform.dispatcher.buffers import Buffers
 from trace_platform.dispatcher.commits import Emitter
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.dispatcher.lifecycle import Lifecycle
@@ -39,6 +40,7 @@ class Dispatcher(Lifecycle):
             slots=Slots(store, settings, intents),
             emitter=Emitter(store, intents),
         )
+        self.buffers = Buffers(store, intents)  # buffered datasets: publishes and the sink's
 
     @property
     def pool(self) -> ConnectionPool:

@@ -3,12 +3,14 @@ scoped to its inputs and outputs, and a way to emit events."""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trace_platform import layout
 from trace_platform.contract import EventIn, OutputCommit, TaskPayload
 from trace_platform.objectstore import ObjectStore
 
@@ -49,6 +51,7 @@ class OperatorContext:
     # A Spark Connect URL (sc://): the task's data work runs on that cluster, whose executors
     # read and write the object store themselves (trace_platform.spark.objects).
     spark_remote: str | None = None
+    _batches: int = 0
 
     @property
     def config(self) -> dict[str, Any]:
@@ -82,6 +85,27 @@ class OperatorContext:
 
             end_task(self._spark)
             self._spark = None
+
+    @property
+    def buffer_prefix(self) -> str:
+        """Where this attempt writes batches for buffered datasets (its own keys only)."""
+        return layout.buffer_prefix(self.task.org_id, self.task.task_id, self.task.attempt)
+
+    def publish_rows(self, dataset: str, rows: Iterable[dict[str, Any]]) -> str:
+        """Writes `rows` as one JSONL batch under the attempt's buffer prefix and asks the
+        wrapper to publish it to buffered dataset `dataset` (the job must be one of its
+        writers); the trusted sink loads it. Returns the batch's key."""
+        self._batches += 1
+        key = f"{self.buffer_prefix}batch-{self._batches:05d}.jsonl"
+        body = "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in rows)
+        self.store.put(key, body.encode())
+        self.publish_batch(dataset, key)
+        return key
+
+    def publish_batch(self, dataset: str, key: str) -> None:
+        """Publishes a batch this attempt already wrote (`.jsonl` or `.parquet`, under
+        `buffer_prefix`) to buffered dataset `dataset`."""
+        self._send({"type": "buffer", "buffer": {"dataset": dataset, "location": key}})
 
     def progress(self, **values: Any) -> None:
         """Progress shown with the task; sent with the next heartbeat."""

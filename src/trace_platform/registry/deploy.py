@@ -26,7 +26,7 @@ from trace_platform.errors import Conflict
 from trace_platform.identity import Actor, Forbidden, can_deploy, can_read
 from trace_platform.identity.vault import can_use_secret
 from trace_platform.layout import dataset_location, version_location
-from trace_platform.registry import names, rollout
+from trace_platform.registry import buffered, names, rollout
 from trace_platform.registry.reserved import PLATFORM_DAG
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.rollout import RolloutStore
@@ -140,6 +140,9 @@ def deploy(
     _store_version(d)
     _plan_rebuild(d)
     _assign_datasets(d, shape=not d.building)
+    d.problems += buffered.register(
+        d.conn, d.actor, spec, org_id=d.org_id, dag_id=d.dag_id, version=d.version
+    )
     _cut_versions(d)
     _publish_names(d, apply=not d.building)
     _wire_subscriptions(d)

@@ -22,6 +22,8 @@ from trace_platform.contract import (
     LEASE_TOKENS_HEADER,
     MAX_BATCH,
     BatchError,
+    BufferPublishBody,
+    BufferPublishResponse,
     Claim,
     ClaimBatchBody,
     ClaimBatchResponse,
@@ -304,6 +306,17 @@ class DispatcherClient:
             "POST",
             "/internal/events",
             EventsResponse,
+            content=body.model_dump_json(),
+            **_lease(claim),
+        )
+
+    def buffer_publish(self, claim: Claim, body: BufferPublishBody) -> BufferPublishResponse:
+        """A batch's pointer for a buffered dataset (idempotent: the same artifact published
+        again answers the same record)."""
+        return self._call(
+            "POST",
+            "/internal/buffer-publish",
+            BufferPublishResponse,
             content=body.model_dump_json(),
             **_lease(claim),
         )

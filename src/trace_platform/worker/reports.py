@@ -44,7 +44,7 @@ def one_line(text: str, limit: int) -> str:
 
 
 # What a host says of its run, each tagged with the run (`Running.label`) it belongs to.
-RUN_MESSAGES = frozenset({"done", "failed", "event", "progress", "store"})
+RUN_MESSAGES = frozenset({"done", "failed", "event", "buffer", "progress", "store"})
 
 
 def foreign(out: dict[str, Any], run: Running) -> str | None:

@@ -57,6 +57,8 @@ class ScopedStore:
         outputs = [
             _prefix(o.location) for o in task.outputs if o.location and o.backend != "postgres"
         ]
+        # With the task's buffer root: batches for buffered datasets, each attempt its own keys.
+        outputs.append(layout.buffer_root(task.org_id, task.task_id))
         self.writable = outputs
         self.readable = outputs + [_prefix(i.location) for i in task.inputs if i.location]
         self.task_id, self.attempt = task.task_id, task.attempt

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from trace_platform.contract import Claim, EventIn
+from trace_platform.contract import BufferPublishBody, Claim, EventIn
 from trace_platform.queue.driver import Message
 from trace_platform.sandbox.gateway import Gateways
 from trace_platform.sandbox.hostdir import TaskDirs
@@ -243,6 +243,29 @@ class Supervisor:
                         clock=clock,
                         error=f"event refused: {e.message}",
                         retryable=retryable,
+                    )
+                    return
+            elif kind == "buffer":
+                # A batch the operator wrote for a buffered dataset: the wrapper, never the
+                # operator, publishes its pointer (attempt-fenced), before the completion.
+                try:
+                    body = BufferPublishBody.model_validate(out.get("buffer"))
+                except ValueError as e:
+                    self._broken(run, f"a malformed buffer publish: {gist(e)}")
+                    return
+                try:
+                    self._within_lease(
+                        clock, "buffer publish", lambda b=body: self.client.buffer_publish(claim, b)
+                    )
+                except ApiError as e:
+                    log.warning("buffer publish refused for %s: %s", claim.task_id, e)
+                    host.kill()
+                    self._report(
+                        claim,
+                        "failed",
+                        clock=clock,
+                        error=f"buffer publish refused: {e.message}",
+                        retryable=e.status not in (403, 422),
                     )
                     return
             elif kind in ("done", "failed"):

@@ -20,6 +20,9 @@ from trace_platform.api.routes import trace_router
 from trace_platform.contract import (
     MAX_BATCH,
     BatchError,
+    BufferPublishBody,
+    BufferPublishRequest,
+    BufferPublishResponse,
     Claim,
     ClaimBatchBody,
     ClaimBatchResponse,
@@ -170,6 +173,11 @@ def router(services: Services) -> APIRouter:
     @r.post("/internal/events")
     def events(ref: Lease, body: EventsBody) -> EventsResponse:
         return d.events(EventsRequest(**dict(ref), **dict(body)))
+
+    @r.post("/internal/buffer-publish")
+    def buffer_publish(ref: Lease, body: BufferPublishBody) -> BufferPublishResponse:
+        """A batch for a buffered dataset: stored as a record, queued for the sink."""
+        return d.buffers.publish(BufferPublishRequest(**dict(ref), **dict(body)))
 
     @r.post("/internal/task-complete", response_class=Response, responses=_doc(CompleteResponse))
     def task_complete(ref: Lease, body: CompleteBody) -> Response:

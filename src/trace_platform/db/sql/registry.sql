@@ -66,8 +66,9 @@ UPDATE datasets SET backend = %(backend)s, location = %(location)s,
 WHERE dataset_uuid = %(dataset_uuid)s;
 
 -- name: unpublish_dag
+-- A buffered dataset keeps its name: it is no job's output (migration 0028).
 UPDATE datasets SET dataset_name = NULL, hot_window_of = NULL, hot_window_key = NULL
-WHERE producer_dag_id = %(dag_id)s;
+WHERE producer_dag_id = %(dag_id)s AND producer_job NOT LIKE 'buffered:%%';
 
 -- name: set_hot_window
 UPDATE datasets SET hot_window_of = %(of)s, hot_window_key = %(key)s

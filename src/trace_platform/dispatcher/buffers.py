@@ -1,0 +1,221 @@
+"""Buffered datasets in the Dispatcher: an attempt's buffer publish (fenced like its events:
+a buffer record and its outbox row in one transaction, the queue message only a pointer to
+the record), and the trusted sink's outcome for a record (landed, with the dataset event and
+the tasks it starts, in one transaction; or dead, with the reason its user reads)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
+
+from psycopg import Connection
+
+from trace_platform import layout
+from trace_platform.contract import (
+    BufferPublishRequest,
+    BufferPublishResponse,
+    EventIn,
+)
+from trace_platform.dispatcher import access
+from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
+from trace_platform.dispatcher.intents import Intents
+from trace_platform.errors import Forbidden, Invalid
+from trace_platform.objectstore import ObjectStoreError, check_key
+from trace_platform.queue.payloads import BufferRecord, encode
+from trace_platform.store.buffers import BufferStore
+from trace_platform.store.registry import RegistryStore
+from trace_platform.store.tasks import NewEvent, StateStore, StoreTx, Wakeup
+
+
+def _conn(tx: StoreTx) -> Connection[Any]:
+    conn = getattr(tx, "conn", None)
+    if conn is None:
+        raise TypeError("buffered datasets need the Postgres state store")
+    return conn  # type: ignore[no-any-return]
+
+
+class Buffers:
+    def __init__(self, store: StateStore, intents: Intents) -> None:
+        self.store = store
+        self.intents = intents
+
+    # -- producer side (the wrapper, attempt-fenced) -----------------------------------------
+    def publish(self, req: BufferPublishRequest) -> BufferPublishResponse:
+        content_type = req.content_type
+        if content_type is None:
+            raise Invalid(f"a batch is a .jsonl or .parquet file, not {req.location!r}")
+        with self.store.transaction() as tx:
+            tx.lock_task_dag_shared(req.task_id)
+            st = fenced(tx, req)
+            reject_finished(st, req)
+            reject_withdrawn(st, req)
+            conn = _conn(tx)
+            ds = self._writable(conn, st, req.dataset)
+            self._check_location(st, req)
+            store = BufferStore(conn)
+            row = store.insert_record(
+                record_id=uuid.uuid4(),
+                dataset_uuid=ds["dataset_uuid"],
+                org_id=st["org_id"],  # the task's, never anything the batch says
+                task_id=req.task_id,
+                attempt=req.attempt,
+                start_day=st["start_day"],
+                dag_id=st["dag_id"],
+                job=st["job"],
+                location=req.location,
+                content_type=content_type,
+            ).fetchone()
+            if row is None:  # published before (a retried call): the same record answers
+                again = store.record_by_location(
+                    dataset_uuid=ds["dataset_uuid"], location=req.location
+                ).fetchone()
+                assert again is not None
+                return BufferPublishResponse(
+                    record_id=again["record_id"], dataset_uuid=ds["dataset_uuid"], duplicate=True
+                )
+            message = BufferRecord(dataset_uuid=ds["dataset_uuid"], record_id=row["record_id"])
+            tx.insert_outbox(Wakeup(queue=ds["queue_name"], payload=encode(message), delay=0))
+        return BufferPublishResponse(
+            record_id=row["record_id"], dataset_uuid=ds["dataset_uuid"], duplicate=False
+        )
+
+    @staticmethod
+    def _writable(conn: Connection[Any], st: dict[str, Any], name: str) -> dict[str, Any]:
+        """The buffered dataset `name` of the task's org, if the task's job is one of its
+        writers. An unknown name answers as a refused one (no probing for names)."""
+        ds = BufferStore(conn).buffered_by_name(org_id=st["org_id"], name=name).fetchone()
+        dag = (
+            RegistryStore(conn).dag_by_id(dag_id=st["dag_id"]).fetchone() if st["dag_id"] else None
+        )
+        writer = f"{dag['name']}.{st['job']}" if dag else None
+        if ds is None or writer not in ds["writers"]:
+            raise Forbidden(
+                f"job {writer or st['job']!r} may not publish to buffered dataset '{name}' "
+                "(no such dataset, or the job is not one of its writers)"
+            )
+        return dict(ds)
+
+    @staticmethod
+    def _check_location(st: dict[str, Any], req: BufferPublishRequest) -> None:
+        """Only this attempt's own keys: what the scoped store let it write."""
+        root = layout.buffer_root(st["org_id"], req.task_id)
+        try:
+            check_key(req.location)
+        except (ObjectStoreError, ValueError) as e:
+            raise Forbidden(f"a batch's location: {e}") from None
+        if not layout.attempt_owns(root, req.task_id, req.attempt, req.location):
+            want = layout.buffer_prefix(st["org_id"], req.task_id, req.attempt)
+            raise Forbidden(
+                f"batch {req.location!r} is not below this attempt's buffer prefix {want!r}"
+            )
+
+    # -- sink side (trusted) ------------------------------------------------------------------
+    def record(self, record_id: UUID) -> dict[str, Any] | None:
+        """A record and what the sink needs of its dataset, counting this try of it."""
+        with self.store.transaction() as tx:
+            store = BufferStore(_conn(tx))
+            row = store.record_for_sink(record_id=record_id).fetchone()
+            if row is not None and row["status"] == "pending":
+                tries = store.count_sink_attempt(record_id=record_id).fetchone()
+                row = {**row, "sink_attempts": tries["sink_attempts"] if tries else 0}
+            return dict(row) if row is not None else None
+
+    @contextmanager
+    def _pending(self, record_id: UUID) -> Iterator[tuple[StoreTx, dict[str, Any] | None]]:
+        with self.store.transaction() as tx:
+            row = BufferStore(_conn(tx)).record_for_sink(record_id=record_id).fetchone()
+            yield tx, (dict(row) if row is not None and row["status"] == "pending" else None)
+
+    def dead(self, record_id: UUID, error: str) -> bool:
+        """The batch is refused for good, with why (`trace buffers list`)."""
+        with self._pending(record_id) as (tx, rec):
+            if rec is None:
+                return False
+            BufferStore(_conn(tx)).mark_dead(record_id=record_id, error=error[:4000])
+            return True
+
+    def landed(self, record_id: UUID, rows_read: int, rows_loaded: int) -> int:
+        """The batch's rows are in the table: the record is loaded (its artifact collectable)
+        and the dataset's event starts its readers' tasks, in one transaction. Returns the
+        tasks created (0 when another sink finished it first)."""
+        with self._pending(record_id) as (tx, rec):
+            if rec is None:
+                return 0
+            BufferStore(_conn(tx)).mark_loaded(
+                record_id=record_id, rows_read=rows_read, rows_loaded=rows_loaded
+            )
+            return self._emit(tx, rec, rows_loaded)
+
+    def _emit(self, tx: StoreTx, rec: dict[str, Any], rows_loaded: int) -> int:
+        ds = rec["dataset_uuid"]
+        event = EventIn(
+            dataset_uuid=ds,
+            cursor=f"buffer:{rec['record_id']}",
+            payload={"record_id": str(rec["record_id"]), "rows": rows_loaded},
+        )
+        # The publishing task is the event's producer; its dataset version is the one version
+        # a buffered dataset has, so every live subscriber reads it (dag_tasks.subscribers).
+        producer = {
+            "task_id": rec["task_id"],
+            "dag_id": None,
+            "dag_version": None,
+            "run_id": None,
+            "outputs": [{"dataset_uuid": str(ds), "dataset_version": str(rec["dataset_version"])}],
+        }
+        ids = tx.insert_events(
+            [
+                NewEvent(
+                    event_id=uuid.uuid4(),
+                    start_day=rec["start_day"],
+                    org_id=rec["org_id"],
+                    task_id=rec["task_id"],
+                    attempt=rec["attempt"],
+                    dataset_uuid=ds,
+                    dedupe_key=event.dedupe_key,
+                    cursor=event.cursor,
+                    partition_key=None,
+                    range_start=None,
+                    range_end=None,
+                    payload=event.payload,
+                )
+            ]
+        )
+        if ids[0] is None:
+            return 0
+        specs = list(
+            tx.tasks_for_event(
+                org_id=rec["org_id"],
+                producer=producer,
+                event_id=ids[0],
+                event=event,
+                invalidates=False,
+            )
+        )
+        refs = self.intents.create_tasks(specs, tx)
+        for ref in refs:  # may each reader's DAG still read it?
+            access.fail_if_refused(tx, ref.task_id)
+        return len(refs)
+
+    def list_records(
+        self,
+        org_id: UUID,
+        *,
+        dataset: str | None = None,
+        status: str | None = None,
+        task_ids: list[UUID] | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        with self.store.transaction() as tx:
+            rows = BufferStore(_conn(tx)).list_records(
+                org_id=org_id, dataset=dataset, status=status, task_ids=task_ids, limit=limit
+            )
+            return [dict(r) for r in rows.fetchall()]
+
+    def datasets(self, names: list[str]) -> list[dict[str, Any]]:
+        """The buffered datasets a sink serves: the named ones, or all."""
+        with self.store.transaction() as tx:
+            rows = BufferStore(_conn(tx)).buffered_datasets(names=names).fetchall()
+            return [dict(r) for r in rows]

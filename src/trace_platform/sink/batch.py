@@ -1,0 +1,184 @@
+"""A published batch read and checked against its dataset's declared columns. Everything in
+it is a claim of untrusted code: types, required columns, row and byte bounds are checked
+before anything is written, and `org_id` in a row is never taken (the record's org is)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from trace_platform.dag.schema import BUFFER_RESERVED
+
+_UINT256_MAX = 2**256 - 1
+_INT64 = (-(2**63), 2**63 - 1)
+_LIMBS = [f"l{k}" for k in range(8, -1, -1)]  # the limbs struct of exact amounts (spark/u256)
+
+
+class BatchRefused(ValueError):
+    """The batch does not fit its dataset: dead-lettered with this text, for its user."""
+
+
+def parse(data: bytes, content_type: str, max_rows: int) -> list[dict[str, Any]]:
+    """The batch's rows as dicts (JSONL: one object a line; Parquet: its rows)."""
+    if content_type == "application/jsonl":
+        return _jsonl(data, max_rows)
+    return _parquet(data, max_rows)
+
+
+def _jsonl(data: bytes, max_rows: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BatchRefused(f"the batch is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if len(rows) >= max_rows:
+            raise BatchRefused(f"the batch has more than {max_rows} rows (the dataset's max_rows)")
+        try:
+            row = json.loads(line, parse_float=Decimal, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as e:
+            raise BatchRefused(f"line {n} is not JSON: {e}") from None
+        if not isinstance(row, dict):
+            raise BatchRefused(f"line {n} is a JSON {type(row).__name__}, not an object")
+        rows.append(row)
+    return rows
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _parquet(data: bytes, max_rows: int) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(io.BytesIO(data))
+        if f.metadata.num_rows > max_rows:
+            raise BatchRefused(
+                f"the batch has {f.metadata.num_rows} rows; the dataset's max_rows is {max_rows}"
+            )
+        rows: list[dict[str, Any]] = f.read().to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise BatchRefused(f"the batch is not a Parquet file: {e}") from None
+    return rows
+
+
+def check(
+    rows: list[dict[str, Any]], columns: list[dict[str, Any]]
+) -> tuple[list[str], list[list[Any]]]:
+    """The rows as the table takes them: the declared columns' names and each row's values
+    in that order, every value of its declared type. Any row that does not fit refuses the
+    whole batch, naming the row and column."""
+    declared = {c["name"]: c for c in columns}
+    names = [c["name"] for c in columns]
+    out: list[list[Any]] = []
+    for n, row in enumerate(rows, start=1):
+        unknown = sorted(k for k in row if k not in declared and k not in BUFFER_RESERVED)
+        if unknown:
+            raise BatchRefused(f"row {n}: undeclared column(s) {', '.join(unknown)[:200]}")
+        values = []
+        for name in names:
+            col = declared[name]
+            v = row.get(name)
+            if v is None:
+                if col.get("required", True):
+                    raise BatchRefused(f"row {n}: required column '{name}' is missing or null")
+                values.append(None)
+                continue
+            try:
+                values.append(_value(col["type"], v))
+            except (TypeError, ValueError, ArithmeticError) as e:
+                raise BatchRefused(f"row {n}, column '{name}' ({col['type']}): {e}") from None
+        out.append(values)
+    return names, out
+
+
+def _value(kind: str, v: Any) -> Any:
+    if kind == "text":
+        if not isinstance(v, str):
+            raise TypeError(f"expected a string, got {type(v).__name__}")
+        if "\x00" in v:
+            raise ValueError("text holds a NUL character")
+        return v
+    if kind == "int64":
+        i = _integer(v)
+        if not _INT64[0] <= i <= _INT64[1]:
+            raise ValueError(f"{i} is outside int64")
+        return i
+    if kind == "uint256":
+        i = _amount(v)
+        if not 0 <= i <= _UINT256_MAX:
+            raise ValueError("outside uint256 (0 .. 2^256-1)")
+        return i
+    if kind == "float64":
+        if isinstance(v, bool) or not isinstance(v, int | float | Decimal):
+            raise TypeError(f"expected a number, got {type(v).__name__}")
+        f = float(v)
+        if not math.isfinite(f):
+            raise ValueError("not a finite number")
+        return f
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise TypeError(f"expected true or false, got {type(v).__name__}")
+        return v
+    if kind == "timestamp":
+        return _timestamp(v)
+    return Jsonb(v)  # json: any JSON value
+
+
+def _integer(v: Any) -> int:
+    """An exact integer: a JSON integer, or one written as decimal text (never a float: it may
+    have lost digits already)."""
+    if isinstance(v, bool):
+        raise TypeError("expected an integer, got a boolean")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.lstrip("-").isdigit() and len(v) <= 80:
+        return int(v)
+    if isinstance(v, Decimal) and v == v.to_integral_value() and "e" not in str(v).lower():
+        return int(v)
+    raise TypeError(f"expected an integer (or its decimal text), got {_shown(v)}")
+
+
+def _amount(v: Any) -> int:
+    """An exact amount: an integer, its decimal text, or the limbs struct Trace stores
+    amounts in on disk (spark/u256.py: l8 .. l0, base 10^9)."""
+    if isinstance(v, dict) and sorted(v) == sorted(_LIMBS):
+        total = 0
+        for k, name in enumerate(reversed(_LIMBS)):
+            total += _integer(v[name]) * 10 ** (9 * k)
+        return total
+    try:
+        return _integer(v)
+    except TypeError:
+        raise TypeError(
+            f"expected an exact amount (integer or decimal text), got {_shown(v)}"
+        ) from None
+
+
+def _timestamp(v: Any) -> datetime:
+    if isinstance(v, datetime):
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return datetime.fromtimestamp(v, UTC)  # seconds since the epoch (a block's time)
+    if isinstance(v, str):
+        try:
+            t = datetime.fromisoformat(v)
+        except ValueError:
+            raise ValueError(f"{_shown(v)} is not an ISO 8601 time") from None
+        return t if t.tzinfo else t.replace(tzinfo=UTC)
+    raise TypeError(f"expected an ISO 8601 time or epoch seconds, got {_shown(v)}")
+
+
+def _shown(v: Any) -> str:
+    text = repr(v) if not isinstance(v, Decimal) else str(v)
+    return text if len(text) <= 60 else text[:59] + "…"

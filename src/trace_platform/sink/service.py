@@ -1,0 +1,199 @@
+"""The sink loop (`trace sink`): leases buffer-record messages from each buffered dataset's
+own queue, loads each batch, and reports the outcome through the Dispatcher. Safe to run many:
+a message is leased by one sink at a time, the record is settled once (the first to finish),
+and the upsert is idempotent, so a sink killed anywhere leaves the batch to the next try
+with no row lost and none doubled."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from trace_platform import faults
+from trace_platform.dispatcher.core import Dispatcher
+from trace_platform.objectstore import NoSuchKey, ObjectStore, ObjectStoreError
+from trace_platform.queue import QueueDriver
+from trace_platform.queue.driver import Message
+from trace_platform.queue.payloads import BufferRecord, PayloadError, decode
+from trace_platform.sink.batch import BatchRefused, check, parse
+from trace_platform.store import sink as sink_sql
+
+log = logging.getLogger("trace.sink")
+
+REFRESH_SECONDS = 10.0  # how often a sink looks for buffered datasets deployed since
+
+
+class Sink:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        driver: QueueDriver,
+        store: ObjectStore,
+        data_dsn: str,
+        *,
+        datasets: Sequence[str] = (),
+        visibility_seconds: float = 60.0,
+        batch: int = 10,
+        max_tries: int = 5,
+    ) -> None:
+        self.buffers = dispatcher.buffers
+        self.driver = driver
+        self.store = store
+        self.data_dsn = data_dsn
+        self.names = list(datasets)
+        self.visibility = visibility_seconds
+        self.batch = batch
+        self.max_tries = max_tries
+        self._datasets: list[dict[str, Any]] = []
+        self._tables: set[str] = set()  # made (or found) by this sink
+        self._refreshed = 0.0
+        self._conn: psycopg.Connection[Any] | None = None
+
+    # -- the loop -------------------------------------------------------------------------
+    def serve(self, stop: threading.Event, idle_seconds: float = 0.5) -> None:
+        while not stop.is_set():
+            try:
+                handled = self.step()
+            except (psycopg.Error, ObjectStoreError) as e:  # the database or store is away
+                log.warning("sink: %s; retrying", e)
+                self._close()
+                handled = 0
+            if not handled:
+                stop.wait(idle_seconds)
+        self._close()
+
+    def step(self) -> int:
+        """One pass over every dataset's queue; returns the messages handled."""
+        self._refresh()
+        handled = 0
+        for ds in self._datasets:
+            msgs = self.driver.receive(ds["queue_name"], self.batch, self.visibility)
+            for msg in msgs:
+                self.handle(ds, msg)
+                handled += 1
+        return handled
+
+    def drain(self, timeout: float = 30.0) -> int:
+        """Passes until a pass finds nothing (tests, `trace sink --once`)."""
+        total, deadline = 0, time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            n = self.step()
+            total += n
+            if not n:
+                break
+        return total
+
+    def _refresh(self) -> None:
+        if self._datasets and time.monotonic() - self._refreshed < REFRESH_SECONDS:
+            return
+        self._datasets = self.buffers.datasets(self.names)
+        self._refreshed = time.monotonic()
+        for ds in self._datasets:  # readable (empty) before its first batch lands
+            self._ensure(ds)
+
+    # -- one message ---------------------------------------------------------------------
+    def handle(self, ds: dict[str, Any], msg: Message) -> str:
+        """Lands, refuses or leaves the message's record; returns what happened."""
+        queue = ds["queue_name"]
+        try:
+            payload = decode(msg.payload)
+        except PayloadError as e:
+            log.warning("sink: dropping a malformed message on %s: %s", queue, e)
+            self.driver.ack(queue, msg.receipt)
+            return "malformed"
+        if not isinstance(payload, BufferRecord) or payload.dataset_uuid != ds["dataset_uuid"]:
+            self.driver.ack(queue, msg.receipt)  # not this queue's: nothing to load
+            return "foreign"
+        try:
+            outcome = self._load(payload.record_id)
+        except (psycopg.OperationalError, ObjectStoreError) as e:
+            log.warning("sink: record %s not loaded yet: %s", payload.record_id, e)
+            self._close()
+            self.driver.nack(queue, msg.receipt, str(e)[:2000], delay_seconds=1)
+            return "retry"
+        self.driver.ack(queue, msg.receipt)
+        return outcome
+
+    def _load(self, record_id: UUID) -> str:
+        rec = self.buffers.record(record_id)
+        if rec is None or rec["status"] != "pending":
+            return "done"  # settled by an earlier delivery or another sink
+        if rec["sink_attempts"] > self.max_tries:
+            self.buffers.dead(record_id, f"not loaded after {self.max_tries} tries")
+            return "dead"
+        try:
+            names, values = self._read(rec)
+        except BatchRefused as e:
+            self.buffers.dead(record_id, str(e))
+            log.info("sink: batch %s of '%s' refused: %s", record_id, rec["name"], e)
+            return "dead"
+        loaded = self._upsert(rec, names, values)
+        faults.point("sink.after_upsert")  # chaos: rows committed, the record not yet settled
+        self.buffers.landed(record_id, len(values), loaded)
+        return "loaded"
+
+    def _read(self, rec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+        key, limit = rec["location"], rec["max_bytes"]
+        size = next(
+            (o.size for o in self.store.list_page(key, limit=1).items if o.key == key), None
+        )
+        if size is None:
+            raise BatchRefused(f"the batch artifact {key} does not exist")
+        if size > limit:
+            raise BatchRefused(f"the batch is {size} bytes; the dataset's max_bytes is {limit}")
+        try:
+            data = self.store.get(key)
+        except NoSuchKey:
+            raise BatchRefused(f"the batch artifact {key} does not exist") from None
+        rows = parse(data, rec["content_type"], rec["max_rows"])
+        return check(rows, rec["columns"])
+
+    def _upsert(self, rec: dict[str, Any], names: list[str], values: list[list[Any]]) -> int:
+        """One data transaction: the rows, under the record's org and id (never the rows')."""
+        org, record_id = rec["org_id"], rec["record_id"]
+
+        def rows() -> Iterator[list[Any]]:
+            for n, v in enumerate(values):
+                if n == 1:
+                    faults.point("sink.mid_batch")  # chaos: killed with half a batch sent
+                yield [org, *v, record_id]
+
+        conn = self._data()
+        with conn.transaction():
+            self._ensure_on(conn, rec)
+            return sink_sql.upsert(
+                conn,
+                rec["table_name"],
+                list(rec["unique_key"]),
+                ["org_id", *names, "record_id"],
+                rows(),
+            )
+
+    # -- the data connection and tables --------------------------------------------------
+    def _data(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.data_dsn, autocommit=True)
+        return self._conn
+
+    def _ensure(self, ds: dict[str, Any]) -> None:
+        if ds["table_name"] in self._tables:
+            return
+        conn = self._data()
+        with conn.transaction():
+            self._ensure_on(conn, ds)
+
+    def _ensure_on(self, conn: psycopg.Connection[Any], ds: dict[str, Any]) -> None:
+        if ds["table_name"] not in self._tables:
+            sink_sql.ensure_table(conn, ds["table_name"], ds["columns"], list(ds["unique_key"]))
+            self._tables.add(ds["table_name"])
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
