@@ -172,6 +172,11 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "probe": {"operator": "probe", "config": {"read": ["/etc/hostname"]}},
     "spark_ping": {"operator": "spark_ping"},
     "leave_traces": {"operator": "leave_traces", "config": {"value": "x"}},
+    "publish_rows": {
+        "operator": "publish_rows",
+        "config": {"dataset": "alert_events", "batches": [[{"dedupe_key": "a"}]]},
+        "buffer_outputs": ["alert_events"],
+    },
 }
 
 # The platform operators' examples are the jobs of this DAG, which the generator validates as

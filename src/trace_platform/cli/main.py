@@ -31,6 +31,7 @@ from trace_platform.cli.devnet import devnet_app
 from trace_platform.cli.names import names_app
 from trace_platform.cli.query import query
 from trace_platform.cli.safe_text import safe
+from trace_platform.cli.sink import buffers_app, sink
 from trace_platform.cli.verify import verify
 from trace_platform.config import Settings, get_settings, shown
 from trace_platform.contract import TaskSpec
@@ -55,6 +56,8 @@ app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
 app.add_typer(devnet_app, name="devnet")
 app.add_typer(names_app, name="names")
+app.add_typer(buffers_app, name="buffers")
+app.command("sink")(sink)
 app.command("query")(query)
 app.command("verify")(verify)
 

@@ -203,6 +203,22 @@ class ControlPlane:
             rows = RegistryStore(conn).list_datasets(org_id=actor.org_id).fetchall()
         return [r for r in rows if can_read_row(actor, r)]
 
+    def list_buffers(
+        self,
+        actor: Actor,
+        *,
+        dataset: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Batches published to buffered datasets this user may read, newest first: each
+        pending, loaded or dead (with the reason the sink refused it)."""
+        readable = {d["dataset_name"] for d in self.list_datasets(actor)}
+        rows = self.dispatcher.buffers.list_records(
+            actor.org_id, dataset=dataset, status=status, limit=limit
+        )
+        return [r for r in rows if r["dataset"] in readable]
+
     def show_dataset(self, actor: Actor, name: str) -> dict[str, Any]:
         for row in self.list_datasets(actor):
             if row["dataset_name"] == name:

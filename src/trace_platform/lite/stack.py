@@ -95,6 +95,7 @@ class LiteStack:
         worker_env: dict[str, str] | None = None,
         log_dir: Path | None = None,
         worker_concurrency: int = 1,
+        sinks: int = 1,
     ) -> None:
         if settings.exchange_port is None:  # the workers' exchange on its own listener
             settings = settings.model_copy(update={"exchange_port": free_port()})
@@ -104,6 +105,8 @@ class LiteStack:
         self.services = Services.build(settings, dsn)
         self.api = ApiServer(self.services, settings.api_host, self.port)
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.n_sinks = sinks  # buffered datasets' loaders (`trace sink`), as processes
+        self.sinks: list[subprocess.Popen[bytes]] = []
         self.worker_env = worker_env or {}
         self.worker_concurrency = worker_concurrency
         self.log_dir = log_dir or settings.home / "logs"
@@ -120,7 +123,21 @@ class LiteStack:
         self.api.start()
         for _ in range(self.n_workers):
             self.add_worker()
+        for i in range(self.n_sinks):
+            self.sinks.append(self._spawn_sink(i))
         return self
+
+    def _spawn_sink(self, index: int) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "TRACE_STATE_DSN": self.services.dsn,
+            "TRACE_HOME": str(self.settings.home),
+            **self.worker_env,
+        }
+        with (self.log_dir / f"sink-{index}.out").open("ab") as logf:
+            cmd = [sys.executable, "-m", "trace_platform.cli.main", "sink"]
+            return subprocess.Popen(cmd, env=env, stdout=logf, stderr=logf)
 
     def exited_workers(self) -> list[int]:
         return [i for i, p in enumerate(self.workers) if p.poll() is not None]
@@ -164,6 +181,15 @@ class LiteStack:
             return False
 
     def stop(self) -> None:
+        for p in self.sinks:  # a sink stops between batches; one killed loses nothing either
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.sinks:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         for p in self.workers:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -56,7 +56,16 @@ REGISTRY: dict[str, str] = {
 # Only with TRACE_OPERATOR_REGISTRY=testing (refused by the aws profile).
 TESTING: dict[str, str] = {
     name: f"trace_platform.operators.testing:{name}"
-    for name in ("noop", "fail", "crash", "emit_events", "probe", "spark_ping", "leave_traces")
+    for name in (
+        "noop",
+        "fail",
+        "crash",
+        "emit_events",
+        "probe",
+        "spark_ping",
+        "leave_traces",
+        "publish_rows",
+    )
 }
 
 CONFIGS: dict[str, str] = {
@@ -79,6 +88,7 @@ CONFIGS: dict[str, str] = {
             ("probe", "ProbeConfig"),
             ("spark_ping", "NoConfig"),
             ("leave_traces", "LeaveTracesConfig"),
+            ("publish_rows", "PublishRowsConfig"),
         )
     },
 }

@@ -104,6 +104,21 @@ def emit_events(ctx: OperatorContext) -> list[EventIn]:
     return events[count - final :]
 
 
+class PublishRowsConfig(OperatorConfig):
+    dataset: str = Field(description="the buffered dataset to publish to")
+    batches: list[list[dict[str, Any]]] = Field(
+        default_factory=list, description="each list of rows one JSONL batch"
+    )
+
+
+def publish_rows(ctx: OperatorContext) -> None:
+    """Publishes batches of rows to a buffered dataset (each written under the attempt's
+    buffer prefix, published by the wrapper). config: dataset, batches."""
+    cfg = PublishRowsConfig.from_ctx(ctx)
+    for rows in cfg.batches:
+        ctx.publish_rows(cfg.dataset, rows)
+
+
 def spark_ping(ctx: OperatorContext) -> None:
     """One trivial Spark SQL query on the task's own session (measures Spark start cost)."""
     NoConfig.from_ctx(ctx)

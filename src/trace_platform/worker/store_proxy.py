@@ -58,7 +58,9 @@ class ScopedStore:
             _prefix(o.location) for o in task.outputs if o.location and o.backend != "postgres"
         ]
         # With the task's buffer root: batches for buffered datasets, each attempt its own keys.
-        outputs.append(layout.buffer_root(task.org_id, task.task_id))
+        org_id = getattr(task, "org_id", None)  # a partial payload (tests) may have none
+        if org_id is not None:
+            outputs.append(layout.buffer_root(org_id, task.task_id))
         self.writable = outputs
         self.readable = outputs + [_prefix(i.location) for i in task.inputs if i.location]
         self.task_id, self.attempt = task.task_id, task.attempt
