@@ -41,11 +41,6 @@ def requested(argv: list[str] | None = None) -> bool:
     return FLAG in argv or os.environ.get(ENV, "") not in ("", "0")
 
 
-def active() -> bool:
-    """Whether smoke.parse_args found a smoke run (and so the figures go nowhere)."""
-    return _active
-
-
 def parse_args(
     ap: argparse.ArgumentParser, argv: list[str] | None = None, **sizes: Any
 ) -> argparse.Namespace:
