@@ -238,6 +238,20 @@ jobs:
     operator: sleep
     config: {seconds: 5}
     inputs: [{job: windows}]
+  large_transfers:
+    operator: alert_evaluate
+    config:
+      rules:
+        - name: large_transfer
+          sql: |
+            SELECT b.timestamp AS event_time, 'warning' AS severity,
+                   concat(t.tx_hash, ':', t.log_index) AS dedupe_key,
+                   named_struct('from', t.from_address, 'to', t.to_address, 'value', t.value)
+                     AS payload
+            FROM erc20_transfers t JOIN blocks b ON b.block_number = t.block_number
+            WHERE t.value >= u256(:threshold)
+          args: {threshold: "1000000000000000000000"}
+    inputs: [{job: transfers}, {job: ingest, output: 0, triggers: false}]
 publish:
   - {job: ingest, output_index: 0, dataset: blocks}
   - {job: ingest, output_index: 1, dataset: logs}
@@ -524,12 +538,15 @@ def example_jobs() -> dict[str, tuple[str, str, dict[str, Any]]]:
     doc = yaml.safe_load(OPERATOR_EXAMPLES)
     found: dict[str, tuple[str, str, dict[str, Any]]] = {}
     for job, fields in doc["jobs"].items():
+        views = [
+            published.get((i["job"], i.get("output", 0)), f"input_{n}")
+            for n, i in enumerate(fields.get("inputs", []))
+        ]
         if fields["operator"] == "sql_transform":
-            views = [
-                published.get((i["job"], i.get("output", 0)), f"input_{n}")
-                for n, i in enumerate(fields.get("inputs", []))
-            ]
             check_query(fields["config"]["sql"], views)
+        if fields["operator"] == "alert_evaluate":
+            for rule in fields["config"]["rules"]:
+                check_query(rule["sql"], views)
         found.setdefault(fields["operator"], ("", job, fields))
     return found
 
@@ -546,6 +563,15 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _BlockDumper.add_representer(str, _str)
 
 
+def _nested_model(model: type[BaseModel], name: str) -> type[BaseModel]:
+    """The model a config's `$defs` entry `name` was generated from."""
+    module = sys.modules[model.__module__]
+    found = getattr(module, name, None)
+    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+        raise ValueError(f"{model.__name__}: no model {name} in {module.__name__}")
+    return found
+
+
 def operator_section(
     name: str, fn_spec: str, model: type[BaseModel], example: tuple[str, str, dict[str, Any]]
 ) -> list[str]:
@@ -558,12 +584,17 @@ def operator_section(
     if model.__doc__ and model.__doc__ != BaseModel.__doc__:
         lines += [" ".join(model.__doc__.split()), ""]
     strict = not fn_spec.startswith("trace_platform.operators.testing:")
+    schema = model.model_json_schema()
     lines += fields_table(
-        model.model_json_schema(),
+        schema,
         model,
         lambda f: OPERATOR_NOTES.get(f"{name}.{f}"),
         strict=strict,
     )
+    for part, sub in schema.get("$defs", {}).items():  # a nested model: its own table
+        nested = _nested_model(model, part)
+        lines += ["", f"#### {part}", ""]
+        lines += fields_table(sub, nested, lambda f: None, strict=strict)
     _, job, spec = example
     model.model_validate(spec.get("config") or {})  # an example that no longer validates fails
     text = yaml.dump({job: spec}, Dumper=_BlockDumper, sort_keys=False, width=90).rstrip()

@@ -51,6 +51,7 @@ REGISTRY: dict[str, str] = {
     "decode_staking_events": "trace_platform.operators.decode:decode_staking_events",
     "sql_transform": "trace_platform.operators.sql_transform:sql_transform",
     "hot_window": "trace_platform.operators.hot_window:hot_window",
+    "alert_evaluate": "trace_platform.operators.alert_evaluate:alert_evaluate",
 }
 
 # Only with TRACE_OPERATOR_REGISTRY=testing (refused by the aws profile).
@@ -78,6 +79,7 @@ CONFIGS: dict[str, str] = {
     "decode_staking_events": "trace_platform.operators.decode:StakingEventsConfig",
     "sql_transform": "trace_platform.operators.sql_transform:SqlTransformConfig",
     "hot_window": "trace_platform.operators.hot_window:HotWindowConfig",
+    "alert_evaluate": "trace_platform.operators.alert_evaluate:AlertEvaluateConfig",
     **{
         name: f"trace_platform.operators.testing:{model}"
         for name, model in (
@@ -95,7 +97,7 @@ CONFIGS: dict[str, str] = {
 
 # Operators that read every committed scope of every input (the rest read only the scope of the
 # event that started them): the Dispatcher sends each its committed locations accordingly.
-WHOLE_INPUT_OPERATORS = frozenset({"sql_transform"})
+WHOLE_INPUT_OPERATORS = frozenset({"sql_transform", "alert_evaluate"})
 
 # Operators that rewrite their output whole, as one scope (`all`), from what they read; the
 # scope's last commit wins, so two runs at once could land the older read last. The Dispatcher

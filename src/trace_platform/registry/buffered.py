@@ -12,6 +12,7 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
+from trace_platform.alerts import datasets as alert_datasets
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import DagProblem
 from trace_platform.identity import Actor, Forbidden
@@ -94,6 +95,9 @@ def register(
             table_name=table,
             queue_name=buffer_queue(ds),
         )
+    problems.extend(
+        alert_datasets.register(conn, spec, org_id=org_id, dag_id=dag_id, version=version)
+    )
     problems.extend(_check_writers(conn, spec, org_id))
     return problems
 

@@ -1,0 +1,1 @@
+"""Alerts: the org-wide alert datasets, rules (alert_evaluate) and routing (alert_route)."""
