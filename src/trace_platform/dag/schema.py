@@ -218,7 +218,11 @@ BUFFER_RESERVED = frozenset({"org_id", "record_id", "loaded_at"})
 
 
 class BufferColumn(_Strict):
-    name: str = Field(pattern=NAME_RE, description="the column's name")
+    name: str = Field(
+        pattern=NAME_RE,
+        max_length=63,  # Postgres cuts longer identifiers: two names could become one column
+        description="the column's name",
+    )
     type: Literal["text", "int64", "float64", "bool", "timestamp", "uint256", "json"] = Field(
         description="uint256: an exact amount (JSON integer or decimal text, or limbs), "
         "stored as numeric(78,0); timestamp: ISO 8601 or epoch seconds"

@@ -19,10 +19,11 @@ from trace_platform.contract import (
     BufferPublishResponse,
     EventIn,
 )
+from trace_platform.delivery import work as delivery_work
 from trace_platform.dispatcher import access
 from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
 from trace_platform.dispatcher.intents import Intents
-from trace_platform.errors import Forbidden, Invalid
+from trace_platform.errors import Conflict, Forbidden, Invalid
 from trace_platform.objectstore import ObjectStoreError, check_key
 from trace_platform.queue.payloads import BufferRecord, encode
 from trace_platform.store.buffers import BufferStore
@@ -52,6 +53,12 @@ class Buffers:
             st = fenced(tx, req)
             reject_finished(st, req)
             reject_withdrawn(st, req)
+            if st.get("cancel_requested"):  # its rows would land after the user said stop
+                raise Conflict(
+                    "task_canceled",
+                    f"task {req.task_id} was canceled; its batches are no longer accepted",
+                    status=st["status"],
+                )
             conn = _conn(tx)
             ds = self._writable(conn, st, req.dataset)
             self._check_location(st, req)
@@ -134,10 +141,20 @@ class Buffers:
         with self._pending(record_id) as (tx, rec):
             if rec is None:
                 return False
-            BufferStore(_conn(tx)).mark_dead(record_id=record_id, error=error[:4000])
+            # The reason may quote the batch (a column's name): stored as text Postgres takes.
+            text = error[:4000].encode("utf-8", "backslashreplace").decode()
+            BufferStore(_conn(tx)).mark_dead(
+                record_id=record_id, error=text.replace("\x00", "\\x00")
+            )
             return True
 
-    def landed(self, record_id: UUID, rows_read: int, rows_loaded: int) -> int:
+    def landed(
+        self,
+        record_id: UUID,
+        rows_read: int,
+        rows_loaded: int,
+        rows: tuple[list[str], list[list[Any]]] | None = None,
+    ) -> int:
         """The batch's rows are in the table: the record is loaded (its artifact collectable)
         and the dataset's event starts its readers' tasks, in one transaction. Returns the
         tasks created (0 when another sink finished it first)."""
@@ -147,6 +164,9 @@ class Buffers:
             BufferStore(_conn(tx)).mark_loaded(
                 record_id=record_id, rows_read=rows_read, rows_loaded=rows_loaded
             )
+            if rows is not None:  # the org's alert_deliveries: its delivery work, same txn
+                for wake in delivery_work.from_batch(_conn(tx), rec, *rows):
+                    tx.insert_outbox(wake)
             return self._emit(tx, rec, rows_loaded)
 
     def _emit(self, tx: StoreTx, rec: dict[str, Any], rows_loaded: int) -> int:

@@ -72,14 +72,20 @@ def _parquet(data: bytes, max_rows: int) -> list[dict[str, Any]]:
     return rows
 
 
+# A unique_key's values are one entry of a btree index, which Postgres caps near 2704 bytes:
+# a longer key is refused with its row named (not by the index, mid-load).
+MAX_KEY_BYTES = 2000
+
+
 def check(
-    rows: list[dict[str, Any]], columns: list[dict[str, Any]]
+    rows: list[dict[str, Any]], columns: list[dict[str, Any]], key: list[str] | None = None
 ) -> tuple[list[str], list[list[Any]]]:
     """The rows as the table takes them: the declared columns' names and each row's values
     in that order, every value of its declared type. Any row that does not fit refuses the
     whole batch, naming the row and column."""
     declared = {c["name"]: c for c in columns}
     names = [c["name"] for c in columns]
+    keyed = [i for i, name in enumerate(names) if name in (key or [])]
     out: list[list[Any]] = []
     for n, row in enumerate(rows, start=1):
         unknown = sorted(k for k in row if k not in declared and k not in BUFFER_RESERVED)
@@ -96,8 +102,14 @@ def check(
                 continue
             try:
                 values.append(_value(col["type"], v))
-            except (TypeError, ValueError, ArithmeticError) as e:
+            except (TypeError, ValueError, ArithmeticError, RecursionError) as e:
                 raise BatchRefused(f"row {n}, column '{name}' ({col['type']}): {e}") from None
+        size = sum(len(str(getattr(values[i], "obj", values[i])).encode()) for i in keyed)
+        if size > MAX_KEY_BYTES:
+            raise BatchRefused(
+                f"row {n}: its unique_key ({', '.join(names[i] for i in keyed)}) is {size} "
+                f"bytes; a key is at most {MAX_KEY_BYTES}"
+            )
         out.append(values)
     return names, out
 
@@ -106,9 +118,7 @@ def _value(kind: str, v: Any) -> Any:
     if kind == "text":
         if not isinstance(v, str):
             raise TypeError(f"expected a string, got {type(v).__name__}")
-        if "\x00" in v:
-            raise ValueError("text holds a NUL character")
-        return v
+        return _text(v)
     if kind == "int64":
         i = _integer(v)
         if not _INT64[0] <= i <= _INT64[1]:
@@ -132,7 +142,45 @@ def _value(kind: str, v: Any) -> Any:
         return v
     if kind == "timestamp":
         return _timestamp(v)
-    return Jsonb(v)  # json: any JSON value
+    return Jsonb(_json(v))  # json: any JSON value
+
+
+def _text(v: str) -> str:
+    """Text Postgres stores: no NUL, and Unicode (JSON's \\ud800 escapes decode to lone
+    surrogates, which no UTF-8 holds)."""
+    if "\x00" in v:
+        raise ValueError("text holds a NUL character")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text holds a lone surrogate ({ascii(v[e.start])[1:-1]})") from None
+    return v
+
+
+def _json(v: Any) -> Any:
+    """A JSON value jsonb stores: fractions as floats (finite), text as `_text`, and nothing
+    JSON cannot say (a Parquet batch's timestamps or bytes)."""
+    if v is None or isinstance(v, bool | int):
+        return v
+    if isinstance(v, str):
+        return _text(v)
+    if isinstance(v, Decimal | float):
+        if isinstance(v, Decimal) and v == v.to_integral_value() and abs(v.adjusted()) < 4300:
+            return int(v)
+        f = float(v)
+        if not math.isfinite(f):
+            raise ValueError("not a finite number")
+        return f
+    if isinstance(v, dict):
+        out = {}
+        for k, item in v.items():
+            if not isinstance(k, str):
+                raise TypeError(f"an object key is a {type(k).__name__}, not a string")
+            out[_text(k)] = _json(item)
+        return out
+    if isinstance(v, list | tuple):
+        return [_json(item) for item in v]
+    raise TypeError(f"a {type(v).__name__} is not a JSON value")
 
 
 def _integer(v: Any) -> int:
@@ -155,7 +203,10 @@ def _amount(v: Any) -> int:
     if isinstance(v, dict) and sorted(v) == sorted(_LIMBS):
         total = 0
         for k, name in enumerate(reversed(_LIMBS)):
-            total += _integer(v[name]) * 10 ** (9 * k)
+            limb = _integer(v[name])
+            if not 0 <= limb < 10**9:
+                raise ValueError(f"limb {name} is {limb}, outside 0 .. 10^9-1")
+            total += limb * 10 ** (9 * k)
         return total
     try:
         return _integer(v)

@@ -92,10 +92,20 @@ class Sink:
     def _refresh(self) -> None:
         if self._datasets and time.monotonic() - self._refreshed < REFRESH_SECONDS:
             return
-        self._datasets = self.buffers.datasets(self.names)
+        datasets = self.buffers.datasets(self.names)
         self._refreshed = time.monotonic()
-        for ds in self._datasets:  # readable (empty) before its first batch lands
-            self._ensure(ds)
+        self._datasets = []
+        for ds in datasets:  # readable (empty) before its first batch lands
+            try:
+                self._ensure(ds)
+            except psycopg.DatabaseError as e:
+                if isinstance(e, psycopg.OperationalError):
+                    raise  # the data database is away: serve() retries
+                # One dataset whose table cannot be made never stops every other's sink.
+                log.error("sink: table of '%s' (%s) not made: %s", ds["name"], ds["org_id"], e)
+                self._close()
+                continue
+            self._datasets.append(ds)
 
     # -- one message ---------------------------------------------------------------------
     def handle(self, ds: dict[str, Any], msg: Message) -> str:
@@ -117,6 +127,13 @@ class Sink:
             self._close()
             self.driver.nack(queue, msg.receipt, str(e)[:2000], delay_seconds=1)
             return "retry"
+        except Exception as e:  # one record's failure never stops the sink of every dataset
+            if isinstance(e, psycopg.Error) and not isinstance(e, psycopg.DatabaseError):
+                raise  # the state store or data connection itself is away: serve() retries
+            log.exception("sink: record %s failed", payload.record_id)
+            self._close()
+            self.driver.nack(queue, msg.receipt, str(e)[:2000], delay_seconds=1)
+            return "retry"
         self.driver.ack(queue, msg.receipt)
         return outcome
 
@@ -133,9 +150,19 @@ class Sink:
             self.buffers.dead(record_id, str(e))
             log.info("sink: batch %s of '%s' refused: %s", record_id, rec["name"], e)
             return "dead"
-        loaded = self._upsert(rec, names, values)
+        try:
+            loaded = self._upsert(rec, names, values)
+        except (
+            psycopg.errors.DataError,
+            psycopg.errors.IntegrityError,
+            psycopg.errors.ProgramLimitExceeded,
+        ) as e:  # the table refused a value the checks let through: the batch's, for good
+            why = e.diag.message_primary or str(e)
+            self.buffers.dead(record_id, f"the table refused the batch: {why}")
+            log.info("sink: batch %s of '%s' refused by its table: %s", record_id, rec["name"], e)
+            return "dead"
         faults.point("sink.after_upsert")  # chaos: rows committed, the record not yet settled
-        self.buffers.landed(record_id, len(values), loaded)
+        self.buffers.landed(record_id, len(values), loaded, rows=(names, values))
         return "loaded"
 
     def _read(self, rec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
@@ -152,7 +179,7 @@ class Sink:
         except NoSuchKey:
             raise BatchRefused(f"the batch artifact {key} does not exist") from None
         rows = parse(data, rec["content_type"], rec["max_rows"])
-        return check(rows, rec["columns"])
+        return check(rows, rec["columns"], list(rec["unique_key"]))
 
     def _upsert(self, rec: dict[str, Any], names: list[str], values: list[list[Any]]) -> int:
         """One data transaction: the rows, under the record's org and id (never the rows')."""
