@@ -5,6 +5,7 @@ declarations that try to corrupt a table."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import threading
@@ -526,3 +527,32 @@ def test_a_dataset_whose_table_cannot_be_made_stalls_no_other_orgs_sink(
     _sink(s).drain(timeout=20)
     assert [r["status"] for r in _records(s)] == ["loaded"]
     assert [r["k"] for r in _rows(s)] == ["mine"]
+
+
+def test_a_batch_rewritten_larger_after_its_size_was_listed_is_refused(
+    services: Services,
+) -> None:
+    s = services
+    s.control.deploy(
+        admin(s), DAG.replace("writers: [atk.rule]", "writers: [atk.rule]\n    max_bytes: 100")
+    )
+    c = _claim(s)
+    rows = [{"k": f"row{i}", "note": "x" * 40} for i in range(20)]  # ~1 KB, 10x the bound
+    _publish(s, c, _write(s, c, rows, "bad.jsonl"))
+    sink = _sink(s)
+    real = sink.store
+
+    class Listed:  # the listing saw the small artifact; the operator rewrote it since
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def list_page(self, prefix: str, token: str | None = None, limit: int = 1000) -> Any:
+            page = real.list_page(prefix, token, limit)
+            items = [dataclasses.replace(o, size=10) for o in page.items]
+            return dataclasses.replace(page, items=items)
+
+    sink.store = Listed()  # type: ignore[assignment]
+    sink.drain(timeout=20)
+    (rec,) = _records(s)
+    assert rec["status"] == "dead" and "max_bytes" in rec["error"], rec
+    assert _rows(s) == []

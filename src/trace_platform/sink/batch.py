@@ -69,6 +69,8 @@ def _parquet(data: bytes, max_rows: int) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = f.read().to_pylist()
     except (pa.ArrowException, OSError) as e:
         raise BatchRefused(f"the batch is not a Parquet file: {e}") from None
+    if len(rows) > max_rows:  # the footer's count is the file's own claim
+        raise BatchRefused(f"the batch has {len(rows)} rows; the dataset's max_rows is {max_rows}")
     return rows
 
 

@@ -174,10 +174,12 @@ class Sink:
             raise BatchRefused(f"the batch artifact {key} does not exist")
         if size > limit:
             raise BatchRefused(f"the batch is {size} bytes; the dataset's max_bytes is {limit}")
-        try:
-            data = self.store.get(key)
+        try:  # never more than the bound: the artifact may have been rewritten since listed
+            data = self.store.get_range(key, 0, limit + 1)
         except NoSuchKey:
             raise BatchRefused(f"the batch artifact {key} does not exist") from None
+        if len(data) > limit:
+            raise BatchRefused(f"the batch is over {limit} bytes (the dataset's max_bytes)")
         rows = parse(data, rec["content_type"], rec["max_rows"])
         return check(rows, rec["columns"], list(rec["unique_key"]))
 
