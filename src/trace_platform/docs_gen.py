@@ -252,6 +252,14 @@ jobs:
             WHERE t.value >= u256(:threshold)
           args: {threshold: "1000000000000000000000"}
     inputs: [{job: transfers}, {job: ingest, output: 0, triggers: false}]
+  route_alerts:
+    operator: alert_route
+    config:
+      routes:
+        - {destination: ops_webhook, min_severity: warning}
+        - {destination: audit_log, rules: [large_transfer]}
+      max_delivery_age: 3600
+    inputs: [{from: {dataset: alert_events}}]
 publish:
   - {job: ingest, output_index: 0, dataset: blocks}
   - {job: ingest, output_index: 1, dataset: logs}
@@ -539,7 +547,9 @@ def example_jobs() -> dict[str, tuple[str, str, dict[str, Any]]]:
     found: dict[str, tuple[str, str, dict[str, Any]]] = {}
     for job, fields in doc["jobs"].items():
         views = [
-            published.get((i["job"], i.get("output", 0)), f"input_{n}")
+            i["from"]["dataset"]
+            if "from" in i
+            else published.get((i["job"], i.get("output", 0)), f"input_{n}")
             for n, i in enumerate(fields.get("inputs", []))
         ]
         if fields["operator"] == "sql_transform":
@@ -564,12 +574,24 @@ _BlockDumper.add_representer(str, _str)
 
 
 def _nested_model(model: type[BaseModel], name: str) -> type[BaseModel]:
-    """The model a config's `$defs` entry `name` was generated from."""
-    module = sys.modules[model.__module__]
-    found = getattr(module, name, None)
-    if not (isinstance(found, type) and issubclass(found, BaseModel)):
-        raise ValueError(f"{model.__name__}: no model {name} in {module.__name__}")
-    return found
+    """The model a config's `$defs` entry `name` was generated from (a field's type, or one
+    nested in it)."""
+    import typing
+
+    pending, seen = [model], set()
+    while pending:
+        m = pending.pop()
+        if m.__name__ == name and m is not model:
+            return m
+        seen.add(m)
+        for f in m.model_fields.values():
+            stack = [f.annotation]
+            while stack:
+                t = stack.pop()
+                if isinstance(t, type) and issubclass(t, BaseModel) and t not in seen:
+                    pending.append(t)
+                stack.extend(typing.get_args(t))
+    raise ValueError(f"{model.__name__}: no nested model {name}")
 
 
 def operator_section(

@@ -52,6 +52,7 @@ REGISTRY: dict[str, str] = {
     "sql_transform": "trace_platform.operators.sql_transform:sql_transform",
     "hot_window": "trace_platform.operators.hot_window:hot_window",
     "alert_evaluate": "trace_platform.operators.alert_evaluate:alert_evaluate",
+    "alert_route": "trace_platform.operators.alert_route:alert_route",
 }
 
 # Only with TRACE_OPERATOR_REGISTRY=testing (refused by the aws profile).
@@ -80,6 +81,7 @@ CONFIGS: dict[str, str] = {
     "sql_transform": "trace_platform.operators.sql_transform:SqlTransformConfig",
     "hot_window": "trace_platform.operators.hot_window:HotWindowConfig",
     "alert_evaluate": "trace_platform.operators.alert_evaluate:AlertEvaluateConfig",
+    "alert_route": "trace_platform.operators.alert_route:AlertRouteConfig",
     **{
         name: f"trace_platform.operators.testing:{model}"
         for name, model in (
@@ -105,7 +107,7 @@ WHOLE_INPUT_OPERATORS = frozenset({"sql_transform", "alert_evaluate"})
 WHOLE_OUTPUT_OPERATORS = frozenset({"sql_transform"})
 
 # Platform sinks that write Postgres data: only these get a data DSN, and only on ecs_platform.
-TRUSTED_OPERATORS = frozenset({"hot_window"})
+TRUSTED_OPERATORS = frozenset({"hot_window", "alert_route"})
 
 # Operators whose Spark work may run on a Spark Connect cluster (TRACE_SPARK_MASTER=sc://):
 # platform code whose only user input is validated config and guarded SQL, since the cluster's
