@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import threading
+import time
 import uuid
 from typing import Any
 from uuid import UUID
@@ -22,7 +23,7 @@ from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Conflict, Forbidden, NotFound
 from trace_platform.identity import Actor, ensure_user
 from trace_platform.layout import buffer_prefix
-from trace_platform.objectstore import ObjectStore, make_store
+from trace_platform.objectstore import ObjectStore, ObjectStoreError, make_store
 from trace_platform.services import Services
 from trace_platform.sink.service import Sink
 
@@ -556,3 +557,27 @@ def test_a_batch_rewritten_larger_after_its_size_was_listed_is_refused(
     (rec,) = _records(s)
     assert rec["status"] == "dead" and "max_bytes" in rec["error"], rec
     assert _rows(s) == []
+
+
+def test_a_record_out_of_tries_says_why_its_tries_failed(deployed: Services) -> None:
+    s = deployed
+    c = _claim(s)
+    _publish(s, c, _write(s, c, [{"k": "a"}]))
+    sink = _sink(s, max_tries=1)
+    real = sink.store
+
+    class Away:  # the object store fails every read
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def get_range(self, key: str, start: int, end: int) -> bytes:
+            raise ObjectStoreError("store unreachable (connection refused)")
+
+    sink.store = Away()  # type: ignore[assignment]
+    sink.drain(timeout=5)
+    time.sleep(1.2)  # the nack's delay
+    sink.drain(timeout=5)
+    (rec,) = _records(s)
+    assert rec["status"] == "dead", rec
+    assert "not loaded after 1 tries" in rec["error"]
+    assert "store unreachable (connection refused)" in rec["error"]

@@ -38,6 +38,12 @@ def _conn(tx: StoreTx) -> Connection[Any]:
     return conn  # type: ignore[no-any-return]
 
 
+def _storable(error: str) -> str:
+    """A reason may quote the batch (a column's name): stored as text Postgres takes."""
+    text = error[:4000].encode("utf-8", "backslashreplace").decode()
+    return text.replace("\x00", "\\x00")
+
+
 class Buffers:
     def __init__(self, store: StateStore, intents: Intents) -> None:
         self.store = store
@@ -141,12 +147,14 @@ class Buffers:
         with self._pending(record_id) as (tx, rec):
             if rec is None:
                 return False
-            # The reason may quote the batch (a column's name): stored as text Postgres takes.
-            text = error[:4000].encode("utf-8", "backslashreplace").decode()
-            BufferStore(_conn(tx)).mark_dead(
-                record_id=record_id, error=text.replace("\x00", "\\x00")
-            )
+            BufferStore(_conn(tx)).mark_dead(record_id=record_id, error=_storable(error))
             return True
+
+    def failed_try(self, record_id: UUID, error: str) -> None:
+        """A try that failed on something else than the batch (the store away, a bug): kept
+        as the reason the dead letter gives if the tries run out."""
+        with self.store.transaction() as tx:
+            BufferStore(_conn(tx)).note_error(record_id=record_id, error=_storable(error))
 
     def landed(
         self,

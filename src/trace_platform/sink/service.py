@@ -125,24 +125,33 @@ class Sink:
         except (psycopg.OperationalError, ObjectStoreError) as e:
             log.warning("sink: record %s not loaded yet: %s", payload.record_id, e)
             self._close()
-            self.driver.nack(queue, msg.receipt, str(e)[:2000], delay_seconds=1)
+            self._retry(queue, msg, payload.record_id, e)
             return "retry"
         except Exception as e:  # one record's failure never stops the sink of every dataset
             if isinstance(e, psycopg.Error) and not isinstance(e, psycopg.DatabaseError):
                 raise  # the state store or data connection itself is away: serve() retries
             log.exception("sink: record %s failed", payload.record_id)
             self._close()
-            self.driver.nack(queue, msg.receipt, str(e)[:2000], delay_seconds=1)
+            self._retry(queue, msg, payload.record_id, e)
             return "retry"
         self.driver.ack(queue, msg.receipt)
         return outcome
+
+    def _retry(self, queue: str, msg: Message, record_id: UUID, e: Exception) -> None:
+        why = f"{type(e).__name__}: {e}"[:2000]
+        try:
+            self.buffers.failed_try(record_id, why)
+        except psycopg.Error as err:  # the state store is away too: the try still counts
+            log.warning("sink: could not note why record %s failed: %s", record_id, err)
+        self.driver.nack(queue, msg.receipt, why, delay_seconds=1)
 
     def _load(self, record_id: UUID) -> str:
         rec = self.buffers.record(record_id)
         if rec is None or rec["status"] != "pending":
             return "done"  # settled by an earlier delivery or another sink
         if rec["sink_attempts"] > self.max_tries:
-            self.buffers.dead(record_id, f"not loaded after {self.max_tries} tries")
+            last = f": {rec['error']}" if rec.get("error") else ""
+            self.buffers.dead(record_id, f"not loaded after {self.max_tries} tries{last}")
             return "dead"
         try:
             names, values = self._read(rec)

@@ -157,6 +157,9 @@ class BufferStore(Calls):
             {"record_id": record_id, "rows_read": rows_read, "rows_loaded": rows_loaded},
         )
 
+    def note_error(self, *, record_id: UUID, error: str) -> Cursor[Row]:
+        return self._run(_Q.note_error, {"record_id": record_id, "error": error})
+
     def mark_dead(self, *, record_id: UUID, error: str) -> Cursor[Row]:
         return self._run(_Q.mark_dead, {"record_id": record_id, "error": error})
 

@@ -80,6 +80,12 @@ SET status = 'loaded', rows_read = %(rows_read)s, rows_loaded = %(rows_loaded)s,
     finished_at = now(), collectable_at = now(), error = NULL
 WHERE record_id = %(record_id)s AND status = 'pending';
 
+-- name: note_error
+-- Why the last try of a still pending record failed: the reason its dead letter gives if the
+-- tries run out.
+UPDATE buffer_records SET error = %(error)s
+WHERE record_id = %(record_id)s AND status = 'pending';
+
 -- name: mark_dead
 UPDATE buffer_records
 SET status = 'dead', error = %(error)s, finished_at = now(), collectable_at = now()
