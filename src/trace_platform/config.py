@@ -128,6 +128,16 @@ class Settings(BaseSettings):
     # wake-up can be dead-lettered, e.g. after the API was down for every delivery).
     rewake_after_seconds: float = 300.0
     worker_visibility_seconds: float = 60.0
+    # The Delivery Service (docs/alerts.md): capped, jittered exponential backoff between a
+    # delivery's attempts (a receiver's Retry-After is honoured), given up (`failed`) once the
+    # delivery is delivery_max_age_seconds old; each attempt times out after
+    # delivery_timeout_seconds; a sender's lease on a delivery lasts delivery_lease_seconds.
+    delivery_backoff_seconds: float = Field(default=1.0, gt=0)
+    delivery_backoff_max_seconds: float = Field(default=300.0, gt=0)
+    delivery_max_age_seconds: float = Field(default=86400.0, gt=0)
+    delivery_timeout_seconds: float = Field(default=10.0, gt=0)
+    delivery_lease_seconds: float = Field(default=60.0, gt=0)
+    delivery_poll_seconds: float = Field(default=0.5, gt=0)
     # On SIGTERM a worker takes no new task and lets its running ones finish for this long;
     # then (or at a second signal) it hands them back unfinished: queued again at once, the
     # attempt not counted as a try.

@@ -1,0 +1,130 @@
+"""What `trace destinations`, `trace deliveries` and `trace alerts` do, for an actor: the org's
+destinations (admins only: where the platform sends data, and their secrets), its deliveries
+(admins only: a delivery's body is an alert's payload) and its alerts (through the Query
+Service, so `alert_events`' read_roles decide)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from uuid import UUID
+
+from psycopg_pool import ConnectionPool
+
+from trace_platform.dag.schema import NAME_RE
+from trace_platform.delivery import safety, signing
+from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
+from trace_platform.identity import Actor
+from trace_platform.identity.vault import Vault
+from trace_platform.store.deliveries import DeliveryStore
+
+STATUSES = ("suppressed", "pending", "sending", "delivered", "failed")
+
+
+def _admin(actor: Actor, what: str) -> None:
+    if not actor.is_admin:
+        raise Forbidden(f"only an org admin may {what}")
+
+
+class DeliveryControl:
+    def __init__(self, pool: ConnectionPool[Any], vault: Vault) -> None:
+        self.pool = pool
+        self.vault = vault
+
+    # -- destinations ---------------------------------------------------------------------
+    def add_destination(
+        self, actor: Actor, name: str, url: str, *, allow_private: bool = False
+    ) -> str:
+        """Saves a destination; returns its signing secret (shown once)."""
+        _admin(actor, "add a destination")
+        if not re.fullmatch(NAME_RE, name):
+            raise Invalid(f"destination name {name!r} must match {NAME_RE}")
+        try:
+            safety.check_url(url)
+        except safety.Refused as e:
+            raise Invalid(f"destination URL: {e}") from None
+        secret = signing.new_secret()
+        sealed = self.vault.seal(actor.org_id, signing.sealed_name(name), secret)
+        with self.pool.connection() as conn:
+            made = (
+                DeliveryStore(conn)
+                .insert_destination(
+                    org_id=actor.org_id,
+                    name=name,
+                    url=url,
+                    secret=sealed,
+                    allow_private=allow_private,
+                    created_by=actor.user_id,
+                )
+                .fetchone()
+            )
+        if made is None:
+            raise Conflict("destination_exists", f"destination '{name}' exists")
+        return secret
+
+    def set_destination(
+        self,
+        actor: Actor,
+        name: str,
+        *,
+        enabled: bool | None = None,
+        allow_private: bool | None = None,
+    ) -> None:
+        _admin(actor, "change a destination")
+        with self.pool.connection() as conn:
+            done = (
+                DeliveryStore(conn)
+                .set_destination(
+                    org_id=actor.org_id, name=name, enabled=enabled, allow_private=allow_private
+                )
+                .fetchone()
+            )
+        if done is None:
+            raise NotFound(f"no destination '{name}'")
+
+    def list_destinations(self, actor: Actor) -> list[dict[str, Any]]:
+        _admin(actor, "list destinations")
+        with self.pool.connection() as conn:
+            return DeliveryStore(conn).list_destinations(org_id=actor.org_id).fetchall()
+
+    # -- deliveries -----------------------------------------------------------------------
+    def list_deliveries(
+        self,
+        actor: Actor,
+        *,
+        status: str | None = None,
+        destination: str | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        _admin(actor, "list deliveries")
+        if status is not None and status not in STATUSES:
+            raise Invalid(f"status is one of {', '.join(STATUSES)}")
+        with self.pool.connection() as conn:
+            return (
+                DeliveryStore(conn)
+                .list_deliveries(
+                    org_id=actor.org_id, status=status, destination=destination, limit=limit
+                )
+                .fetchall()
+            )
+
+    def show(self, actor: Actor, delivery_id: UUID) -> dict[str, Any]:
+        """A delivery, its body and every attempt."""
+        _admin(actor, "read deliveries")
+        with self.pool.connection() as conn:
+            store = DeliveryStore(conn)
+            row = store.delivery(org_id=actor.org_id, delivery_id=delivery_id).fetchone()
+            if row is None:
+                raise NotFound(f"no delivery {delivery_id}")
+            return {**row, "attempt_log": store.attempts(delivery_id=delivery_id).fetchall()}
+
+    def retry(self, actor: Actor, delivery_id: UUID) -> None:
+        """A failed delivery sent again (same idempotency key, same body): the next Delivery
+        Service pass takes it."""
+        _admin(actor, "retry a delivery")
+        with self.pool.connection() as conn:
+            done = (
+                DeliveryStore(conn).retry(org_id=actor.org_id, delivery_id=delivery_id).fetchone()
+            )
+        if done is None:
+            raise Conflict("not_failed", f"delivery {delivery_id} is not failed (or not found)")

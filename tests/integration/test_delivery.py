@@ -1,0 +1,263 @@
+"""The Delivery Service against a real Postgres and a real HTTP receiver on 127.0.0.1 that
+verifies every request with the `standardwebhooks` package (issue 40): deliveries made by the
+real routing path (alerts landed by the sink, routed, landed again) are sent signed, with their
+idempotency keys, through a receiver that is down and comes back, through a rollback of the
+producing DAG, never when suppressed, and never to a redirect or an internal address unless an
+admin allowed that destination."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.alerts import alert, dag, deliveries, publish_alerts, route, route_tasks
+from tests.support.dags import admin, user
+from tests.support.receiver import Receiver
+from tests.support.wait import wait_for
+from trace_platform.db.embedded import free_port
+from trace_platform.delivery import signing
+from trace_platform.delivery.control import DeliveryControl
+from trace_platform.delivery.sender import retry_after
+from trace_platform.delivery.service import DeliveryService, backoff
+from trace_platform.errors import Forbidden
+from trace_platform.identity.vault import vault_for
+from trace_platform.services import Services
+
+FAST = {
+    "delivery_backoff_seconds": 0.05,
+    "delivery_backoff_max_seconds": 0.25,
+    "delivery_poll_seconds": 0.05,
+    "delivery_timeout_seconds": 2.0,
+    "delivery_lease_seconds": 5.0,
+}
+
+
+def _control(s: Services) -> DeliveryControl:
+    return DeliveryControl(s.pool, vault_for(s.settings))
+
+
+def _service(s: Services, **kw: Any) -> DeliveryService:
+    settings = s.settings.model_copy(update={**FAST, **kw})
+    return DeliveryService(s.pool, s.driver, vault_for(settings), settings)
+
+
+@pytest.fixture
+def running(services: Services) -> Iterator[Callable[..., None]]:
+    """Starts Delivery Services in threads (as many as asked); all stopped at the end."""
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    made: list[DeliveryService] = []
+
+    def start(n: int = 1, **kw: Any) -> None:
+        for _ in range(n):
+            svc = _service(services, **kw)
+            made.append(svc)
+            t = threading.Thread(target=svc.serve, args=(stop,), daemon=True)
+            t.start()
+            threads.append(t)
+
+    yield start
+    stop.set()
+    for t in threads:
+        t.join(10)
+    for svc in made:
+        svc.close()
+
+
+def _deliver(s: Services, tmp: Path, alerts: list[dict[str, Any]], name: str = "watch") -> None:
+    """Alerts landed, routed, and their deliveries made (as the stack does)."""
+    publish_alerts(s, alerts, name)
+    for t in route_tasks(s):
+        route(s, tmp / str(t), t)
+
+
+def _by_status(s: Services) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in deliveries(s).values():
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def _attempts(s: Services) -> list[dict[str, Any]]:
+    with s.pool.connection() as conn:
+        return conn.execute("SELECT * FROM delivery_attempts ORDER BY finished_at").fetchall()
+
+
+def test_a_receiver_down_then_back_gets_every_delivery_each_key_with_one_body(
+    services: Services, tmp_path: Path, running: Callable[..., None]
+) -> None:
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    port = free_port()
+    secret = _control(s).add_destination(
+        me, "ops", f"http://127.0.0.1:{port}/hook", allow_private=True
+    )
+    fresh = [alert(f"a{i}", "warning", timedelta(minutes=i)) for i in range(6)]
+    _deliver(s, tmp_path, [*fresh, alert("stale", "critical", timedelta(days=3))])
+    assert _by_status(s) == {"pending": 6, "suppressed": 1}
+    running(2)  # two services: safe to run many
+    # Down: nothing listens; every delivery is tried (and retried) and each failure recorded.
+    wait_for(
+        lambda: sum(a["outcome"] == "retry" for a in _attempts(s)) >= 12,
+        20,
+        "failed attempts while the receiver is down",
+    )
+    recv = Receiver(port, secret).start()  # back
+    try:
+        arrivals = recv.wait(lambda got: len({a.webhook_id for a in got if a.verified}) == 6)
+        wait_for(lambda: _by_status(s).get("delivered") == 6, 10, "all six delivered")
+    finally:
+        recv.stop()
+    stored = {r["idempotency_key"]: r["body"] for r in deliveries(s).values()}
+    assert all(a.verified for a in arrivals)
+    for a in arrivals:  # each key, always the same body: the one stored at creation
+        assert a.body == stored[a.webhook_id]
+    assert {a.webhook_id for a in arrivals} == {
+        r["idempotency_key"] for r in deliveries(s).values() if r["status"] == "delivered"
+    }
+    assert deliveries(s)[("ops", "stale")]["status"] == "suppressed"  # recorded, never sent
+    assert "stale" not in {a.body for a in arrivals if '"stale"' in a.body}
+    errors = [a for a in _attempts(s) if a["outcome"] == "retry"]
+    assert all("ConnectError" in a["error"] and a["address"] == "127.0.0.1" for a in errors)
+
+
+def test_a_forged_signature_is_rejected_by_a_receiver_using_the_library(
+    services: Services, tmp_path: Path
+) -> None:
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    recv = Receiver(free_port(), signing.new_secret()).start()
+    try:
+        body = '{"type":"alert"}'
+        forged = signing.headers(signing.new_secret(), "alert_x", body)  # another secret
+        r = httpx.post(recv.url, content=body, headers=forged)
+        assert r.status_code == 401 and not recv.arrivals[-1].verified
+        good = signing.headers(recv.secret or "", "alert_x", body)
+        assert httpx.post(recv.url, content=body, headers=good).status_code == 204
+        tampered = httpx.post(recv.url, content=body + " ", headers=good)
+        assert tampered.status_code == 401
+        # A destination whose secret is not the receiver's: refused by it, failed for good.
+        _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+        _deliver(s, tmp_path, [alert("a", "warning", timedelta(minutes=1))])
+        _service(s).drain()
+    finally:
+        recv.stop()
+    (d,) = deliveries(s).values()
+    assert d["status"] == "failed" and d["reason"].startswith("HTTP 401")
+
+
+def test_deliveries_keep_flowing_through_a_rollback_and_a_pause_of_the_producing_dag(
+    services: Services, tmp_path: Path, running: Callable[..., None]
+) -> None:
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    s.control.deploy(me, dag() + "    timeout_seconds: 600\n")  # version 2
+    recv = Receiver(free_port(), None).start()
+    recv.secret = _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+    try:
+        _deliver(s, tmp_path, [alert(f"a{i}", "warning", timedelta(minutes=1)) for i in range(4)])
+        res = s.control.changes.rollback(me, "watch")
+        assert (res["version"], res["rolled_back"]) == (1, 2)
+        s.control.changes.set_paused(me, "watch", True)  # and paused: deliveries still go
+        running(1)
+        got = recv.wait(lambda a: len({x.webhook_id for x in a if x.verified}) == 4)
+    finally:
+        recv.stop()
+    assert _by_status(s) == {"delivered": 4}
+    assert all(a.verified for a in got)
+
+
+def test_redirects_and_internal_addresses_are_refused_unless_allowed(
+    services: Services, tmp_path: Path
+) -> None:
+    s, me = services, admin(services)
+    s.control.deploy(me, dag(destinations=("hop", "local", "private")))
+    target = Receiver(free_port(), signing.new_secret()).start()
+    hop = Receiver(free_port(), None)
+    hop.answer = lambda _a: (302, {"location": target.url})
+    hop.start()
+    ctl = _control(s)
+    try:
+        hop.secret = ctl.add_destination(me, "hop", hop.url, allow_private=True)
+        local = Receiver(free_port(), None).start()
+        local.secret = ctl.add_destination(me, "local", f"http://localhost:{local.port}/hook")
+        ctl.add_destination(me, "private", "http://10.255.255.1:9/hook")
+        _deliver(s, tmp_path, [alert("a", "warning", timedelta(minutes=1))])
+        _service(s).drain()
+        got = deliveries(s)
+        assert got[("hop", "a")]["status"] == "failed"
+        assert "redirect" in got[("hop", "a")]["reason"] and target.arrivals == []
+        assert len(hop.arrivals) == 1  # asked once, its Location never followed
+        for name in ("local", "private"):
+            d = got[(name, "a")]
+            assert d["status"] == "failed" and "refused unless an admin allows" in d["reason"]
+        assert local.arrivals == []
+        assert {a["outcome"] for a in _attempts(s) if a["address"] is None} == {"refused"}
+        # An admin allows the local one; the retried delivery arrives, same key, same body.
+        ctl.set_destination(me, "local", allow_private=True)
+        ctl.retry(me, got[("local", "a")]["delivery_id"])
+        _service(s).drain()
+        (arrived,) = local.wait(lambda a: len(a) == 1)
+        assert arrived.verified and arrived.body == got[("local", "a")]["body"]
+        assert deliveries(s)[("local", "a")]["status"] == "delivered"
+    finally:
+        for r in (target, hop, local):
+            r.stop()
+
+
+def test_retry_after_is_honoured_and_a_delivery_too_old_to_retry_fails(
+    services: Services, tmp_path: Path
+) -> None:
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    recv = Receiver(free_port(), None)
+    answers = iter([(503, {"retry-after": "1"})])
+    recv.answer = lambda _a: next(answers, (500, {}))
+    recv.start()
+    try:
+        recv.secret = _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+        _deliver(s, tmp_path, [alert("a", "warning", timedelta(minutes=1))])
+        svc = _service(s, delivery_max_age_seconds=2.0)
+        svc.drain()
+        (d,) = deliveries(s).values()
+        (first,) = _attempts(s)
+        assert first["status_code"] == 503 and d["status"] == "pending"
+        assert (d["next_attempt_at"] - first["finished_at"]).total_seconds() >= 0.9
+        # Then 500s until the next retry would be past its age: failed, every attempt kept.
+        wait_for(lambda: svc.drain(0.2) >= 0 and _by_status(s) == {"failed": 1}, 15, "gave up")
+    finally:
+        recv.stop()
+    (d,) = deliveries(s).values()
+    assert "gave up after" in d["reason"] and d["attempts"] == len(_attempts(s)) >= 2
+
+
+def test_only_admins_manage_destinations_and_read_deliveries(services: Services) -> None:
+    s = services
+    someone, _ = user(s, "someone")
+    ctl = _control(s)
+    with pytest.raises(Forbidden):
+        ctl.add_destination(someone, "ops", "https://example.org/hook")
+    with pytest.raises(Forbidden):
+        ctl.list_deliveries(someone)
+    ctl.add_destination(admin(s), "ops", "https://example.org/hook")
+    assert [d["name"] for d in ctl.list_destinations(admin(s))] == ["ops"]
+    assert "secret" not in ctl.list_destinations(admin(s))[0]
+
+
+def test_backoff_is_capped_and_jittered_and_retry_after_reads_both_forms() -> None:
+    import random
+
+    rng = random.Random(1)
+    waits = [backoff(n, 1.0, 8.0, rng) for n in range(1, 8)]
+    assert all(
+        0.5 * min(8, 2 ** (n - 1)) <= w <= min(8, 2 ** (n - 1)) for n, w in enumerate(waits, 1)
+    )
+    assert retry_after("7") == 7.0
+    assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    assert retry_after("soon") is None
