@@ -27,6 +27,7 @@ from trace_platform.cli.control import (
     services,
     users_app,
 )
+from trace_platform.cli.delivery import alerts_app, deliveries_app, delivery, destinations_app
 from trace_platform.cli.devnet import devnet_app
 from trace_platform.cli.names import names_app
 from trace_platform.cli.query import query
@@ -58,6 +59,10 @@ app.add_typer(devnet_app, name="devnet")
 app.add_typer(names_app, name="names")
 app.add_typer(buffers_app, name="buffers")
 app.command("sink")(sink)
+app.add_typer(destinations_app, name="destinations")
+app.add_typer(deliveries_app, name="deliveries")
+app.add_typer(alerts_app, name="alerts")
+app.command("delivery")(delivery)
 app.command("query")(query)
 app.command("verify")(verify)
 

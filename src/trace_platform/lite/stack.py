@@ -96,6 +96,7 @@ class LiteStack:
         log_dir: Path | None = None,
         worker_concurrency: int = 1,
         sinks: int = 1,
+        deliverers: int = 1,
     ) -> None:
         if settings.exchange_port is None:  # the workers' exchange on its own listener
             settings = settings.model_copy(update={"exchange_port": free_port()})
@@ -106,7 +107,8 @@ class LiteStack:
         self.api = ApiServer(self.services, settings.api_host, self.port)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.n_sinks = sinks  # buffered datasets' loaders (`trace sink`), as processes
-        self.sinks: list[subprocess.Popen[bytes]] = []
+        self.sinks: list[subprocess.Popen[bytes]] = []  # and the Delivery Services
+        self.n_deliverers = deliverers  # `trace delivery` processes: webhooks of alerts
         self.worker_env = worker_env or {}
         self.worker_concurrency = worker_concurrency
         self.log_dir = log_dir or settings.home / "logs"
@@ -125,9 +127,11 @@ class LiteStack:
             self.add_worker()
         for i in range(self.n_sinks):
             self.sinks.append(self._spawn_sink(i))
+        for i in range(self.n_deliverers):
+            self.sinks.append(self._spawn_sink(i, "delivery"))
         return self
 
-    def _spawn_sink(self, index: int) -> subprocess.Popen[bytes]:
+    def _spawn_sink(self, index: int, command: str = "sink") -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
@@ -135,8 +139,8 @@ class LiteStack:
             "TRACE_HOME": str(self.settings.home),
             **self.worker_env,
         }
-        with (self.log_dir / f"sink-{index}.out").open("ab") as logf:
-            cmd = [sys.executable, "-m", "trace_platform.cli.main", "sink"]
+        with (self.log_dir / f"{command}-{index}.out").open("ab") as logf:
+            cmd = [sys.executable, "-m", "trace_platform.cli.main", command]
             return subprocess.Popen(cmd, env=env, stdout=logf, stderr=logf)
 
     def exited_workers(self) -> list[int]:
