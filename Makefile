@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Test processes: most tests wait on subprocesses (workers, Spark, Postgres), so more than the
 # cores pays; tests are dealt one by one (--dist load) so the long chaos tests of one module run
-# side by side (measured on 2 cores: README, "Tests and benchmarks").
+# side by side (measured on 2 cores: docs/benchmarks.md, "The test suite").
 TEST_WORKERS ?= 4
 
-.PHONY: demo test lint bench up clean check-prereqs docs
+.PHONY: demo test check lint bench up clean check-prereqs docs
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s); install python3.11 and run: make PYTHON=python3.11 ..." % sys.version.split()[0])'
@@ -30,6 +30,14 @@ test: $(STAMP) check-prereqs
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --durations=30
+
+# The loop to run while working (a few minutes on 2 cores): lint, the unit tests (the store
+# conformance suite on the in-memory twin among them) and every test not marked slow (the slow
+# ones start Spark, whole stacks or many processes: tests/conftest.py). make test runs them all.
+check: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load -m "not slow" tests/unit tests/property tests/integration
 
 # Every bench at full size, one at a time; their figures, ratios, the machine and the date go to
 # bench/results.md (the docs' benchmark page includes it). `make test` runs each at smoke size.

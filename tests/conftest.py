@@ -19,6 +19,37 @@ from trace_platform.db.migrate import migrate
 from trace_platform.services import Services
 
 TEMPLATE = "trace_template"
+# Modules whose tests start Spark, whole stacks, many processes or long fuzzing runs: marked slow
+# here (as tests/chaos and the end-to-end modules mark themselves), so `make check` (-m "not
+# slow") stays the quick loop; `make test` runs them all. Measured by `pytest --durations`.
+SLOW_MODULES = frozenset(
+    {
+        "tests/integration/test_api_fuzz.py",
+        "tests/integration/test_authorization.py",
+        "tests/integration/test_backfill.py",
+        "tests/integration/test_benches_smoke.py",
+        "tests/integration/test_buffered_stack.py",
+        "tests/integration/test_claim_retry.py",
+        "tests/integration/test_cli.py",
+        "tests/integration/test_cli_terminal.py",
+        "tests/integration/test_dag_files.py",
+        "tests/integration/test_dataset_versions.py",
+        "tests/integration/test_embedded.py",
+        "tests/integration/test_exact_amounts.py",
+        "tests/integration/test_generic_plans.py",
+        "tests/integration/test_generic_plans_icu.py",
+        "tests/integration/test_hostile_inputs.py",
+        "tests/integration/test_immutable_files.py",
+        "tests/integration/test_name_owners.py",
+        "tests/integration/test_query_limits.py",
+        "tests/integration/test_safe_change.py",
+        "tests/integration/test_safe_change_attacks.py",
+        "tests/integration/test_spark_isolation.py",
+        "tests/property/test_lifecycle_machine.py",
+        "tests/unit/test_query_guard_fuzz.py",
+        "tests/unit/test_spark_objects.py",
+    }
+)
 # The test operators (noop, emit_events, probe, …): for this process (DAG validation) and every
 # worker it spawns. A production install never sets this; the aws profile refuses it.
 os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"
@@ -108,3 +139,13 @@ def s3_endpoint() -> Iterator[str]:
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    missing = sorted(m for m in SLOW_MODULES if not (root / m).exists())
+    if missing:  # a renamed module would silently join the quick loop
+        raise pytest.UsageError(f"tests/conftest.py SLOW_MODULES names no file: {missing}")
+    for item in items:
+        if item.path.resolve().relative_to(root).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
