@@ -266,6 +266,11 @@ def split_demo(url: str, token: str | None, blocks: int) -> tuple[str, str]:
     # reads it (whatever the demo has grown since), and so is anything reading the stage.
     for name in ("staking", "staking_complete"):
         sync["jobs"].pop(name, None)
+    # Nor are the alerts (their rules read the stage's outputs; routing reads their alerts).
+    for name in [
+        n for n, j in sync["jobs"].items() if j["operator"] in ("alert_evaluate", "alert_route")
+    ]:
+        sync["jobs"].pop(name)
     while gone := [
         name
         for name, job in sync["jobs"].items()

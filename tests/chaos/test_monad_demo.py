@@ -9,6 +9,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from tests.support.alert_truth import check_alert_truth
 from tests.support.amounts import value
 from tests.support.dags import admin, finished_run
 from tests.support.datasets import committed_keys
@@ -142,6 +143,9 @@ def test_golden_path_analytics_match_the_node(
         # (3) Stake per epoch, its truth from the node alone: the epochs from its EpochChanged
         # logs, every validator it counts, their stake and every delegation at each epoch's end.
         check_staking(svc, me, rpc, head)
+
+        # Alert truth: the large-transfer rule's alerts = the node's transfers at or above it.
+        check_alert_truth(svc, me, rpc, head)
 
         # The large-amount token, exactly: supply and every holder's balance at each block of its
         # script (and the block before), against the node.

@@ -112,7 +112,8 @@ def expire_lease(services: Services, task_id: object) -> None:
 
 
 def assert_datasets_complete(services: Services, span: tuple[int, int] | None = None) -> None:
-    """Every published dataset's current version is complete: it has commits, its range commits
+    """Every published dataset's current version (buffered ones aside: the sink's rows, no
+    commits) is complete: it has commits, its range commits
     tile one span with no gap or overlap (ranges are half-open) — exactly `span` [start, end)
     when given, so a lost first or last range is caught too — and each Parquet commit's files
     hold exactly the rows the commit recorded."""
@@ -126,7 +127,9 @@ def assert_datasets_complete(services: Services, span: tuple[int, int] | None = 
     with services.pool.connection() as conn:
         datasets = conn.execute(
             """SELECT ds.dataset_name, ds.backend, c.dataset_version FROM datasets ds
-               JOIN dataset_current c USING (dataset_uuid) WHERE ds.dataset_name IS NOT NULL"""
+               JOIN dataset_current c USING (dataset_uuid) WHERE ds.dataset_name IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM buffered_datasets b
+                                 WHERE b.dataset_uuid = ds.dataset_uuid)"""
         ).fetchall()
         for ds in datasets:
             commits = conn.execute(

@@ -54,14 +54,14 @@ class Receiver:
                 code, extra = (204, {}) if ok else (401, {})
                 if ok and recv.answer is not None:
                     code, extra = recv.answer(a)
+                with recv._cond:  # recorded before answering: the sender sees it done
+                    recv.arrivals.append(a)
+                    recv._cond.notify_all()
                 self.send_response(code)
                 for k, v in extra.items():
                     self.send_header(k, v)
                 self.send_header("content-length", "0")
                 self.end_headers()
-                with recv._cond:
-                    recv.arrivals.append(a)
-                    recv._cond.notify_all()
 
             def log_message(self, *_: Any) -> None:
                 pass

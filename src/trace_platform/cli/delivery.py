@@ -113,6 +113,14 @@ def destinations_enable(name: str) -> None:
     console.print(f"destination '{safe(name)}' enabled")
 
 
+@destinations_app.command("rotate-secret")
+def destinations_rotate_secret(name: str) -> None:
+    """A new signing secret for a destination (printed once; the old one stops verifying)."""
+    secret = run_op(_control().set_destination, me(), name, rotate_secret=True)
+    console.print(f"destination '{safe(name)}': new signing secret (shown once):")
+    console.print(f"  {secret}", highlight=False)
+
+
 @deliveries_app.command("list")
 def deliveries_list(
     status: Annotated[

@@ -69,18 +69,37 @@ class DeliveryControl:
         *,
         enabled: bool | None = None,
         allow_private: bool | None = None,
-    ) -> None:
+        url: str | None = None,
+        rotate_secret: bool = False,
+    ) -> str | None:
+        """Changes what is given; with `rotate_secret`, returns the new signing secret (shown
+        once: the old one no longer verifies)."""
         _admin(actor, "change a destination")
+        if url is not None:
+            try:
+                safety.check_url(url)
+            except safety.Refused as e:
+                raise Invalid(f"destination URL: {e}") from None
+        secret = signing.new_secret() if rotate_secret else None
+        sealed = (
+            self.vault.seal(actor.org_id, signing.sealed_name(name), secret) if secret else None
+        )
         with self.pool.connection() as conn:
             done = (
                 DeliveryStore(conn)
                 .set_destination(
-                    org_id=actor.org_id, name=name, enabled=enabled, allow_private=allow_private
+                    org_id=actor.org_id,
+                    name=name,
+                    enabled=enabled,
+                    allow_private=allow_private,
+                    url=url,
+                    secret=sealed,
                 )
                 .fetchone()
             )
         if done is None:
             raise NotFound(f"no destination '{name}'")
+        return secret
 
     def list_destinations(self, actor: Actor) -> list[dict[str, Any]]:
         _admin(actor, "list destinations")
@@ -128,3 +147,17 @@ class DeliveryControl:
             )
         if done is None:
             raise Conflict("not_failed", f"delivery {delivery_id} is not failed (or not found)")
+
+    def counts(self, actor: Actor) -> dict[str, int]:
+        """The org's deliveries by status."""
+        _admin(actor, "read deliveries")
+        with self.pool.connection() as conn:
+            rows = DeliveryStore(conn).delivery_counts(org_id=actor.org_id).fetchall()
+        return {r["status"]: r["n"] for r in rows}
+
+    def open_work(self, actor: Actor) -> int:
+        """How much of the org's alert pipeline is still under way (0: settled)."""
+        _admin(actor, "read deliveries")
+        with self.pool.connection() as conn:
+            row = DeliveryStore(conn).alert_work_open(org_id=actor.org_id).fetchone()
+        return int(row["batches"] + row["tasks"] + row["deliveries"]) if row else 0

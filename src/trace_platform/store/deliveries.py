@@ -54,3 +54,9 @@ class DeliveryStore(Calls):
 
     def list_destinations(self, **p: Any) -> Cursor[Row]:
         return self._run(_Q.list_destinations, p)
+
+    def delivery_counts(self, **p: Any) -> Cursor[Row]:
+        return self._run(_Q.delivery_counts, p)
+
+    def alert_work_open(self, **p: Any) -> Cursor[Row]:
+        return self._run(_Q.alert_work_open, p)

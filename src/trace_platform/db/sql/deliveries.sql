@@ -93,6 +93,8 @@ RETURNING name;
 UPDATE destinations
 SET enabled = coalesce(%(enabled)s::boolean, enabled),
     allow_private = coalesce(%(allow_private)s::boolean, allow_private),
+    url = coalesce(%(url)s::text, url),
+    secret = coalesce(%(secret)s::text, secret),
     updated_at = now()
 WHERE org_id = %(org_id)s AND name = %(name)s
 RETURNING name;
@@ -100,3 +102,18 @@ RETURNING name;
 -- name: list_destinations
 SELECT name, url, enabled, allow_private, created_at, updated_at
 FROM destinations WHERE org_id = %(org_id)s ORDER BY name;
+
+-- name: delivery_counts
+SELECT status, count(*) AS n FROM deliveries WHERE org_id = %(org_id)s GROUP BY status;
+
+-- name: alert_work_open
+-- What of the org's alert pipeline is still under way: alert batches the sink has not landed,
+-- alert jobs queued or running, deliveries not settled.
+SELECT
+  (SELECT count(*) FROM buffer_records r JOIN buffered_datasets b USING (dataset_uuid)
+   WHERE b.org_id = %(org_id)s AND b.platform IS NOT NULL AND r.status = 'pending') AS batches,
+  (SELECT count(*) FROM task_registry tr JOIN task_status ts USING (task_id)
+   WHERE tr.org_id = %(org_id)s AND tr.operator IN ('alert_evaluate', 'alert_route')
+     AND ts.status IN ('queued', 'running')) AS tasks,
+  (SELECT count(*) FROM deliveries
+   WHERE org_id = %(org_id)s AND status IN ('pending', 'sending')) AS deliveries;
