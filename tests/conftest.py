@@ -24,6 +24,8 @@ TEMPLATE = "trace_template"
 # slow") stays the quick loop; `make test` runs them all. Measured by `pytest --durations`.
 SLOW_MODULES = frozenset(
     {
+        "tests/integration/test_alert_evaluate.py",
+        "tests/integration/test_alerts_stack.py",
         "tests/integration/test_api_fuzz.py",
         "tests/integration/test_authorization.py",
         "tests/integration/test_backfill.py",
@@ -34,8 +36,10 @@ SLOW_MODULES = frozenset(
         "tests/integration/test_cli_terminal.py",
         "tests/integration/test_dag_files.py",
         "tests/integration/test_dataset_versions.py",
+        "tests/integration/test_delivery_cli.py",
         "tests/integration/test_embedded.py",
         "tests/integration/test_exact_amounts.py",
+        "tests/integration/test_exchange_listener.py",
         "tests/integration/test_generic_plans.py",
         "tests/integration/test_generic_plans_icu.py",
         "tests/integration/test_hostile_inputs.py",
@@ -45,6 +49,7 @@ SLOW_MODULES = frozenset(
         "tests/integration/test_safe_change.py",
         "tests/integration/test_safe_change_attacks.py",
         "tests/integration/test_spark_isolation.py",
+        "tests/integration/test_worker_loop.py",
         "tests/property/test_lifecycle_machine.py",
         "tests/unit/test_query_guard_fuzz.py",
         "tests/unit/test_spark_objects.py",
