@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trace_platform.config import Settings
+from trace_platform.lite.demo.alerts import settle, start_receiver
 from trace_platform.lite.demo.backfill import backfill, stage_of
 from trace_platform.lite.demo.dag import DEMO_DAG, dag_text
 from trace_platform.lite.demo.data import admin, chain_changes, complete
@@ -72,9 +73,11 @@ def run_demo(
         worker_env["TRACE_SPARK_JIT"] = os.environ.get("TRACE_SPARK_JIT", "quick")
     with phases.phase("start the stack"):
         stack = LiteStack(settings, workers=workers, worker_env=worker_env).start()
+    receiver = None
     try:
         svc = stack.services
         console.print(f"API at {stack.url}; objects under {settings.object_store_root}")
+        receiver = start_receiver(svc, admin(svc))  # where the demo's alerts are delivered
         if rpc_url is None:
             # Up first: the data on hand is complete only if the chain under it is the same.
             with phases.phase("devnet: generate the chain"):
@@ -108,10 +111,14 @@ def run_demo(
         with phases.phase("report: queries and charts"):
             analytics(svc, plan, settings.home / "demo", console)
             where(svc, plan, console)
+        with phases.phase("alerts: delivered and verified"):
+            settle(svc, admin(svc), receiver, console)
         svc.publisher.drain()
         dead = svc.driver.dead_letters(settings.task_queue)
         console.print(f"outbox pending: {svc.publisher.pending()}; dead letters: {len(dead)}")
     finally:
+        if receiver is not None:
+            receiver.stop()
         with phases.phase("stop the stack"):
             stack.stop()
     if devnet is not None:
