@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.support.databases import Databases, with_db
 from trace_platform.config import Settings
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
@@ -63,10 +63,6 @@ os.environ["TRACE_OPERATOR_REGISTRY"] = "testing"
 os.environ.setdefault("TRACE_SPARK_JIT", "quick")
 
 
-def _with_db(dsn: str, dbname: str) -> str:
-    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """A DSN (to database `postgres`) of a server the tests may create databases on."""
@@ -89,25 +85,23 @@ def template_db(pg_server: str) -> str:
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(TEMPLATE)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
-    migrate(_with_db(pg_server, TEMPLATE))
+    migrate(with_db(pg_server, TEMPLATE))
     return TEMPLATE
 
 
+@pytest.fixture(scope="session")
+def databases(pg_server: str, template_db: str) -> Iterator[Databases]:
+    dbs = Databases(pg_server, template_db)
+    yield dbs
+    dbs.close()
+
+
 @pytest.fixture
-def dsn(pg_server: str, template_db: str) -> Iterator[str]:
+def dsn(databases: Databases) -> Iterator[str]:
     """A fresh, migrated database for this test (River-style per-test schema)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    yield _with_db(pg_server, name)
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    dsn = databases.take()
+    yield dsn
+    databases.drop(dsn)
 
 
 @pytest.fixture
