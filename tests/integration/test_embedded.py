@@ -265,6 +265,9 @@ def test_the_sink_login_is_not_privileged(root: Path) -> None:
         conn.execute("SELECT trace_sink_ddl.ensure_schema(%s)", [schema])
         conn.execute(f"CREATE TABLE {schema}.v_1 AS SELECT 7 AS x")
         conn.execute(f"CREATE OR REPLACE VIEW published.seven AS SELECT * FROM {schema}.v_1")
+        # The buffered-dataset sink stages a batch in a temporary table (migration 0031).
+        with conn.transaction():
+            conn.execute(f"CREATE TEMP TABLE stage (LIKE {schema}.v_1) ON COMMIT DROP")
     with psycopg.connect(pg.reader_dsn(), autocommit=True) as conn:
         assert conn.execute(f"SELECT x FROM {schema}.v_1").fetchone() == (7,)
         assert conn.execute("SELECT x FROM published.seven").fetchone() == (7,)
