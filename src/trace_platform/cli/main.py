@@ -290,7 +290,8 @@ def up(
     workers: Annotated[int, typer.Option(min=0)] = 2,
     port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
-    """Run the Lite stack locally (API + Dispatcher, N workers) until Ctrl-C."""
+    """Run the Lite stack locally (API + Dispatcher, N workers, a sink, a Delivery Service)
+    until Ctrl-C."""
     from trace_platform.lite.stack import LiteStack
 
     settings = get_settings()
