@@ -49,7 +49,7 @@ def delivery(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = get_settings()
     dsn = state_dsn(settings)
-    pool = make_pool(dsn, max_size=2)
+    pool = make_pool(dsn, max_size=10)  # the loop and its concurrent sends' settling
     driver = make_driver(settings, dsn)
     ports = platform_ports(settings, [settings.resolved_api_url], [dsn, sink_dsn(settings, dsn)])
     svc = DeliveryService(pool, driver, vault_for(settings), settings, platform_ports=ports)

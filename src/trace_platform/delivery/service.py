@@ -1,8 +1,9 @@
-"""The Delivery Service loop (`trace delivery`): wakes on `{"kind":"delivery","delivery_id"}`
-messages (the outbox's, through the QueueDriver), and sweeps Postgres for deliveries that are
-due with no live lease (a retry's time come, a wake-up lost, a sender that died holding one).
-Postgres is the authority: a delivery is sent only under a lease (a fresh token each attempt)
-and its outcome is settled only by that lease's holder, so any number of services may run.
+"""The Delivery Service loop (`trace delivery`): woken by `{"kind":"delivery","delivery_id"}`
+messages (the outbox's, through the QueueDriver), each pass leases a batch of the deliveries
+that are due with no live lease (new ones, a retry whose time came, one whose wake-up was lost
+or whose sender died holding it) and sends them side by side. Postgres is the authority: a
+delivery is sent only under a lease (a fresh token each pass, rows taken with SKIP LOCKED) and
+its outcome is settled only by that lease's holder, so any number of services may run.
 
 Nothing cancels a delivery: not a deploy, a cutover, a rollback or a paused DAG. It ends
 `delivered`, or `failed` (refused by outbound safety, a redirect, a 4xx no retry can fix, a
@@ -10,10 +11,12 @@ missing destination, or still failing once `delivery_max_age_seconds` old)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -27,7 +30,7 @@ from trace_platform.delivery.signing import sealed_name
 from trace_platform.delivery.work import QUEUE
 from trace_platform.identity.vault import Vault
 from trace_platform.queue import QueueDriver
-from trace_platform.queue.payloads import Delivery, PayloadError, decode
+from trace_platform.queue.payloads import PayloadError, decode
 from trace_platform.store.deliveries import DeliveryStore
 
 log = logging.getLogger("trace.delivery")
@@ -48,7 +51,8 @@ class DeliveryService:
         settings: Settings,
         *,
         platform_ports: set[int] | None = None,
-        batch: int = 10,
+        batch: int = 50,
+        concurrency: int = 8,
     ) -> None:
         self.pool = pool
         self.driver = driver
@@ -58,8 +62,11 @@ class DeliveryService:
         self.sender = Sender(
             timeout=settings.delivery_timeout_seconds, platform_ports=platform_ports
         )
+        # Sends in flight at once: a slow receiver holds one thread, not the service.
+        self.sends = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="delivery")
 
     def close(self) -> None:
+        self.sends.shutdown(wait=True)
         self.sender.close()
 
     # -- the loop -------------------------------------------------------------------------
@@ -74,23 +81,41 @@ class DeliveryService:
                 stop.wait(self.s.delivery_poll_seconds)
 
     def step(self) -> int:
-        """Wake-ups first, then the due deliveries no wake-up brought; returns the attempts
-        made."""
-        sent = 0
+        """Takes the wake-ups waiting (each only says "a delivery is due": Postgres says
+        which), then leases a batch of due deliveries and sends them; returns the attempts
+        made plus the wake-ups taken."""
         visibility = self.s.delivery_lease_seconds + self.s.delivery_timeout_seconds
-        for msg in self.driver.receive(QUEUE, self.batch, visibility):
-            try:
-                payload = decode(msg.payload)
-            except PayloadError:
-                payload = None
-            if isinstance(payload, Delivery):
-                sent += self.deliver(payload.delivery_id) is not None
+        msgs = self.driver.receive(QUEUE, self.batch, visibility)
+        for msg in msgs:
+            with contextlib.suppress(PayloadError):
+                decode(msg.payload)  # a malformed one is dropped like any
             self.driver.ack(QUEUE, msg.receipt)
+        return len(msgs) + self.send_due()
+
+    def send_due(self) -> int:
+        """One batch of due deliveries, leased together, sent side by side, each settled by
+        its own lease; returns how many were attempted."""
+        token = uuid.uuid4()
         with self.pool.connection() as conn:
-            due = DeliveryStore(conn).due(grace_seconds=0, limit=self.batch).fetchall()
-        for row in due:
-            sent += self.deliver(row["delivery_id"]) is not None
-        return sent
+            store = DeliveryStore(conn)
+            rows = store.lease_due(
+                limit=self.batch, token=token, lease_seconds=self.s.delivery_lease_seconds
+            ).fetchall()
+            dests: dict[tuple[UUID, str], dict[str, Any]] = {}
+            for org in {r["org_id"] for r in rows}:
+                names = sorted({r["destination"] for r in rows if r["org_id"] == org})
+                for d in store.destinations_named(org_id=org, names=names).fetchall():
+                    dests[(org, d["name"])] = d
+        secrets = self._secrets(dests)
+        done = [
+            self.sends.submit(
+                self._one, r, token, dests.get((r["org_id"], r["destination"])), secrets
+            )
+            for r in rows
+        ]
+        for f in done:
+            f.result()
+        return len(rows)
 
     def drain(self, timeout: float = 10.0) -> int:
         """Steps until one makes no attempt (tests, `trace delivery --once`)."""
@@ -104,38 +129,41 @@ class DeliveryService:
         return total
 
     # -- one delivery ---------------------------------------------------------------------
-    def deliver(self, delivery_id: UUID) -> str | None:
-        """One attempt at a delivery, if it is due and no one else holds it; returns its
-        outcome (None: not ours to send now)."""
-        token = uuid.uuid4()
-        with self.pool.connection() as conn:
-            store = DeliveryStore(conn)
-            row = store.lease(
-                delivery_id=delivery_id,
-                token=token,
-                lease_seconds=self.s.delivery_lease_seconds,
-            ).fetchone()
-            dest = (
-                store.destination(org_id=row["org_id"], name=row["destination"]).fetchone()
-                if row is not None
-                else None
-            )
-        if row is None:
-            return None
+    def _secrets(self, dests: dict[tuple[UUID, str], dict[str, Any]]) -> dict[Any, str | Exception]:
+        out: dict[Any, str | Exception] = {}
+        for key, d in dests.items():
+            try:
+                out[key] = self.vault.open(key[0], sealed_name(d["name"]), d["secret"])
+            except Exception as e:  # a key changed or lost: the admin must fix it, then retry
+                out[key] = e
+        return out
+
+    def _one(
+        self,
+        row: dict[str, Any],
+        token: UUID,
+        dest: dict[str, Any] | None,
+        secrets: dict[Any, str | Exception],
+    ) -> str:
         started = datetime.now(UTC)
-        outcome = self._attempt(row, dest)
+        secret = secrets.get((row["org_id"], row["destination"]))
+        try:
+            outcome = self._attempt(row, dest, secret)
+        except Exception as e:  # never leave a leased delivery unsettled by a bug
+            log.exception("delivery %s: attempt failed", row["delivery_id"])
+            outcome = Outcome("retry", error=f"{type(e).__name__}: {e}"[:1000])
         self._settle(row, token, started, outcome)
         return outcome.outcome
 
-    def _attempt(self, row: dict[str, Any], dest: dict[str, Any] | None) -> Outcome:
+    def _attempt(
+        self, row: dict[str, Any], dest: dict[str, Any] | None, secret: str | Exception | None
+    ) -> Outcome:
         if dest is None:
             return Outcome("failed", error=f"the org has no destination '{row['destination']}'")
         if not dest["enabled"]:
             return Outcome("retry", error=f"destination '{row['destination']}' is disabled")
-        try:
-            secret = self.vault.open(row["org_id"], sealed_name(dest["name"]), dest["secret"])
-        except Exception as e:  # a key changed or lost: the admin must fix it, then retry
-            return Outcome("retry", error=f"signing secret unavailable: {e}")
+        if not isinstance(secret, str):
+            return Outcome("retry", error=f"signing secret unavailable: {secret}")
         return self.sender.send(
             url=dest["url"],
             allow_private=dest["allow_private"],

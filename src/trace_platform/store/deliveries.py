@@ -19,11 +19,11 @@ class DeliveryStore(Calls):
     def insert_delivery(self, **p: Any) -> Cursor[Row]:
         return self._run(_Q.insert_delivery, p)
 
-    def lease(self, **p: Any) -> Cursor[Row]:
-        return self._run(_Q.lease, p)
+    def lease_due(self, *, limit: int, **p: Any) -> Cursor[Row]:
+        return self._run(literal_limit(_Q.lease_due, limit), p)
 
-    def due(self, *, grace_seconds: float, limit: int) -> Cursor[Row]:
-        return self._run(literal_limit(_Q.due, limit), {"grace_seconds": grace_seconds})
+    def destinations_named(self, **p: Any) -> Cursor[Row]:
+        return self._run(_Q.destinations_named, p)
 
     def destination(self, **p: Any) -> Cursor[Row]:
         return self._run(_Q.destination, p)

@@ -12,31 +12,29 @@ VALUES (%(delivery_id)s, %(org_id)s, %(idempotency_key)s, %(destination)s, %(rec
 ON CONFLICT (org_id, idempotency_key) DO NOTHING
 RETURNING delivery_id, status;
 
--- name: lease
--- One due delivery, leased to this sender (a fresh token fences its outcome): pending and due,
--- or leased by a sender whose lease ran out. Another sender's live lease is skipped.
+-- name: lease_due
+-- Up to `limit` due deliveries, leased to this sender (its token fences their outcomes): pending
+-- and due, or leased by a sender whose lease ran out. Rows another sender is leasing right now
+-- are skipped, so any number of senders share the work without waiting on each other.
+WITH due AS (
+  SELECT delivery_id FROM deliveries
+  WHERE status IN ('pending', 'sending')
+    AND ((status = 'pending' AND next_attempt_at <= now())
+         OR (status = 'sending' AND lease_expires_at < now()))
+  ORDER BY next_attempt_at
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+)
 UPDATE deliveries d
 SET status = 'sending', lease_token = %(token)s,
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
     attempts = d.attempts + 1
-FROM (
-  SELECT delivery_id FROM deliveries
-  WHERE delivery_id = %(delivery_id)s
-    AND ((status = 'pending' AND next_attempt_at <= now())
-         OR (status = 'sending' AND lease_expires_at < now()))
-  FOR UPDATE SKIP LOCKED
-) due
+FROM due
 WHERE d.delivery_id = due.delivery_id
 RETURNING d.*;
 
--- name: due
--- Deliveries due with no live lease (their wake-up lost, or a sender died holding them).
-SELECT delivery_id FROM deliveries
-WHERE status IN ('pending', 'sending')
-  AND next_attempt_at <= now() - make_interval(secs => %(grace_seconds)s)
-  AND (status = 'pending' OR lease_expires_at < now())
-ORDER BY next_attempt_at
-LIMIT %(limit)s;
+-- name: destinations_named
+SELECT * FROM destinations WHERE org_id = %(org_id)s AND name = ANY(%(names)s);
 
 -- name: destination
 SELECT * FROM destinations WHERE org_id = %(org_id)s AND name = %(name)s;
