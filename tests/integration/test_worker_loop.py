@@ -6,8 +6,11 @@ attempt's report was answered."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import queue
+import termios
 import threading
 import time
 import uuid
@@ -344,3 +347,45 @@ def test_what_an_earlier_task_left_running_cannot_end_the_next(
     if stray["type"] == "done":
         expected += f" during run '{sleeper}/1'"
     assert row["error"] == f"operator host broke the protocol: {expected}", row["error"]
+
+
+def _unread(proc: Any) -> int:
+    """Bytes written to a host's input that it has not read (FIONREAD, either end of a pipe)."""
+    got = array.array("i", [0])
+    fcntl.ioctl(proc.stdin.fileno(), termios.FIONREAD, got)
+    return got[0]
+
+
+def test_a_host_that_exits_after_its_end_does_not_fail_the_next_task(
+    loop_of: Callable[[int], Loop], tmp_path: Any
+) -> None:
+    """A host that ends after an attempt's end (an operator's os._exit after its "done"; a
+    clean-up that failed: host_main's exit 70) may still run when the tenant's next attempt is
+    handed to it. Its exit, with that attempt's run line still unread in its input, is not
+    that attempt's to die of: the attempt starts on a fresh host, its try not used. The exit is
+    ordered after the hand-over here (the probe waits for a file): on a busy machine the host
+    is merely slow to exit."""
+    loop = loop_of(1)
+    loop.start()
+    loop.wait_done(loop.submit(n=1))  # the host runs: the next attempts start in the loop
+    (wrapper,) = loop.wrappers
+    assert wrapper.host.proc is not None
+    first_host = wrapper.host.proc
+    gate = tmp_path / "exit-now"
+    end = {"type": "done", "final_events": []}
+    (ender,) = loop.submit("probe", max_attempts=1, send=[end], then_exit=True, exit_when=str(gate))
+    loop.wait_done([ender])
+    (nxt,) = loop.submit(max_attempts=1)
+    wait_for(lambda: _unread(first_host) > 0, 20, "the next run line in the live host's input")
+    assert first_host.poll() is None
+    gate.touch()
+    view = wait_for(
+        lambda: (
+            (v := loop.services.dispatcher.get_task(nxt)).status in ("failed", "succeeded") and v
+        ),
+        30,
+        "the next task's end",
+    )
+    assert (view.status, view.attempt) == ("succeeded", 1), view.last_error
+    assert first_host.returncode == 0
+    assert wrapper.host.proc is not None and wrapper.host.proc.pid != first_host.pid

@@ -184,6 +184,9 @@ class ProbeConfig(OperatorConfig):
     send: list[dict[str, Any]] = Field(default_factory=list)
     nest: int = Field(default=0, ge=0, le=10_000)
     then_exit: bool = False
+    # With `then_exit`: the exit waits (up to a minute) for this file to exist, so a test
+    # orders it after what the wrapper does next.
+    exit_when: str | None = None
     # Messages a thread the task leaves running sends `linger_after` seconds after its start,
     # when the host may run the tenant's next task.
     linger: list[dict[str, Any]] = Field(default_factory=list)
@@ -308,6 +311,9 @@ def probe(ctx: OperatorContext) -> None:
         for raw in c.send:
             ctx._send(_nested(raw, c.nest))
         if c.then_exit:  # a well-formed end the host does not follow with its own
+            until = time.monotonic() + 60
+            while c.exit_when and not os.path.exists(c.exit_when) and time.monotonic() < until:
+                time.sleep(0.01)
             os._exit(0)
         time.sleep(60)
     if c.rpc_env:

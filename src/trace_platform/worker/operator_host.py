@@ -4,13 +4,16 @@ wrapper's side (`write_msg` out, `OperatorHost.link` in: see `worker/host_link.p
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import json
 import os
 import select
 import signal
 import socket
 import subprocess
+import termios
 import threading
 import time
 import weakref
@@ -135,6 +138,19 @@ class OperatorHost:
     def send(self, msg: dict[str, Any] | bytes, timeout: float = 30.0) -> None:
         assert self.proc is not None
         write_msg(self.proc, msg, timeout)
+
+    def unread_input(self) -> int:
+        """Bytes written to the host's input that it has not read, even once it has exited
+        (FIONREAD on the pipe's write end: Linux counts the pipe's contents from either end)."""
+        with _STDIN:
+            if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
+                return 0
+            got = array.array("i", [0])
+            try:
+                fcntl.ioctl(self.proc.stdin.fileno(), termios.FIONREAD, got)
+            except OSError:
+                return 0
+            return got[0]
 
     def new_task(self, task: TaskPayload) -> TaskDirs:
         assert self.dir is not None

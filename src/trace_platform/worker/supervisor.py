@@ -72,14 +72,27 @@ class Supervisor:
             self, claim: Claim, outcome: str, clock: LeaseClock | None = None, **kw: Any
         ) -> None: ...
 
+        def run_claimed(
+            self, claim: Claim, msg: Message, stop: threading.Event, retake: bool = True
+        ) -> None: ...
+
     def supervised(
-        self, run: Running, stop: threading.Event, first: dict[str, Any] | None = None
+        self,
+        run: Running,
+        stop: threading.Event,
+        first: dict[str, Any] | None = None,
+        retake: bool = True,
     ) -> None:
-        """`run` supervised to its end and reported (`first`: a message already read)."""
+        """`run` supervised to its end and reported (`first`: a message already read). A host
+        that exited before it read the run (one that ended after the tenant's last task: an
+        operator's os._exit after its end, a clean-up that failed) did not run it: the attempt
+        starts again on a fresh host (`retake`: once), its try not used."""
         try:
-            self._supervise(run, stop, first)
+            untaken = self._supervise(run, stop, first)
         finally:
             self.finish(run)
+        if untaken and retake:
+            self.run_claimed(run.claim, run.msg, stop, retake=False)
 
     def finish(self, run: Running) -> None:
         # A run that never asked the store anything (a late answer could still write into
@@ -131,7 +144,8 @@ class Supervisor:
 
     def _supervise(
         self, run: Running, stop: threading.Event, first: dict[str, Any] | None = None
-    ) -> None:
+    ) -> bool:
+        """True: the host exited before it read the run (nothing reported)."""
         claim, msg, task, host, scoped = run.claim, run.msg, run.task, run.host, run.scoped
         every = beat_every(claim, self.visibility)
         next_beat = run.beat_at
@@ -160,7 +174,7 @@ class Supervisor:
                             e,
                         )
                         host.kill()
-                        return
+                        return False
                     if clock.left() <= every:  # lost before the next try: the reaper's now
                         log.warning(
                             "task %s attempt %s: no heartbeat accepted before the lease ran out "
@@ -170,7 +184,7 @@ class Supervisor:
                             e,
                         )
                         host.kill()
-                        return
+                        return False
                     # The API is away (restarting, unreachable): the lease still holds, so the
                     # operator goes on and the heartbeat is tried again soon.
                     log.warning(
@@ -196,7 +210,7 @@ class Supervisor:
                                 clock=clock,
                                 error="handed back unfinished: its worker shut down",
                             )
-                        return
+                        return False
             if out is None:
                 continue
             kind = out.get("type")
@@ -204,7 +218,7 @@ class Supervisor:
                 # Retryable, but a failure: code in the host can name any run, and a
                 # hand-back (`released`, no try used, queued at once) could be replayed forever.
                 self._broken(run, why, retryable=True)
-                return
+                return False
             if kind == "store" and not store_busy:
                 # Served off this loop (heartbeats go on during an upload), one at a time.
                 store_busy = True
@@ -219,7 +233,7 @@ class Supervisor:
             elif kind in ("store", "protocol_error"):
                 why = out.get("error") or "a second store request before the first was answered"
                 self._broken(run, why)
-                return
+                return False
             elif kind == "progress":
                 progress = bounded_progress(out.get("progress"), claim)
             elif kind == "event":
@@ -228,7 +242,7 @@ class Supervisor:
                     event.model_dump_json()  # the events call's body (its serializer's depth)
                 except ValueError as e:
                     self._broken(run, f"a malformed event: {gist(e)}")
-                    return
+                    return False
                 try:
                     self._within_lease(
                         clock, "events", lambda ev=event: self.client.events(claim, [ev])
@@ -244,7 +258,7 @@ class Supervisor:
                         error=f"event refused: {e.message}",
                         retryable=retryable,
                     )
-                    return
+                    return False
             elif kind == "buffer":
                 # A batch the operator wrote for a buffered dataset: the wrapper, never the
                 # operator, publishes its pointer (attempt-fenced), before the completion.
@@ -252,7 +266,7 @@ class Supervisor:
                     body = BufferPublishBody.model_validate(out.get("buffer"))
                 except ValueError as e:
                     self._broken(run, f"a malformed buffer publish: {gist(e)}")
-                    return
+                    return False
                 try:
                     self._within_lease(
                         clock, "buffer publish", lambda b=body: self.client.buffer_publish(claim, b)
@@ -267,22 +281,33 @@ class Supervisor:
                         error=f"buffer publish refused: {e.message}",
                         retryable=e.status not in (403, 422),
                     )
-                    return
+                    return False
             elif kind in ("done", "failed"):
                 try:
                     outcome, kw = final_report(out, task)
                 except Exception as e:  # as the loop's `_heard`: any fault of the message
                     self._broken(run, f"a malformed {kind!r} message: {gist(e)}")
-                    return
+                    return False
                 self._report(claim, outcome, clock=clock, **kw)
                 if store_busy:
                     # It ended with a store call of its own still open (a thread left
                     # running): that call's reply, or its note, must not reach the host's
                     # next task, nor the call read that task's run line. No reuse.
                     host.kill()
-                return
+                return False
             elif kind == "exit":
+                # The run line still (partly) in its input, and no store call answered since:
+                # the host never took this run (a store reply is only written to a run's call).
+                untaken = not scoped.used and host.unread_input() > 0
                 host.kill()  # one that closed its output may still run
+                if untaken:
+                    log.warning(
+                        "task %s: its operator host exited before it read the run (%s); "
+                        "starting it on a fresh host",
+                        claim.task_id,
+                        exit_reason(out["returncode"]),
+                    )
+                    return True
                 why, tail = exit_reason(out["returncode"]), host.log_tail()
                 self._report(
                     claim,
@@ -290,9 +315,9 @@ class Supervisor:
                     clock=clock,
                     error=f"operator process died ({why})\n{tail}".strip(),
                 )
-                return
+                return False
             else:  # `ready`, `store_reply` or any other: not what a running task may say
                 why = f"a message of unknown type {one_line(kind, 40)!r}"
                 # Naming another run, it is what an earlier task left running (as `foreign`).
                 self._broken(run, why, retryable=out.get("run") not in (None, run.label))
-                return
+                return False

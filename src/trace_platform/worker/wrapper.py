@@ -202,7 +202,10 @@ class Wrapper(TaskNetwork, Supervisor):
             return
         reported(claim, res)
 
-    def run_claimed(self, claim: Claim, msg: Message, stop: threading.Event) -> None:
+    def run_claimed(
+        self, claim: Claim, msg: Message, stop: threading.Event, retake: bool = True
+    ) -> None:
+        """`retake`: a host that exits before it reads the run is replaced, once (`supervised`)."""
         # The claim carries the payload (read under the lease it took); an older API's does
         # not, and then it is fetched.
         task = claim.task if claim.task is not None else self.client.fetch(claim)
@@ -258,11 +261,14 @@ class Wrapper(TaskNetwork, Supervisor):
         except Exception as e:  # the host could not take it
             self._close(gateways, dirs)
             host.kill()
+            if retake and isinstance(e, BrokenPipeError):  # it exited since `ensure`: not this
+                self.run_claimed(claim, msg, stop, retake=False)  # run's doing
+                return
             self._report(
                 claim, "failed", clock=run.clock, error=f"operator host failed to start: {e}"
             )
             return
-        self.supervised(run, stop)
+        self.supervised(run, stop, retake=retake)
 
     def start_ready(self, claim: Claim, msg: Message) -> Running | None:
         """The claimed attempt started at once, when nothing in its start can wait: its
