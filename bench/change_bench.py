@@ -431,7 +431,9 @@ def main() -> None:
         planning(args.jobs)
     root = Path(tempfile.mkdtemp(prefix="trace-change-bench-", dir="/tmp"))
     root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=True)  # fsync on: real commit costs
+    pg = EmbeddedPostgres(
+        root / "pg", durable=smoke.durable()
+    )  # fsync on at full size: real commit costs
     pg.start()
     try:
         dsn = pg.dsn()

@@ -360,11 +360,14 @@ def main() -> None:
     )
     ap.add_argument("--repeat", type=int, default=1, help="end-to-end rows per arrangement")
     ap.add_argument("--warmup", type=int, default=10, help="unmeasured runs before the latencies")
-    args = smoke.parse_args(ap, runs=3, warmup=1, tasks=100, e2e_tasks=20, workers=1, wrappers="2")
+    # Smoke size: no warm-up runs (the latencies are no figure), every row once.
+    args = smoke.parse_args(ap, runs=2, warmup=0, tasks=100, e2e_tasks=20, workers=1, wrappers="2")
 
     root = Path(tempfile.mkdtemp(prefix="trace-dispatch-bench-", dir="/tmp"))
     root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=True)  # fsync on: real commit costs
+    pg = EmbeddedPostgres(
+        root / "pg", durable=smoke.durable()
+    )  # fsync on at full size: real commit costs
     pg.start()
     try:
         dsn = pg.dsn()

@@ -1,5 +1,5 @@
 """A bench's own Postgres: an embedded cluster in a fresh temporary directory, fsync on (real
-commit costs), migrated, destroyed on exit. Benches run as scripts import it from this folder."""
+commit costs; off at smoke size, where no figure is printed), migrated, destroyed on exit. Benches run as scripts import it from this folder."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import smoke  # this folder's
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
 
@@ -17,7 +18,7 @@ def migrated_postgres(prefix: str) -> Iterator[tuple[Path, str]]:
     """(a fresh directory for the bench's home, the migrated cluster's DSN)."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     root.chmod(0o755)  # the cluster runs as the postgres user when this runs as root
-    pg = EmbeddedPostgres(root / "pg", durable=True)
+    pg = EmbeddedPostgres(root / "pg", durable=smoke.durable())
     pg.start()
     try:
         dsn = pg.dsn()

@@ -404,7 +404,7 @@ def main() -> None:
     args = smoke.parse_args(ap, blocks=2_000, hot=200, repeat=1, warmup=0)
     root = Path(tempfile.mkdtemp(prefix="trace-qbench-", dir="/tmp"))
     root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=True)
+    pg = EmbeddedPostgres(root / "pg", durable=smoke.durable())
     pg.start()
     try:
         dsn = pg.dsn()

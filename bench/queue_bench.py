@@ -956,7 +956,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("procrastinate.blueprints").setLevel(logging.ERROR)
     load_before = loadavg()
     wall0 = time.perf_counter()
-    pg = EmbeddedPostgres(Path(f"/tmp/trace-bench-pg-{secrets.token_hex(4)}"), durable=True)
+    pg = EmbeddedPostgres(
+        Path(f"/tmp/trace-bench-pg-{secrets.token_hex(4)}"), durable=smoke.durable()
+    )
     res = Results()
     try:
         log(f"starting Postgres in {pg.root}")

@@ -149,7 +149,7 @@ def main() -> None:
         raise SystemExit("the sandboxed rows need root (the sandbox switches users)")
     root = Path(tempfile.mkdtemp(prefix="trace-sandbox-bench-", dir="/tmp"))
     root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=True)
+    pg = EmbeddedPostgres(root / "pg", durable=smoke.durable())
     pg.start()
     results: dict[str, Any] = {}
     try:

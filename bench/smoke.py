@@ -70,6 +70,13 @@ def parse_args(
     return args
 
 
+def durable() -> bool:
+    """Whether a bench's own Postgres runs with fsync on: at full size, yes (real commit costs
+    are what its figures are of); at smoke size no figure is printed, and fsync on a busy
+    machine's disk (initdb, the migrations, every commit) was most of a smoke run's time."""
+    return not _active
+
+
 def _swallow_stdout() -> None:
     """Figures go nowhere: standard output (file descriptor 1, so also what native code such as
     Cryo's report and the bench's child processes write there) is pointed at /dev/null; errors

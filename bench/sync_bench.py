@@ -236,15 +236,17 @@ def main() -> None:
         default="1,2",
         help="ranges at a time, one figure each (the Spark decode follows the last)",
     )
-    args = smoke.parse_args(ap, blocks=200, concurrency="1")
+    ap.add_argument("--accounts", type=int, default=300, help="the devnet's funded accounts")
+    # Smoke size: a devnet of one short range (its generation is most of a smoke run).
+    args = smoke.parse_args(ap, blocks=100, accounts=30, concurrency="1")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="trace-sync-bench-", dir="/tmp"))
     work.chmod(0o755)
     devnet = Devnet(work / "home")
-    pg = EmbeddedPostgres(work / "pg", durable=True)
+    pg = EmbeddedPostgres(work / "pg", durable=smoke.durable())
     try:
         t0 = time.perf_counter()
-        info, _ = devnet.up(ChainSpec(blocks=args.blocks, accounts=300, validators=10))
+        info, _ = devnet.up(ChainSpec(blocks=args.blocks, accounts=args.accounts, validators=10))
         # The stacks' workers may reach this devnet (another home's: not their own `devnet`).
         os.environ["TRACE_EGRESS_ALLOW"] = egress_allow(
             os.environ.get("TRACE_EGRESS_ALLOW", ""), f"127.0.0.1:{info.port}"
