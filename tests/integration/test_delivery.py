@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from trace_platform.delivery.service import DeliveryService, backoff
 from trace_platform.errors import Forbidden
 from trace_platform.identity.vault import vault_for
 from trace_platform.services import Services
+from trace_platform.store.deliveries import DeliveryStore
 
 FAST = {
     "delivery_backoff_seconds": 0.05,
@@ -263,3 +265,43 @@ def test_backoff_is_capped_and_jittered_and_retry_after_reads_both_forms() -> No
     assert retry_after("7") == 7.0
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
     assert retry_after("soon") is None
+
+
+def test_one_orgs_backlog_does_not_hold_back_anothers(services: Services) -> None:
+    """A pass shares its batch among the orgs with due deliveries (an equal share each): an org
+    with two due is served in the same pass as one with a backlog of forty older ones."""
+    s = services
+    busy, quiet = admin(s).org_id, uuid.uuid4()
+    with s.pool.connection() as conn:
+        store = DeliveryStore(conn)
+
+        def add(org: uuid.UUID, n: int, age: float) -> None:
+            for i in range(n):
+                store.insert_delivery(
+                    delivery_id=uuid.uuid4(),
+                    org_id=org,
+                    idempotency_key=f"k{i}",
+                    destination="ops",
+                    record_id=uuid.uuid4(),
+                    rule="r",
+                    severity="info",
+                    event_time=datetime.now(UTC),
+                    body="{}",
+                    status="pending",
+                    reason=None,
+                )
+            conn.execute(
+                "UPDATE deliveries SET next_attempt_at = now() - make_interval(secs => %s)"
+                " WHERE org_id = %s",
+                (age, org),
+            )
+
+        add(busy, 40, 60)  # older: first in line by age alone
+        add(quiet, 2, 1)
+        leased = store.lease_due(limit=10, token=uuid.uuid4(), lease_seconds=30).fetchall()
+        again = store.lease_due(limit=10, token=uuid.uuid4(), lease_seconds=30).fetchall()
+    orgs = [r["org_id"] for r in leased]
+    # Two orgs: a share of five each; the quiet one's two are taken at once.
+    assert orgs.count(quiet) == 2 and orgs.count(busy) == 5
+    assert {r["delivery_id"] for r in again}.isdisjoint({r["delivery_id"] for r in leased})
+    assert [r["org_id"] for r in again] == [busy] * 10  # the quiet org has nothing left

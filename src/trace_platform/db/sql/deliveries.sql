@@ -14,16 +14,39 @@ RETURNING delivery_id, status;
 
 -- name: lease_due
 -- Up to `limit` due deliveries, leased to this sender (its token fences their outcomes): pending
--- and due, or leased by a sender whose lease ran out. Rows another sender is leasing right now
--- are skipped, so any number of senders share the work without waiting on each other.
-WITH due AS (
-  SELECT delivery_id FROM deliveries
-  WHERE status IN ('pending', 'sending')
-    AND ((status = 'pending' AND next_attempt_at <= now())
-         OR (status = 'sending' AND lease_expires_at < now()))
-  ORDER BY next_attempt_at
+-- and due, or leased by a sender whose lease ran out. Each org with unsettled deliveries (found
+-- by a loose scan of deliveries_org_due_idx: one probe per org) gets an equal share of the
+-- batch, its oldest due first, so no org's backlog starves another's. Rows another sender is
+-- leasing right now are skipped: any number of senders share the work without waiting.
+WITH RECURSIVE orgs(org_id) AS (
+  (SELECT org_id FROM deliveries WHERE status IN ('pending', 'sending')
+   ORDER BY org_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT d.org_id FROM deliveries d
+          WHERE d.status IN ('pending', 'sending') AND d.org_id > orgs.org_id
+          ORDER BY d.org_id LIMIT 1)
+  FROM orgs WHERE orgs.org_id IS NOT NULL
+),
+busy AS (  -- the orgs with a delivery due now (not only leased ones, or retries to come)
+  SELECT o.org_id FROM orgs o
+  WHERE o.org_id IS NOT NULL AND EXISTS (
+    SELECT 1 FROM deliveries d
+    WHERE d.org_id = o.org_id AND d.status IN ('pending', 'sending')
+      AND ((d.status = 'pending' AND d.next_attempt_at <= now())
+           OR (d.status = 'sending' AND d.lease_expires_at < now())))
+),
+due AS (
+  SELECT x.delivery_id
+  FROM busy CROSS JOIN LATERAL (
+    SELECT d.delivery_id FROM deliveries d
+    WHERE d.org_id = busy.org_id AND d.status IN ('pending', 'sending')
+      AND ((d.status = 'pending' AND d.next_attempt_at <= now())
+           OR (d.status = 'sending' AND d.lease_expires_at < now()))
+    ORDER BY d.next_attempt_at
+    LIMIT (SELECT greatest(1, %(limit)s / count(*)) FROM busy)
+    FOR UPDATE SKIP LOCKED
+  ) x
   LIMIT %(limit)s
-  FOR UPDATE SKIP LOCKED
 )
 UPDATE deliveries d
 SET status = 'sending', lease_token = %(token)s,
