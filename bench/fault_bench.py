@@ -152,13 +152,19 @@ def no_worker_exited(stack: LiteStack) -> None:
 
 
 def kill_to_running(settings: Settings, dsn: str, shared: LiteStack | None = None) -> float:
-    with stack_of(settings, dsn, 1, shared) as stack:
+    # Smoke size: the shared stack's two workers are up already, the victim the one that runs
+    # the task (no second boot to wait for); at full size a fresh stack's only worker, and a
+    # second one added once the task runs.
+    with stack_of(settings, dsn, 1 if shared is None else 2, shared) as stack:
         (task,) = create(stack, 1, 120)
-        victim = len(stack.workers) - 1  # the only one
         wait_for(lambda: states(dsn, [task]) == [("running", 1)], 60, "attempt 1")
-        stack.add_worker()  # idle, ready to take the task over
-        added = len(stack.workers) - 1
-        wait_for(lambda: added in ready(stack, dsn), 180, "the second worker waiting on the queue")
+        if shared is None:
+            victim = len(stack.workers) - 1  # the only one
+            stack.add_worker()  # idle, ready to take the task over
+            added = len(stack.workers) - 1
+            wait_for(lambda: added in ready(stack, dsn), 180, "the second worker on the queue")
+        else:
+            victim = running_on(stack, dsn, task)
         stack.workers[victim].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         if shared is not None:  # the rows after this one have two workers: one boots meanwhile
@@ -169,6 +175,20 @@ def kill_to_running(settings: Settings, dsn: str, shared: LiteStack | None = Non
         stack.services.dispatcher.cancel(task)
         wait_for(lambda: states(dsn, [task])[0][0] == "canceled", 60, "cancel")
     return took
+
+
+def running_on(stack: LiteStack, dsn: str, task: uuid.UUID) -> int:
+    """The index of the worker running the task's first attempt (its worker id, `host:pid:…`,
+    names the worker process)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT worker_id FROM task_attempts WHERE task_id = %s AND attempt = 1", [task]
+        ).fetchone()
+    pids = [p.pid for p in stack.workers]
+    try:
+        return pids.index(int(str(row[0] if row else "").split(":")[1]))
+    except (ValueError, IndexError):
+        raise SystemExit(f"refusing to print: no worker of {pids} runs the task ({row})") from None
 
 
 def server_now(dsn: str) -> datetime:
@@ -365,7 +385,7 @@ def main() -> int:
             f"{settings.heartbeat_seconds:.0f} s, reaper every {settings.reaper_interval_seconds:.0f} s"
         )
         if args.smoke and args.repeat == 1:
-            shared = LiteStack(settings, workers=1, dsn=dsn).start()
+            shared = LiteStack(settings, workers=2, dsn=dsn).start()
         kills = [kill_to_running(settings, dsn, shared) for _ in range(args.repeat)]
         print(
             f"worker SIGKILL -> task running again: median {statistics.median(kills):.1f} s, "

@@ -252,7 +252,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--threads", type=int, default=3, help="threads per saturating user")
     ap.add_argument("--rounds", type=int, default=5, help="idle/saturated blocks, alternating")
-    args = smoke.parse_args(ap, blocks=2_000_000, samples=20, threads=3, rounds=1)
+    # Smoke size: a score of samples, a round of each row; a fourth thread per saturating user
+    # (within the one-user queue limit), so that on a busy machine, where this process's client
+    # threads come round slowly, a user rarely has every query between one and the next.
+    args = smoke.parse_args(ap, blocks=2_000_000, samples=20, threads=4, rounds=1)
     with migrated_postgres("trace-fairbench-") as (root, dsn):
         shipped = Settings(state_dsn=dsn, home=root / "home", auth="required")
         svc = Services.build(shipped, dsn)
