@@ -130,6 +130,7 @@ def test_a_deploy_rebuilds_beside_live_data_and_cuts_over_without_a_hole_or_a_mi
         with Prober(svc) as p:
             res = svc.control.deploy(me, demo(url, NOWHERE), str(DEMO))
             assert res.rebuilt_jobs == [
+                "large_transfers",  # the demo's alert rule over the decoded transfers
                 "token_balances",
                 "token_supply",
                 "transfers",
