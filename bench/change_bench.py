@@ -122,8 +122,9 @@ def fanout_dag(readers: int, mode: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def drive(svc: Services) -> int:
-    """Runs every claimable task by hand: each writes its input's range to its outputs."""
+def drive(svc: Services, dag: str = "wide") -> int:
+    """Runs every claimable task of `dag` by hand (only its: the count is the row's own work):
+    each writes its input's range to its outputs."""
     d = svc.dispatcher
     done = 0
     while True:
@@ -131,7 +132,11 @@ def drive(svc: Services) -> int:
             ids = [
                 r["task_id"]
                 for r in conn.execute(
-                    "SELECT task_id FROM task_status WHERE status = 'queued' AND NOT cancel_requested"
+                    "SELECT s.task_id FROM task_status s "
+                    "JOIN task_registry r USING (task_id, start_day) "
+                    "JOIN dags g ON g.dag_id = r.dag_id "
+                    "WHERE g.name = %s AND s.status = 'queued' AND NOT s.cancel_requested",
+                    (dag,),
                 ).fetchall()
             ]
         if not ids:
