@@ -29,8 +29,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import platform
 import secrets
 import statistics
 import sys
@@ -49,6 +47,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 import smoke  # this folder's: run as a script
+from machine import describe, loadavg  # this folder's: run as a script
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
 from trace_platform.queue.pgqueue import PgQueue
@@ -768,16 +767,6 @@ DRAINS = [
 
 
 def machine_info(dsn: str) -> list[tuple[str, str]]:
-    cpu = platform.processor() or "?"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = "?"
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        kb = int(f.readline().split()[1])
-        mem = f"{kb / 1024 / 1024:.1f} GiB"
     with psycopg.connect(dsn, autocommit=True) as conn:
         settings = {
             name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
@@ -790,10 +779,7 @@ def machine_info(dsn: str) -> list[tuple[str, str]]:
             )
         }
     return [
-        ("cores", f"{os.cpu_count()} ({cpu})"),
-        ("memory", mem),
-        ("os", platform.platform()),
-        ("python", platform.python_version()),
+        *describe(),
         ("postgres", settings["server_version"]),
         (
             "durability",
@@ -807,12 +793,6 @@ def machine_info(dsn: str) -> list[tuple[str, str]]:
             f"(PgQueuer), psycopg_pool {version('psycopg-pool')}",
         ),
     ]
-
-
-def loadavg() -> str:
-    with contextlib.suppress(OSError), open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-    return "?"
 
 
 def fmt(value: float | None, unit: str) -> str:

@@ -13,15 +13,15 @@ that file.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import os
-import platform
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from machine import describe, loadavg  # this folder's: run as a script
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -43,34 +43,13 @@ BENCHES: list[tuple[str, list[str]]] = [
 
 
 def machine() -> list[tuple[str, str]]:
-    cpu = platform.processor() or "?"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = "?"
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        mem = f"{int(f.readline().split()[1]) / 1024 / 1024:.1f} GiB"
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout.strip()
-    return [
-        ("cores", f"{os.cpu_count()} ({cpu})"),
-        ("memory", mem),
-        ("os", platform.platform()),
-        ("python", platform.python_version()),
-        ("commit", commit or "?"),
-    ]
-
-
-def loadavg() -> str:
-    with contextlib.suppress(OSError), open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-    return "?"
+    return [*describe(), ("commit", commit or "?")]
 
 
 def run(name: str, args: list[str]) -> tuple[int, float, str, str]:
