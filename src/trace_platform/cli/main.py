@@ -187,6 +187,17 @@ def serve_api(
     )
 
 
+def operator_host_env(settings: Settings) -> dict[str, str]:
+    """What a worker's operator hosts learn of its settings (their environment is otherwise an
+    allowlist: sandbox/hostdir.host_env)."""
+    return {
+        "TRACE_SPARK_MASTER": settings.spark_master,
+        "TRACE_SPARK_CONF": json.dumps(settings.spark_conf),
+        "TRACE_SPARK_JIT": settings.spark_jit,
+        "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
+    }
+
+
 @app.command("worker")
 def worker(
     api_url: Annotated[str | None, typer.Option(help="Dispatcher API URL")] = None,
@@ -250,11 +261,7 @@ def worker(
             queue_name=settings.task_queue,
             home=settings.home,
             visibility_seconds=settings.worker_visibility_seconds,
-            host_env={
-                "TRACE_SPARK_MASTER": settings.spark_master,
-                "TRACE_SPARK_CONF": json.dumps(settings.spark_conf),
-                "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
-            },
+            host_env=operator_host_env(settings),
             trusted_env={"TRACE_SINK_DSN": data_dsn},
             platform_ports=platform_ports(settings, [url, exchange], [dsn, data_dsn]),
             extra_binds=settings.sandbox_extra_binds,

@@ -141,13 +141,7 @@ def host_env(hd: HostDir, extra: dict[str, str]) -> dict[str, str]:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOCAL_DIRS": str(hd.tmp),
     }
-    for key in (
-        "JAVA_HOME",
-        "TZ",
-        "TRACE_SPARK_SHUFFLE_PARTITIONS",
-        "TRACE_SPARK_DRIVER_MEMORY",
-        "TRACE_SPARK_JIT",
-    ):
+    for key in ("JAVA_HOME", "TZ", "TRACE_SPARK_SHUFFLE_PARTITIONS", "TRACE_SPARK_DRIVER_MEMORY"):
         if key in os.environ:
             env[key] = os.environ[key]
     return {**env, **extra}
