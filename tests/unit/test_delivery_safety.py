@@ -54,3 +54,24 @@ def test_signatures_verify_with_the_standardwebhooks_package() -> None:
     old = signing.headers(secret, "alert_abc", body, datetime.now(UTC) - timedelta(hours=1))
     with pytest.raises(WebhookVerificationError):  # a replay long after: too old
         Webhook(secret).verify(body, old)
+
+
+TRUSTED_CONFIGS = {"alert_route": "{routes: [{destination: ops}]}", "hot_window": "{}"}
+
+
+@pytest.mark.parametrize("operator", sorted(TRUSTED_CONFIGS))
+def test_a_trusted_operator_is_refused_on_any_runtime_but_the_platforms(operator: str) -> None:
+    """A trusted operator given another runtime would run in the untrusted host with its
+    slot's env (a TRACE_SINK_DSN of the DAG's choosing) and still be a writer of
+    alert_deliveries: refused at validation, naming the runtime."""
+    from trace_platform.dag.validate import DagInvalid, parse
+
+    def dag(runtime: str) -> str:
+        return (
+            f"name: x\njobs:\n  j:\n    operator: {operator}\n    runtime: {runtime}\n"
+            f"    config: {TRUSTED_CONFIGS[operator]}\n"
+        )
+
+    with pytest.raises(DagInvalid, match=r"jobs.j.runtime: .* runs only as runtime ecs_platform"):
+        parse(dag("ecs_user"))
+    parse(dag("ecs_platform"))

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from trace_platform.dag.loader import MAX_DOCUMENT_BYTES, YamlRefused, load_yaml
 from trace_platform.dag.schema import NAME, DagSpec, JobOutputRef, PublishSpec, SharedRead
 from trace_platform.dag.whole import writes_whole
+from trace_platform.operators import TRUSTED_OPERATORS, config_model, registry
 from trace_platform.operators import config as op_config
-from trace_platform.operators import config_model, registry
 
 MAX_SPEC_BYTES = 1024 * 1024  # the spec as stored (JSON), whatever the YAML looked like
 MAX_PROBLEMS = 200  # reported at once; a hostile file cannot make the answer unbounded
@@ -198,6 +198,15 @@ def check(spec: DagSpec) -> list[DagProblem]:
             problems += job_config_problems(
                 at, job.operator, job.config, len(job.inputs), len(job.outputs)
             )
+            if job.operator in TRUSTED_OPERATORS and job.runtime != "ecs_platform":
+                # Elsewhere it would run in the untrusted host, with its slot's env.
+                add(
+                    DagProblem(
+                        f"{at}.runtime",
+                        f"{job.operator} is a trusted platform operator: it runs only as "
+                        "runtime ecs_platform",
+                    )
+                )
         if job.worker_pool is not None and job.worker_pool not in spec.worker_pools:
             add(
                 DagProblem(
