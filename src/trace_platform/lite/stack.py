@@ -106,9 +106,10 @@ class LiteStack:
         self.services = Services.build(settings, dsn)
         self.api = ApiServer(self.services, settings.api_host, self.port)
         self.workers: list[subprocess.Popen[bytes]] = []
-        self.n_sinks = sinks  # buffered datasets' loaders (`trace sink`), as processes
-        self.sinks: list[subprocess.Popen[bytes]] = []  # and the Delivery Services
-        self.n_deliverers = deliverers  # `trace delivery` processes: webhooks of alerts
+        # The trusted loaders of buffered datasets (`trace sink`) and the Delivery Services
+        # (`trace delivery`: alerts' webhooks), as processes of their own.
+        self.daemon_counts = {"sink": sinks, "delivery": deliverers}
+        self.daemons: list[subprocess.Popen[bytes]] = []
         self.worker_env = worker_env or {}
         self.worker_concurrency = worker_concurrency
         self.log_dir = log_dir or settings.home / "logs"
@@ -125,23 +126,26 @@ class LiteStack:
         self.api.start()
         for _ in range(self.n_workers):
             self.add_worker()
-        for i in range(self.n_sinks):
-            self.sinks.append(self._spawn_sink(i))
-        for i in range(self.n_deliverers):
-            self.sinks.append(self._spawn_sink(i, "delivery"))
+        for command, n in self.daemon_counts.items():
+            for i in range(n):
+                argv = [sys.executable, "-m", "trace_platform.cli.main", command]
+                self.daemons.append(self._spawn(f"{command}-{i}", argv, self._env()))
         return self
 
-    def _spawn_sink(self, index: int, command: str = "sink") -> subprocess.Popen[bytes]:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """A process of the stack's environment: this one's, the stack's database and home."""
+        return {
             **os.environ,
             "TRACE_STATE_DSN": self.services.dsn,
             "TRACE_HOME": str(self.settings.home),
             **self.worker_env,
+            **(extra or {}),
         }
-        with (self.log_dir / f"{command}-{index}.out").open("ab") as logf:
-            cmd = [sys.executable, "-m", "trace_platform.cli.main", command]
-            return subprocess.Popen(cmd, env=env, stdout=logf, stderr=logf)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.log_dir / f"{name}.out").open("ab") as logf:
+            return subprocess.Popen(argv, env=env, stdout=logf, stderr=logf)
 
     def exited_workers(self) -> list[int]:
         return [i for i, p in enumerate(self.workers) if p.poll() is not None]
@@ -157,26 +161,12 @@ class LiteStack:
     def _spawn_worker(
         self, index: int, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        full_env = {
-            **os.environ,
-            "TRACE_STATE_DSN": self.services.dsn,
-            "TRACE_HOME": str(self.settings.home),
-            **self.worker_env,
-            **(env or {}),
-        }
+        full_env = self._env(env)
         full_env["TRACE_EGRESS_ALLOW"] = with_devnet(full_env.get("TRACE_EGRESS_ALLOW", ""))
-        with (self.log_dir / f"worker-{index}.out").open("ab") as logf:
-            return subprocess.Popen(
-                worker_command(
-                    self.url,
-                    concurrency=self.worker_concurrency,
-                    exchange_url=self.exchange_url,
-                ),
-                env=full_env,
-                stdout=logf,
-                stderr=logf,
-            )
+        argv = worker_command(
+            self.url, concurrency=self.worker_concurrency, exchange_url=self.exchange_url
+        )
+        return self._spawn(f"worker-{index}", argv, full_env)
 
     def healthy(self) -> bool:
         try:
@@ -185,21 +175,19 @@ class LiteStack:
             return False
 
     def stop(self) -> None:
-        for p in self.sinks:  # a sink stops between batches; one killed loses nothing either
+        # All asked at once, so the stop takes the slowest one's time, not their sum. A sink or
+        # a Delivery Service stops between batches (one killed loses nothing either); a worker
+        # drains first: its running tasks may finish (worker_drain_seconds).
+        for p in (*self.daemons, *self.workers):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in self.sinks:
+        now = time.monotonic()
+        for p, deadline in (
+            *((p, now + 15) for p in self.daemons),
+            *((p, now + self.settings.worker_drain_seconds + 15) for p in self.workers),
+        ):
             try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for p in self.workers:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.workers:
-            try:  # a worker drains first: its running tasks may finish (worker_drain_seconds)
-                p.wait(timeout=self.settings.worker_drain_seconds + 15)
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
