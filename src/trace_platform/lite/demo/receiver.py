@@ -1,10 +1,14 @@
 """The demo's webhook receiver on 127.0.0.1: it verifies every request with the
 `standardwebhooks` package, as any receiver of Trace's webhooks would, answers 401 to a
-forged one, and counts what arrived and verified (each idempotency key once)."""
+forged one, and records what arrived (the demo counts each verified idempotency key once).
+The delivery tests use it too (tests/support/receiver.py): it can be told to answer otherwise
+(fail, Retry-After, redirect), and `wait` blocks on arrivals, never on sleeps."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -12,31 +16,67 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from trace_platform.db.embedded import free_port
 
+MAX_BODY = 1 << 20  # a request's body read up to this much
+
+
+@dataclass
+class Arrival:
+    webhook_id: str
+    body: str
+    verified: bool
+    headers: dict[str, str]
+
+
+# What to answer a verified request: (status, extra headers). None: 204.
+Answer = Callable[[Arrival], tuple[int, dict[str, str]]]
+
 
 class DemoReceiver:
-    def __init__(self, secret: str | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        secret: str | None = None,
+        port: int | None = None,
+        *,
+        path: str = "/alerts",
+        answer: Answer | None = None,
+    ) -> None:
         self.secret = secret
         self.port = port or free_port()
-        self.verified: dict[str, str] = {}  # webhook-id -> body
-        self.rejected = 0
-        self.received = 0
-        self._lock = threading.Lock()
+        self.path = path
+        self.answer = answer
+        self.arrivals: list[Arrival] = []
+        self._cond = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/alerts"
+        return f"http://127.0.0.1:{self.port}{self.path}"
+
+    @property
+    def received(self) -> int:
+        return len(self.arrivals)
+
+    @property
+    def rejected(self) -> int:
+        return sum(not a.verified for a in self.arrivals)
+
+    @property
+    def verified(self) -> dict[str, str]:
+        """webhook-id -> body, of every request that verified."""
+        return {a.webhook_id: a.body for a in self.arrivals if a.verified}
 
     def start(self) -> DemoReceiver:
         recv = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                n = min(int(self.headers.get("content-length") or 0), 1 << 20)
+                n = min(int(self.headers.get("content-length") or 0), MAX_BODY)
                 body = self.rfile.read(n).decode("utf-8", "replace")
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                ok = recv._verify(body, headers)
-                self.send_response(204 if ok else 401)
+                code, extra = recv._arrived(body, headers)
+                self.send_response(code)
+                for k, v in extra.items():
+                    self.send_header(k, v)
                 self.send_header("content-length", "0")
                 self.end_headers()
 
@@ -48,20 +88,30 @@ class DemoReceiver:
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
-    def _verify(self, body: str, headers: dict[str, str]) -> bool:
+    def _arrived(self, body: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+        """Verifies and records a request (before answering: the sender sees it done)."""
         try:
             if self.secret is None:
                 raise WebhookVerificationError("no secret yet")
             Webhook(self.secret).verify(body, headers)
+            ok = True
         except WebhookVerificationError:
-            with self._lock:
-                self.received += 1
-                self.rejected += 1
-            return False
-        with self._lock:
-            self.received += 1
-            self.verified[headers["webhook-id"]] = body
-        return True
+            ok = False
+        a = Arrival(headers.get("webhook-id", ""), body, ok, headers)
+        code, extra = (204, {}) if ok else (401, {})
+        if ok and self.answer is not None:
+            code, extra = self.answer(a)
+        with self._cond:
+            self.arrivals.append(a)
+            self._cond.notify_all()
+        return code, extra
+
+    def wait(self, check: Callable[[list[Arrival]], bool], timeout: float = 20.0) -> list[Arrival]:
+        """The arrivals once `check` holds of them (AssertionError after `timeout`)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: check(self.arrivals), timeout):
+                raise AssertionError(f"receiver: not seen within {timeout}s: {len(self.arrivals)}")
+            return list(self.arrivals)
 
     def stop(self) -> None:
         if self._server is not None:
