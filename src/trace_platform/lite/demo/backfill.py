@@ -4,6 +4,7 @@ progress bar per stage until every task has finished."""
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from typing import Any
 
 from rich.console import Console
@@ -94,21 +95,17 @@ def backfill(svc: Services, plan: DemoPlan, console: Console) -> list[dict[str, 
 def stage_of(tasks: list[dict[str, Any]]) -> dict[str, str]:
     """Each job of the run by the stage its progress bar shows (bookkeeping jobs left out)."""
     names = dict(STAGES)
-    return {
-        job: names[stage]
-        for stage, mine in _by_stage(tasks, {j: 0 for j, _ in STAGES[:-1]}).items()
-        for job in {t["job"] for t in mine}
-    }
+    return {t["job"]: names[stage] for stage, mine in _by_stage(tasks, names).items() for t in mine}
 
 
 def _by_stage(
-    tasks: list[dict[str, Any]], totals: dict[str, int]
+    tasks: list[dict[str, Any]], counted: Container[str]
 ) -> dict[str, list[dict[str, Any]]]:
     """The run's tasks by progress bar: counted stages by job, every other job as analytics."""
     by_job: dict[str, list[dict[str, Any]]] = {}
     for t in tasks:
         if t["job"] == "backfill" or t["job"].endswith("_complete"):
             continue  # the splitter and the aggregators: bookkeeping, not stages
-        job = t["job"] if t["job"] in totals else "analytics"
+        job = t["job"] if t["job"] in counted else "analytics"
         by_job.setdefault(job, []).append(t)
     return by_job
