@@ -149,6 +149,11 @@ class Settings(BaseSettings):
     collector_grace_seconds: float = Field(default=300.0, ge=0)
     collector_batch_size: int = Field(default=100, ge=1)
     outbox_batch_size: int = 500
+    # The most bytes of one buffered-dataset batch the shared sink takes, as stored and as
+    # decoded (a Parquet batch's decompressed columns, summed batch by batch as it is read):
+    # it sizes the sink's memory, whatever an org declares. A dataset's max_bytes may not be
+    # more (refused at deploy).
+    sink_max_batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     # Query Service interactive limits (heavier work belongs in a sql_transform job on Spark).
     query_timeout_seconds: float = 30.0

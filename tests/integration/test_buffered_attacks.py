@@ -365,6 +365,57 @@ def test_a_parquet_batch_whose_schema_differs_is_refused(deployed: Services) -> 
     assert [int(r["amount"]) for r in _rows(s)] == [2**256 - 1]
 
 
+def test_a_parquet_bomb_is_refused_before_it_decodes_in_full(deployed: Services) -> None:
+    """A small, highly compressed batch (one dictionary value repeated) that decodes to ~8 MiB
+    dead-letters once its decoded bytes pass the platform's bound, whatever max_bytes says."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    s = deployed
+    c = _claim(s)
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"k": ["x" * 1000] * 8192}), buf, compression="zstd")
+    assert len(buf.getvalue()) < 64 * 1024  # small as stored
+    _publish(s, c, _write_raw(s, _key(s, c, "bomb.parquet"), buf.getvalue()))
+    _publish(s, c, _write(s, c, [{"k": "good"}], "good.jsonl"))
+    sink = _sink(s, max_batch_bytes=1024 * 1024)
+    sink.drain(timeout=20)
+    by = {r["location"].rsplit("/", 1)[1]: r for r in _records(s)}
+    assert by["bomb.parquet"]["status"] == "dead", by["bomb.parquet"]
+    assert "decodes to more than 1048576 bytes" in by["bomb.parquet"]["error"]
+    assert by["good.jsonl"]["status"] == "loaded"
+    assert [r["k"] for r in _rows(s)] == ["good"]
+
+
+def test_the_platforms_batch_bound_caps_every_datasets_max_bytes(deployed: Services) -> None:
+    """A dataset's max_bytes (default 64 MiB) never lets a batch past the sink's own bound."""
+    s = deployed
+    c = _claim(s)
+    rows = [{"k": f"row{i}", "note": "x" * 40} for i in range(20)]  # ~1 KB
+    _publish(s, c, _write(s, c, rows, "big.jsonl"))
+    _publish(s, c, _write(s, c, [{"k": "good"}], "good.jsonl"))
+    _sink(s, max_batch_bytes=200).drain(timeout=20)
+    by = {r["location"].rsplit("/", 1)[1]: r for r in _records(s)}
+    assert by["big.jsonl"]["status"] == "dead", by["big.jsonl"]
+    assert "over 200 bytes" in by["big.jsonl"]["error"]
+    assert "TRACE_SINK_MAX_BATCH_BYTES" in by["big.jsonl"]["error"]
+    assert [r["k"] for r in _rows(s)] == ["good"]
+
+
+def test_max_bytes_over_the_platforms_bound_is_refused_at_deploy(services: Services) -> None:
+    limit = services.settings.sink_max_batch_bytes
+    body = DAG.replace("writers: [atk.rule]", f"writers: [atk.rule]\n    max_bytes: {limit + 1}")
+    with pytest.raises(DagInvalid, match="TRACE_SINK_MAX_BATCH_BYTES") as e:
+        services.control.deploy(admin(services), body)
+    assert "buffered[0].max_bytes" in str(e.value)
+    with services.pool.connection() as conn:
+        assert conn.execute("SELECT 1 FROM buffered_datasets").fetchone() is None
+    services.control.deploy(  # at the bound: taken
+        admin(services),
+        DAG.replace("writers: [atk.rule]", f"writers: [atk.rule]\n    max_bytes: {limit}"),
+    )
+
+
 # -- declarations ------------------------------------------------------------------------------
 
 

@@ -30,13 +30,23 @@ def register(
     org_id: UUID,
     dag_id: UUID,
     version: int,
+    max_batch_bytes: int,
 ) -> list[DagProblem]:
     """Registers the DAG's buffered datasets and checks its jobs' buffer outputs, in the
     deploy's transaction. `actor` None: a cutover or rollback (declarations were checked at
-    deploy; writers are checked again at every publish)."""
+    deploy; writers are checked again at every publish). `max_batch_bytes`: the most a batch
+    may be on this platform (the shared sink's bound, TRACE_SINK_MAX_BATCH_BYTES)."""
     problems: list[DagProblem] = []
     for i, b in enumerate(spec.buffered):
         at = f"buffered[{i}]"
+        if b.max_bytes > max_batch_bytes:
+            problems.append(
+                DagProblem(
+                    f"{at}.max_bytes",
+                    f"{b.max_bytes} is over this platform's limit of {max_batch_bytes} bytes "
+                    "a batch (TRACE_SINK_MAX_BATCH_BYTES)",
+                )
+            )
         columns = [c.model_dump() for c in b.columns]
         row = BufferStore(conn).buffered_by_name(org_id=org_id, name=b.name).fetchone()
         if row is not None:

@@ -141,7 +141,13 @@ def deploy(
     _plan_rebuild(d)
     _assign_datasets(d, shape=not d.building)
     d.problems += buffered.register(
-        d.conn, d.actor, spec, org_id=d.org_id, dag_id=d.dag_id, version=d.version
+        d.conn,
+        d.actor,
+        spec,
+        org_id=d.org_id,
+        dag_id=d.dag_id,
+        version=d.version,
+        max_batch_bytes=intents.settings.sink_max_batch_bytes,
     )
     _cut_versions(d)
     _publish_names(d, apply=not d.building)

@@ -24,11 +24,13 @@ class BatchRefused(ValueError):
     """The batch does not fit its dataset: dead-lettered with this text, for its user."""
 
 
-def parse(data: bytes, content_type: str, max_rows: int) -> list[dict[str, Any]]:
-    """The batch's rows as dicts (JSONL: one object a line; Parquet: its rows)."""
+def parse(data: bytes, content_type: str, max_rows: int, max_decoded: int) -> list[dict[str, Any]]:
+    """The batch's rows as dicts (JSONL: one object a line; Parquet: its rows, decoded record
+    batch by record batch and refused once they hold more than `max_decoded` bytes: a small,
+    highly compressed file never expands in full)."""
     if content_type == "application/jsonl":
-        return _jsonl(data, max_rows)
-    return _parquet(data, max_rows)
+        return _jsonl(data, max_rows)  # as decoded as it is stored: `data` is the bound
+    return _parquet(data, max_rows, max_decoded)
 
 
 def _jsonl(data: bytes, max_rows: int) -> list[dict[str, Any]]:
@@ -56,21 +58,35 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def _parquet(data: bytes, max_rows: int) -> list[dict[str, Any]]:
+_PARQUET_BATCH_ROWS = 4096  # rows decoded at a time
+
+
+def _parquet(data: bytes, max_rows: int, max_decoded: int) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    rows: list[dict[str, Any]] = []
+    decoded = 0
     try:
         f = pq.ParquetFile(io.BytesIO(data))
         if f.metadata.num_rows > max_rows:
             raise BatchRefused(
                 f"the batch has {f.metadata.num_rows} rows; the dataset's max_rows is {max_rows}"
             )
-        rows: list[dict[str, Any]] = f.read().to_pylist()
+        for part in f.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+            decoded += part.nbytes  # the footer's sizes and counts are the file's own claims
+            if decoded > max_decoded:
+                raise BatchRefused(
+                    f"the batch decodes to more than {max_decoded} bytes (the platform's "
+                    "TRACE_SINK_MAX_BATCH_BYTES)"
+                )
+            if len(rows) + part.num_rows > max_rows:
+                raise BatchRefused(
+                    f"the batch has more than {max_rows} rows; the dataset's max_rows is {max_rows}"
+                )
+            rows.extend(part.to_pylist())
     except (pa.ArrowException, OSError) as e:
         raise BatchRefused(f"the batch is not a Parquet file: {e}") from None
-    if len(rows) > max_rows:  # the footer's count is the file's own claim
-        raise BatchRefused(f"the batch has {len(rows)} rows; the dataset's max_rows is {max_rows}")
     return rows
 
 

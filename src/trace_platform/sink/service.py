@@ -41,6 +41,7 @@ class Sink:
         visibility_seconds: float = 60.0,
         batch: int = 10,
         max_tries: int = 5,
+        max_batch_bytes: int | None = None,
     ) -> None:
         self.buffers = dispatcher.buffers
         self.driver = driver
@@ -50,6 +51,8 @@ class Sink:
         self.visibility = visibility_seconds
         self.batch = batch
         self.max_tries = max_tries
+        # What one batch may be, stored or decoded, whatever its dataset declares.
+        self.max_batch_bytes = max_batch_bytes or dispatcher.settings.sink_max_batch_bytes
         self._datasets: list[dict[str, Any]] = []
         self._tables: set[str] = set()  # made (or found) by this sink
         self._refreshed = 0.0
@@ -175,21 +178,21 @@ class Sink:
         return "loaded"
 
     def _read(self, rec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-        key, limit = rec["location"], rec["max_bytes"]
-        size = next(
-            (o.size for o in self.store.list_page(key, limit=1).items if o.key == key), None
-        )
-        if size is None:
-            raise BatchRefused(f"the batch artifact {key} does not exist")
-        if size > limit:
-            raise BatchRefused(f"the batch is {size} bytes; the dataset's max_bytes is {limit}")
-        try:  # never more than the bound: the artifact may have been rewritten since listed
+        """The batch, never more than its bound read or decoded (the artifact is the
+        operator's: it may be larger than it was when published, or a compressed bomb)."""
+        key, limit = rec["location"], min(rec["max_bytes"], self.max_batch_bytes)
+        try:
             data = self.store.get_range(key, 0, limit + 1)
         except NoSuchKey:
             raise BatchRefused(f"the batch artifact {key} does not exist") from None
         if len(data) > limit:
-            raise BatchRefused(f"the batch is over {limit} bytes (the dataset's max_bytes)")
-        rows = parse(data, rec["content_type"], rec["max_rows"])
+            whose = (
+                "the dataset's max_bytes"
+                if limit == rec["max_bytes"]
+                else "the platform's TRACE_SINK_MAX_BATCH_BYTES"
+            )
+            raise BatchRefused(f"the batch is over {limit} bytes ({whose})")
+        rows = parse(data, rec["content_type"], rec["max_rows"], self.max_batch_bytes)
         return check(rows, rec["columns"], list(rec["unique_key"]))
 
     def _upsert(self, rec: dict[str, Any], names: list[str], values: list[list[Any]]) -> int:
