@@ -18,12 +18,16 @@ from tests.support.alerts import (
     alert,
     claim,
     deliveries,
+    drain,
+    publish,
     publish_alerts,
     route,
     route_tasks,
 )
 from tests.support.dags import admin
 from trace_platform.alerts.routing import idempotency_key
+from trace_platform.layout import buffer_prefix
+from trace_platform.objectstore import make_store
 from trace_platform.operators.alert_route import alert_route
 from trace_platform.operators.context import OperatorContext, PermanentError
 from trace_platform.services import Services
@@ -133,3 +137,51 @@ def test_a_repeated_alert_routes_nothing_new(services: Services, tmp_path: Path)
             )
         ).fetchone()["n"]
     assert n == 2  # ops and audit, once each
+
+
+def test_a_routed_row_whose_key_is_not_its_alerts_makes_no_delivery(
+    services: Services, tmp_path: Path
+) -> None:
+    """What a routing task publishes is a claim: a row of alert_deliveries makes a delivery
+    only when its idempotency key is the one its (org, alert, destination) derive and its
+    status and severity are the platform's. A forged key (squatting another alert's key, or
+    carrying a header) or status makes nothing; the row beside it still does."""
+    s, me = services, admin(services)
+    s.control.deploy(me, DAG)
+    publish_alerts(s, [alert("warn", "warning", timedelta(minutes=5))])
+    (task,) = route_tasks(s)
+    c = claim(s, task)
+    good = alert("warn", "warning", timedelta(minutes=5))
+    good["dag_id"] = "d"
+
+    def row(destination: str, **over: Any) -> dict[str, Any]:
+        return {
+            "idempotency_key": idempotency_key(me.org_id, good, destination),
+            "destination": destination,
+            "status": "pending",
+            "alert_dag_id": "d",
+            "alert_job": good["job"],
+            "rule": good["rule"],
+            "dedupe_key": good["dedupe_key"],
+            "severity": good["severity"],
+            "event_time": good["event_time"],
+            "payload": {"forged": bool(over)},
+            "reason": None,
+            **over,
+        }
+
+    rows = [
+        row("ops"),
+        row("audit", idempotency_key=idempotency_key(me.org_id, good, "ops") + "x"),
+        row("audit", idempotency_key="alert_1\r\nx-injected: 1"),
+        row("evil", status="delivered"),
+        row("evil2", severity="page_everyone"),
+    ]
+    key = f"{buffer_prefix(me.org_id, c.task_id, c.attempt)}forged.jsonl"
+    store = make_store(s.settings)
+    store.put(key, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    publish(s, c, "alert_deliveries", key)
+    drain(s)
+    got = deliveries(s)
+    assert list(got) == [("ops", "warn")]
+    assert json.loads(got[("ops", "warn")]["body"])["payload"] == {"forged": False}

@@ -2,22 +2,32 @@
 same one that settles the buffer record), one `deliveries` row per new idempotency key, its
 body fixed there for good, and for each pending one an outbox row waking a Delivery Service
 (`{"kind":"delivery","delivery_id"}` on the `delivery` queue). A batch landed twice (a sink
-killed after its upsert) makes nothing twice: the key is unique."""
+killed after its upsert) makes nothing twice: the key is unique.
+
+A row is the routing task's claim: it makes a delivery only when its idempotency key is the one
+its (org, alert, destination) derive, and its status, severity and destination are ones the
+platform makes. Anything else (a key squatting another alert's, a status of `delivered`) is
+logged and makes nothing."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import uuid
 from datetime import datetime
 from typing import Any
 
 from psycopg import Connection
 
-from trace_platform.alerts.datasets import ALERT_DELIVERIES
+from trace_platform.alerts.datasets import SEVERITIES
+from trace_platform.alerts.routing import idempotency_key
+from trace_platform.dag.schema import NAME_RE
 from trace_platform.queue.payloads import Delivery, encode
-from trace_platform.store.buffers import BufferStore
 from trace_platform.store.deliveries import DeliveryStore
 from trace_platform.store.tasks import Wakeup
+
+log = logging.getLogger("trace.delivery")
 
 QUEUE = "delivery"
 
@@ -44,21 +54,45 @@ def body(row: dict[str, Any]) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
 
 
+def refused(org_id: Any, row: dict[str, Any]) -> str | None:
+    """Why a routed row makes no delivery (None: it is one the router makes)."""
+    if row.get("status") not in ("pending", "suppressed"):
+        return f"status {row.get('status')!r}"
+    if row.get("severity") not in SEVERITIES:
+        return f"severity {row.get('severity')!r}"
+    dest = row.get("destination")
+    if not isinstance(dest, str) or not re.fullmatch(NAME_RE, dest):
+        return f"destination {dest!r}"
+    alert = {
+        "dag_id": row.get("alert_dag_id"),
+        "job": row.get("alert_job"),
+        "rule": row.get("rule"),
+        "dedupe_key": row.get("dedupe_key"),
+    }
+    if row.get("idempotency_key") != idempotency_key(org_id, alert, dest):
+        return "an idempotency key that is not its alert's and destination's"
+    return None
+
+
 def from_batch(
     conn: Connection[Any], rec: dict[str, Any], names: list[str], values: list[list[Any]]
 ) -> list[Wakeup]:
-    """The deliveries of a landed batch if its dataset is the org's alert_deliveries (else
-    nothing); returns the outbox rows to write in the same transaction."""
-    ds = BufferStore(conn).buffered_by_uuid(dataset_uuid=rec["dataset_uuid"]).fetchone()
-    if ds is None or ds.get("platform") != ALERT_DELIVERIES.name:
-        return []
+    """The deliveries of a landed batch of the org's alert_deliveries; returns the outbox rows
+    to write in the same transaction."""
     store = DeliveryStore(conn)
     wake: list[Wakeup] = []
+    org = rec["org_id"]  # the record's, never the row's
     for v in values:
         row = {n: _plain(x) for n, x in zip(names, v, strict=True)}
+        why = refused(org, row)
+        if why is not None:
+            log.warning(
+                "alert_deliveries batch %s: a row with %s: no delivery", rec["record_id"], why
+            )
+            continue
         made = store.insert_delivery(
             delivery_id=uuid.uuid4(),
-            org_id=rec["org_id"],  # the record's, never the row's
+            org_id=org,
             idempotency_key=row["idempotency_key"],
             destination=row["destination"],
             record_id=rec["record_id"],
@@ -66,7 +100,7 @@ def from_batch(
             severity=row["severity"],
             event_time=row["event_time"],
             body=body(row),
-            status="suppressed" if row["status"] == "suppressed" else "pending",
+            status=row["status"],
             reason=row.get("reason"),
         ).fetchone()
         if made is not None and made["status"] == "pending":

@@ -14,6 +14,7 @@ from uuid import UUID
 from psycopg import Connection
 
 from trace_platform import layout
+from trace_platform.alerts.datasets import ALERT_DELIVERIES
 from trace_platform.contract import (
     BufferPublishRequest,
     BufferPublishResponse,
@@ -172,7 +173,8 @@ class Buffers:
             BufferStore(_conn(tx)).mark_loaded(
                 record_id=record_id, rows_read=rows_read, rows_loaded=rows_loaded
             )
-            if rows is not None:  # the org's alert_deliveries: its delivery work, same txn
+            if rows is not None and rec.get("platform") == ALERT_DELIVERIES.name:
+                # The org's alert_deliveries: its delivery work, in the same transaction.
                 for wake in delivery_work.from_batch(_conn(tx), rec, *rows):
                     tx.insert_outbox(wake)
             return self._emit(tx, rec, rows_loaded)

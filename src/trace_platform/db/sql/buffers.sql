@@ -61,7 +61,7 @@ WHERE dataset_uuid = %(dataset_uuid)s AND location = %(location)s;
 -- name: record_for_sink
 -- The record and its dataset, locked: one sink lands it (another waits, then sees it done).
 SELECT r.*, b.columns, b.unique_key, b.max_rows, b.max_bytes, b.table_name, b.name,
-       c.dataset_version
+       b.platform, c.dataset_version
 FROM buffer_records r
 JOIN buffered_datasets b USING (dataset_uuid)
 LEFT JOIN dataset_current c USING (dataset_uuid)
