@@ -75,3 +75,9 @@ def test_a_trusted_operator_is_refused_on_any_runtime_but_the_platforms(operator
     with pytest.raises(DagInvalid, match=r"jobs.j.runtime: .* runs only as runtime ecs_platform"):
         parse(dag("ecs_user"))
     parse(dag("ecs_platform"))
+
+
+def test_a_huge_destination_url_is_refused_before_it_is_parsed_or_stored() -> None:
+    with pytest.raises(safety.Refused, match="longer than"):
+        safety.check_url("https://hooks.example.org/" + "x" * (1 << 20))
+    assert safety.check_url("https://hooks.example.org/" + "x" * 1000)[1] == "hooks.example.org"

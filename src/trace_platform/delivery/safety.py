@@ -15,6 +15,8 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+MAX_URL = 2048  # characters: a destination URL longer is refused (saved and at send)
+
 
 class Refused(Exception):
     """A destination the Delivery Service will not send to; the message says why."""
@@ -31,6 +33,8 @@ class Target:
 
 def check_url(url: str) -> tuple[str, str, int]:
     """(scheme, host, port) of a URL a destination may have, or Refused."""
+    if len(url) > MAX_URL:
+        raise Refused(f"the URL is longer than {MAX_URL} characters")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise Refused(f"only http and https destinations: {parts.scheme or 'no scheme'}")
