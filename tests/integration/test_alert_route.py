@@ -185,3 +185,33 @@ def test_a_routed_row_whose_key_is_not_its_alerts_makes_no_delivery(
     got = deliveries(s)
     assert list(got) == [("ops", "warn")]
     assert json.loads(got[("ops", "warn")]["body"])["payload"] == {"forged": False}
+
+
+def test_routed_rows_are_published_within_the_datasets_bounds(
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More deliveries than alert_deliveries' max_rows take several batches (one batch over it
+    would be refused whole by the sink, and every delivery in it lost)."""
+    import dataclasses
+
+    from trace_platform.operators import alert_route as module
+
+    monkeypatch.setattr(
+        module, "ALERT_DELIVERIES", dataclasses.replace(module.ALERT_DELIVERIES, max_rows=3)
+    )
+    s, me = services, admin(services)
+    s.control.deploy(me, DAG)
+    with s.pool.connection() as conn:  # the sink's bound, as the operator's
+        conn.execute(
+            "UPDATE buffered_datasets SET max_rows = 3 WHERE platform = 'alert_deliveries'"
+        )
+    publish_alerts(s, [alert(k, "warning", timedelta(minutes=5)) for k in ("a", "b", "c")])
+    (task,) = route_tasks(s)
+    route(s, tmp_path / "a", task)
+    assert len(deliveries(s)) == 6  # 3 alerts x (ops, audit)
+    with s.pool.connection() as conn:
+        batches = conn.execute(
+            "SELECT r.status, count(*) AS n FROM buffer_records r JOIN buffered_datasets b"
+            " USING (dataset_uuid) WHERE b.platform = 'alert_deliveries' GROUP BY 1"
+        ).fetchall()
+    assert [(b["status"], b["n"]) for b in batches] == [("loaded", 2)]

@@ -102,7 +102,8 @@ def alert_evaluate(ctx: OperatorContext) -> OperatorResult:
         for alert in _run(ctx, rule, c, synced, cfg.max_alerts):
             rows.setdefault((alert["rule"], alert["dedupe_key"]), alert)
     if rows:
-        ctx.publish_rows(ALERT_EVENTS.name, rows.values())
+        pd = ALERT_EVENTS
+        ctx.publish_rows(pd.name, rows.values(), max_rows=pd.max_rows, max_bytes=pd.max_bytes)
     ctx.progress(alerts=len(rows))
     return OperatorResult()
 

@@ -67,6 +67,7 @@ def alert_route(ctx: OperatorContext) -> OperatorResult:
         max_delivery_age=cfg.max_delivery_age,
     )
     if rows:
-        ctx.publish_rows(ALERT_DELIVERIES.name, rows)
+        pd = ALERT_DELIVERIES
+        ctx.publish_rows(pd.name, rows, max_rows=pd.max_rows, max_bytes=pd.max_bytes)
     ctx.progress(alerts=len(alerts), deliveries=len(rows))
     return OperatorResult()

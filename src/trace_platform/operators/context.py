@@ -91,14 +91,40 @@ class OperatorContext:
         """Where this attempt writes batches for buffered datasets (its own keys only)."""
         return layout.buffer_prefix(self.task.org_id, self.task.task_id, self.task.attempt)
 
-    def publish_rows(self, dataset: str, rows: Iterable[dict[str, Any]]) -> str:
-        """Writes `rows` as one JSONL batch under the attempt's buffer prefix and asks the
-        wrapper to publish it to buffered dataset `dataset` (the job must be one of its
-        writers); the trusted sink loads it. Returns the batch's key."""
+    def publish_rows(
+        self,
+        dataset: str,
+        rows: Iterable[dict[str, Any]],
+        *,
+        max_rows: int | None = None,
+        max_bytes: int | None = None,
+    ) -> list[str]:
+        """Writes `rows` as JSONL batches under the attempt's buffer prefix and asks the
+        wrapper to publish each to buffered dataset `dataset` (the job must be one of its
+        writers); the trusted sink loads them. One batch, or as many as keep each within
+        `max_rows` rows and `max_bytes` bytes (the dataset's bounds: the sink refuses a batch
+        over them whole). Returns the batches' keys."""
+        keys: list[str] = []
+        lines: list[bytes] = []
+        size = 0
+        for r in rows:
+            line = (json.dumps(r, separators=(",", ":"), default=str) + "\n").encode()
+            full = (max_rows is not None and len(lines) >= max_rows) or (
+                max_bytes is not None and size + len(line) > max_bytes
+            )
+            if lines and full:
+                keys.append(self._put_batch(dataset, lines))
+                lines, size = [], 0
+            lines.append(line)
+            size += len(line)
+        if lines or not keys:
+            keys.append(self._put_batch(dataset, lines))
+        return keys
+
+    def _put_batch(self, dataset: str, lines: list[bytes]) -> str:
         self._batches += 1
         key = f"{self.buffer_prefix}batch-{self._batches:05d}.jsonl"
-        body = "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in rows)
-        self.store.put(key, body.encode())
+        self.store.put(key, b"".join(lines))
         self.publish_batch(dataset, key)
         return key
 
