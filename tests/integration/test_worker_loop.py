@@ -6,11 +6,8 @@ attempt's report was answered."""
 
 from __future__ import annotations
 
-import array
-import fcntl
 import json
 import queue
-import termios
 import threading
 import time
 import uuid
@@ -349,13 +346,6 @@ def test_what_an_earlier_task_left_running_cannot_end_the_next(
     assert row["error"] == f"operator host broke the protocol: {expected}", row["error"]
 
 
-def _unread(proc: Any) -> int:
-    """Bytes written to a host's input that it has not read (FIONREAD, either end of a pipe)."""
-    got = array.array("i", [0])
-    fcntl.ioctl(proc.stdin.fileno(), termios.FIONREAD, got)
-    return got[0]
-
-
 def test_a_host_that_exits_after_its_end_does_not_fail_the_next_task(
     loop_of: Callable[[int], Loop], tmp_path: Any
 ) -> None:
@@ -376,7 +366,9 @@ def test_a_host_that_exits_after_its_end_does_not_fail_the_next_task(
     (ender,) = loop.submit("probe", max_attempts=1, send=[end], then_exit=True, exit_when=str(gate))
     loop.wait_done([ender])
     (nxt,) = loop.submit(max_attempts=1)
-    wait_for(lambda: _unread(first_host) > 0, 20, "the next run line in the live host's input")
+    wait_for(
+        lambda: wrapper.host.unread_input() > 0, 20, "the next run line in the live host's input"
+    )
     assert first_host.poll() is None
     gate.touch()
     view = wait_for(
@@ -389,3 +381,45 @@ def test_a_host_that_exits_after_its_end_does_not_fail_the_next_task(
     assert (view.status, view.attempt) == ("succeeded", 1), view.last_error
     assert first_host.returncode == 0
     assert wrapper.host.proc is not None and wrapper.host.proc.pid != first_host.pid
+
+
+@pytest.mark.parametrize("exits", [1, 2])
+def test_a_host_gone_before_it_is_handed_the_run_is_replaced_once(
+    loop_of: Callable[[int], Loop], exits: int
+) -> None:
+    """A host that runs for the tenant at the start's `ensure` but has exited by the time the
+    run is written to it (its pipe broken) did not run it: the attempt starts on a fresh host,
+    its try not used. Once only: a fresh host gone as well fails the attempt."""
+    loop = loop_of(1)
+    loop.start()
+    loop.wait_done(loop.submit(n=1))  # the host runs for the tenant: `ensure` keeps it
+    (wrapper,) = loop.wrappers
+    first_host = wrapper.host.proc
+    assert first_host is not None
+    # Started by its wrapper's thread (`run_claimed`), not at once in the loop.
+    wrapper.start_ready = lambda claim, msg: None  # type: ignore[method-assign]
+    send, sent = wrapper.host.send, []
+
+    def exit_then_send(msg: Any, timeout: float = 30.0) -> None:
+        sent.append(wrapper.host.proc)
+        if len(sent) <= exits:  # it exits between `ensure` and the run's line
+            assert wrapper.host.proc is not None
+            wrapper.host.proc.kill()
+            wrapper.host.proc.wait()
+        send(msg, timeout)
+
+    wrapper.host.send = exit_then_send  # type: ignore[method-assign]
+    (task,) = loop.submit(max_attempts=1)
+    view = wait_for(
+        lambda: (
+            (v := loop.services.dispatcher.get_task(task)).status in ("failed", "succeeded") and v
+        ),
+        30,
+        "the task's end",
+    )
+    assert len(sent) == 2 and sent[0] is first_host and sent[1] is not first_host
+    if exits == 1:
+        assert (view.status, view.attempt) == ("succeeded", 1), view.last_error
+    else:
+        assert view.status == "failed", view.status
+        assert "operator host failed to start" in (view.last_error or ""), view.last_error
