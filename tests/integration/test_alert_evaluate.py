@@ -236,3 +236,20 @@ def test_a_bad_rule_fails_the_task_naming_the_rule(
     s.control.deploy(admin(s), DAG)
     with pytest.raises(PermanentError, match=f"rule 'bad'.*{refused}|{refused}"):
         _run(s, tmp_path, {"rules": [{"name": "bad", "sql": sql}]})
+
+
+def test_a_rules_args_may_not_name_a_synced_block(
+    services: Services, spark: Any, tmp_path: Path
+) -> None:
+    """As in sql_transform: `:<view>_first_block` / `_last_block` are what the data holds,
+    not the config's to say."""
+    s = services
+    s.control.deploy(admin(s), DAG)
+    rule = {
+        "name": "bad",
+        "sql": "SELECT 1 AS event_time, 'info' AS severity, 'k' AS dedupe_key"
+        " FROM transfers WHERE block_number >= :transfers_first_block",
+        "args": {"transfers_first_block": 0},
+    }
+    with pytest.raises(PermanentError, match="rule 'bad' args: transfers_first_block: set by"):
+        _run(s, tmp_path, {"rules": [rule]})

@@ -29,8 +29,7 @@ from trace_platform.alerts.datasets import ALERT_EVENTS, SEVERITIES
 from trace_platform.dag.schema import NAME_RE
 from trace_platform.operators.config import OperatorConfig
 from trace_platform.operators.context import OperatorContext, OperatorResult, PermanentError
-from trace_platform.operators.inputs import read_frame, version_locations
-from trace_platform.operators.sql_transform import synced_blocks
+from trace_platform.operators.sql_transform import bind_args, register_views, synced_blocks
 from trace_platform.spark.sql_guard import CheckedQuery, check_query
 from trace_platform.spark.sql_plan_check import check_spark_plan, plan_parser
 from trace_platform.spark.u256 import BASE, FIELDS, TOP
@@ -89,17 +88,17 @@ def alert_evaluate(ctx: OperatorContext) -> OperatorResult:
         except PermanentError as e:
             raise PermanentError(f"rule '{rule.name}': {e}") from None
     synced = synced_blocks(ctx, views)
-    spark = ctx.spark
-    parser = plan_parser(spark)
+    bound = [
+        (rule, c, bind_args(c, synced, rule.args, f"rule '{rule.name}' args", "alert_evaluate"))
+        for rule, c in checked
+    ]
+    parser = plan_parser(ctx.spark)
     for _rule, c in checked:
         check_spark_plan(parser, c)
-    for i, ref in enumerate(ctx.task.inputs):
-        frame = read_frame(ctx, version_locations(ctx, ref), f"input_{i}")
-        if frame is not None:
-            frame.createOrReplaceTempView(views[i])
+    register_views(ctx, views)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for rule, c in checked:
-        for alert in _run(ctx, rule, c, synced, cfg.max_alerts):
+    for rule, c, args in bound:
+        for alert in _run(ctx, rule, c, args, cfg.max_alerts):
             rows.setdefault((alert["rule"], alert["dedupe_key"]), alert)
     if rows:
         pd = ALERT_EVENTS
@@ -112,11 +111,9 @@ def _run(
     ctx: OperatorContext,
     rule: AlertRule,
     c: CheckedQuery,
-    synced: dict[str, int | None],
+    args: dict[str, Any] | None,
     limit: int,
 ) -> list[dict[str, Any]]:
-    given = {**synced, **(rule.args or {})}
-    args = {k: v for k, v in given.items() if k in c.parameters} or None
     try:
         frame = ctx.spark.sql(c.sql, args=args)
     except Exception as e:

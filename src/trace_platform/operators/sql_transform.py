@@ -28,7 +28,7 @@ from trace_platform.operators.context import OperatorContext, OperatorResult, Pe
 from trace_platform.operators.inputs import read_frame, version_locations
 from trace_platform.operators.output import publish_frame
 from trace_platform.spark import u256
-from trace_platform.spark.sql_guard import check_query
+from trace_platform.spark.sql_guard import CheckedQuery, check_query
 from trace_platform.spark.sql_plan_check import check_spark_plan, plan_parser
 
 
@@ -73,6 +73,39 @@ def synced_blocks(ctx: OperatorContext, views: list[str]) -> dict[str, int | Non
     return out
 
 
+def bind_args(
+    checked: CheckedQuery,
+    synced: dict[str, int | None],
+    args: dict[str, Any] | None,
+    where: str,
+    operator: str,
+) -> dict[str, Any] | None:
+    """The parameters a checked query uses: the synced blocks and the config's `args`, which
+    may not name a synced one (what the data holds is not the config's to say)."""
+    taken = sorted(set(args or {}) & set(synced))
+    if taken:
+        raise PermanentError(
+            f"{where}: {', '.join(taken)}: set by {operator} from the input's committed "
+            "ranges; name your own parameter otherwise"
+        )
+    given = {**synced, **(args or {})}
+    return {k: v for k, v in given.items() if k in checked.parameters} or None
+
+
+def register_views(ctx: OperatorContext, views: list[str]) -> list[tuple[int, str]]:
+    """Each input as its view, read from exactly its committed scopes' files (never every
+    attempt's under the version); returns the inputs with no rows to read, e.g. a range
+    aggregator's manifests (they wake the job, they hold no rows)."""
+    empty: list[tuple[int, str]] = []
+    for i, ref in enumerate(ctx.task.inputs):
+        frame = read_frame(ctx, version_locations(ctx, ref), f"input_{i}")
+        if frame is not None:
+            frame.createOrReplaceTempView(views[i])
+        else:
+            empty.append((i, views[i]))
+    return empty
+
+
 def sql_transform(ctx: OperatorContext) -> OperatorResult:
     cfg = SqlTransformConfig.from_ctx(ctx)
     if not ctx.task.outputs:
@@ -80,26 +113,11 @@ def sql_transform(ctx: OperatorContext) -> OperatorResult:
     views = [ref.dataset_name or f"input_{i}" for i, ref in enumerate(ctx.task.inputs)]
     checked = check_query(cfg.sql, views)  # refuses anything but one read query over `views`
     synced = synced_blocks(ctx, views)
-    taken = sorted(set(cfg.args or {}) & set(synced))
-    if taken:  # what the data holds is not the config's to say
-        raise PermanentError(
-            f"sql_transform config.args: {', '.join(taken)}: set by sql_transform from the "
-            "input's committed ranges; name your own parameter otherwise"
-        )
-    given = {**synced, **(cfg.args or {})}
-    args = {k: v for k, v in given.items() if k in checked.parameters} or None
+    args = bind_args(checked, synced, cfg.args, "sql_transform config.args", "sql_transform")
     spark = ctx.spark  # a task session: hardened (trace_platform.spark)
     check_spark_plan(plan_parser(spark), checked)
-    empty: list[tuple[int, str]] = []
-    for i, ref in enumerate(ctx.task.inputs):
-        assert ref.location is not None
-        view = views[i]
-        # Exactly the committed scopes' files (never every attempt's under the version).
-        frame = read_frame(ctx, version_locations(ctx, ref), f"input_{i}")
-        if frame is not None:
-            frame.createOrReplaceTempView(view)
-        else:  # e.g. a range aggregator's manifests: they wake the job, they hold no rows
-            empty.append((i, view))
+    assert all(ref.location is not None for ref in ctx.task.inputs)
+    empty = register_views(ctx, views)
     try:
         frame = spark.sql(checked.sql, args=args)  # the checked text, not the user's
     except Exception as e:  # analysis/parse errors: no retry can fix the statement
