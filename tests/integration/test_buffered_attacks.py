@@ -192,6 +192,25 @@ def test_another_orgs_user_and_a_user_without_read_roles_cannot_read_it(
     for who in (stranger, eve):
         with pytest.raises(NotFound):
             s.query.query(who, "SELECT count(*) FROM events")
+        assert s.control.list_buffers(who) == []  # `trace buffers list`: not its records
+    assert [r["dataset"] for r in s.control.list_buffers(me)] == ["events"]
+
+
+def test_buffers_list_fills_its_limit_with_the_records_its_user_may_read(
+    deployed: Services,
+) -> None:
+    """A newer batch of a dataset the user may not read never crowds a readable one out."""
+    s = deployed
+    me = admin(s)
+    s.control.deploy(me, DAG.replace("atk", "hid").replace("events", "hidden"))
+    c = _claim(s)
+    _publish(s, c, _write(s, c, [{"k": "a"}]))
+    h = _claim(s, "hid")
+    _publish(s, h, _write(s, h, [{"k": "b"}]), "hidden")
+    s.control.set_read_roles(me, "events", ["auditors"], [])
+    auditor, _ = user(s, "auditor", ["auditors"])
+    assert [r["dataset"] for r in s.control.list_buffers(me, limit=1)] == ["hidden"]
+    assert [r["dataset"] for r in s.control.list_buffers(auditor, limit=1)] == ["events"]
 
 
 # -- pointers ----------------------------------------------------------------------------------

@@ -213,11 +213,10 @@ class ControlPlane:
     ) -> list[dict[str, Any]]:
         """Batches published to buffered datasets this user may read, newest first: each
         pending, loaded or dead (with the reason the sink refused it)."""
-        readable = {d["dataset_name"] for d in self.list_datasets(actor)}
-        rows = self.dispatcher.buffers.list_records(
-            actor.org_id, dataset=dataset, status=status, limit=limit
+        readable = sorted(d["dataset_name"] for d in self.list_datasets(actor))
+        return self.dispatcher.buffers.list_records(  # filtered before the limit, not after
+            actor.org_id, dataset=dataset, status=status, limit=limit, datasets=readable
         )
-        return [r for r in rows if r["dataset"] in readable]
 
     def show_dataset(self, actor: Actor, name: str) -> dict[str, Any]:
         for row in self.list_datasets(actor):

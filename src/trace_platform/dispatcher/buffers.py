@@ -235,12 +235,17 @@ class Buffers:
         *,
         dataset: str | None = None,
         status: str | None = None,
-        task_ids: list[UUID] | None = None,
         limit: int = 100,
+        datasets: list[str] | None = None,
     ) -> list[dict[str, Any]]:
+        """The org's records, newest first; only those of `datasets` when given."""
         with self.store.transaction() as tx:
             rows = BufferStore(_conn(tx)).list_records(
-                org_id=org_id, dataset=dataset, status=status, task_ids=task_ids, limit=limit
+                org_id=org_id,
+                dataset=dataset,
+                status=status,
+                limit=limit,
+                datasets=datasets,
             )
             return [dict(r) for r in rows.fetchall()]
 

@@ -172,16 +172,16 @@ class BufferStore(Calls):
         org_id: UUID,
         dataset: str | None,
         status: str | None,
-        task_ids: list[UUID] | None,
         limit: int,
+        datasets: list[str] | None = None,
     ) -> Cursor[Row]:
         return self._run(
             _Q.list_records,
             {
                 "org_id": org_id,
+                "datasets": datasets,
                 "dataset": dataset,
                 "status": status,
-                "task_ids": task_ids,
                 "limit": limit,
             },
         )

@@ -99,7 +99,8 @@ WHERE cardinality(%(names)s::text[]) = 0 OR b.name = ANY (%(names)s::text[])
 ORDER BY b.created_at;
 
 -- name: list_records
--- Newest first, the org's; optionally one dataset, one status, one run's tasks.
+-- Newest first, the org's, of the named datasets (those its reader may read); optionally one
+-- dataset, one status.
 SELECT r.record_id, b.name AS dataset, r.status, r.task_id, r.attempt, r.job,
        d.name AS dag, r.location, r.rows_read, r.rows_loaded, r.error, r.sink_attempts,
        r.created_at, r.finished_at
@@ -107,8 +108,8 @@ FROM buffer_records r
 JOIN buffered_datasets b USING (dataset_uuid)
 LEFT JOIN dags d ON d.dag_id = r.dag_id
 WHERE r.org_id = %(org_id)s
+  AND (%(datasets)s::text[] IS NULL OR b.name = ANY (%(datasets)s::text[]))
   AND (%(dataset)s::text IS NULL OR b.name = %(dataset)s)
   AND (%(status)s::text IS NULL OR r.status = %(status)s)
-  AND (%(task_ids)s::uuid[] IS NULL OR r.task_id = ANY (%(task_ids)s::uuid[]))
 ORDER BY r.created_at DESC, r.record_id
 LIMIT %(limit)s;
