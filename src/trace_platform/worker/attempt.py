@@ -104,12 +104,15 @@ class SetupBeats:
         claim: Claim,
         visibility: float,
         extend: Callable[[], None],
+        after: Running | None = None,
     ) -> None:
-        """`extend`: keeps the attempt's wake-up invisible, after each accepted heartbeat."""
+        """`extend`: keeps the attempt's wake-up invisible, after each accepted heartbeat;
+        `after`: the attempt's earlier start (a retake), whose lease clock and heartbeat
+        schedule carry on."""
         self.client, self.claim, self.extend = client, claim, extend
-        self.clock = LeaseClock(claim.lease_until)
+        self.clock = LeaseClock(claim.lease_until) if after is None else after.clock
         self.every = beat_every(claim, visibility)
-        self.next_at = time.monotonic() + self.every
+        self.next_at = time.monotonic() + self.every if after is None else after.beat_at
         self.lost: str | None = None
         self.canceled = False
         self._done = threading.Event()

@@ -73,7 +73,7 @@ class Supervisor:
         ) -> None: ...
 
         def run_claimed(
-            self, claim: Claim, msg: Message, stop: threading.Event, retake: bool = True
+            self, claim: Claim, msg: Message, stop: threading.Event, after: Running | None = None
         ) -> None: ...
 
     def supervised(
@@ -86,13 +86,14 @@ class Supervisor:
         """`run` supervised to its end and reported (`first`: a message already read). A host
         that exited before it read the run (one that ended after the tenant's last task: an
         operator's os._exit after its end, a clean-up that failed) did not run it: the attempt
-        starts again on a fresh host (`retake`: once), its try not used."""
+        starts again on a fresh host (`retake`: once), its try not used, its lease clock and
+        heartbeats carried on."""
         try:
             untaken = self._supervise(run, stop, first)
         finally:
             self.finish(run)
         if untaken and retake:
-            self.run_claimed(run.claim, run.msg, stop, retake=False)
+            self.run_claimed(run.claim, run.msg, stop, after=run)
 
     def finish(self, run: Running) -> None:
         # A run that never asked the store anything (a late answer could still write into
@@ -307,6 +308,7 @@ class Supervisor:
                         claim.task_id,
                         exit_reason(out["returncode"]),
                     )
+                    run.beat_at = next_beat  # the retake's heartbeats carry on from here
                     return True
                 why, tail = exit_reason(out["returncode"]), host.log_tail()
                 self._report(

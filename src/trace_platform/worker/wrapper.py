@@ -203,9 +203,10 @@ class Wrapper(TaskNetwork, Supervisor):
         reported(claim, res)
 
     def run_claimed(
-        self, claim: Claim, msg: Message, stop: threading.Event, retake: bool = True
+        self, claim: Claim, msg: Message, stop: threading.Event, after: Running | None = None
     ) -> None:
-        """`retake`: a host that exits before it reads the run is replaced, once (`supervised`)."""
+        """A host that exits before it reads the run is replaced, once (`supervised`): `after`,
+        the start it did not read, makes this that retake (its lease clock carried on)."""
         # The claim carries the payload (read under the lease it took); an older API's does
         # not, and then it is fetched.
         task = claim.task if claim.task is not None else self.client.fetch(claim)
@@ -219,7 +220,8 @@ class Wrapper(TaskNetwork, Supervisor):
         dirs: TaskDirs | None = None
         # Heartbeats go on while the attempt is set up (a host's start, its secrets, its
         # egress: names a hostile DNS server answers slowly), so a slow set-up keeps its lease.
-        with SetupBeats(self.client, claim, self.visibility, lambda: self._extend(msg)) as beats:
+        beats = SetupBeats(self.client, claim, self.visibility, lambda: self._extend(msg), after)
+        with beats:
             if task.slot_secret_names:
                 try:
                     env.update(self.client.secrets(claim))
@@ -261,14 +263,14 @@ class Wrapper(TaskNetwork, Supervisor):
         except Exception as e:  # the host could not take it
             self._close(gateways, dirs)
             host.kill()
-            if retake and isinstance(e, BrokenPipeError):  # it exited since `ensure`: not this
-                self.run_claimed(claim, msg, stop, retake=False)  # run's doing
+            if after is None and isinstance(e, BrokenPipeError):  # it exited since `ensure`:
+                self.run_claimed(claim, msg, stop, after=run)  # not this run's doing
                 return
             self._report(
                 claim, "failed", clock=run.clock, error=f"operator host failed to start: {e}"
             )
             return
-        self.supervised(run, stop, retake=retake)
+        self.supervised(run, stop, retake=after is None)
 
     def start_ready(self, claim: Claim, msg: Message) -> Running | None:
         """The claimed attempt started at once, when nothing in its start can wait: its
