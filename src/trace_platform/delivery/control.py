@@ -26,6 +26,13 @@ def _admin(actor: Actor, what: str) -> None:
         raise Forbidden(f"only an org admin may {what}")
 
 
+def _check_url(url: str) -> None:
+    try:
+        safety.check_url(url)
+    except safety.Refused as e:
+        raise Invalid(f"destination URL: {e}") from None
+
+
 class DeliveryControl:
     def __init__(self, pool: ConnectionPool[Any], vault: Vault) -> None:
         self.pool = pool
@@ -39,10 +46,7 @@ class DeliveryControl:
         _admin(actor, "add a destination")
         if not re.fullmatch(NAME_RE, name):
             raise Invalid(f"destination name {name!r} must match {NAME_RE}")
-        try:
-            safety.check_url(url)
-        except safety.Refused as e:
-            raise Invalid(f"destination URL: {e}") from None
+        _check_url(url)
         secret = signing.new_secret()
         sealed = self.vault.seal(actor.org_id, signing.sealed_name(name), secret)
         with self.pool.connection() as conn:
@@ -76,10 +80,7 @@ class DeliveryControl:
         once: the old one no longer verifies)."""
         _admin(actor, "change a destination")
         if url is not None:
-            try:
-                safety.check_url(url)
-            except safety.Refused as e:
-                raise Invalid(f"destination URL: {e}") from None
+            _check_url(url)
         secret = signing.new_secret() if rotate_secret else None
         sealed = (
             self.vault.seal(actor.org_id, signing.sealed_name(name), secret) if secret else None
