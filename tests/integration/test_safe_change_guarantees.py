@@ -206,11 +206,12 @@ def interleave(
     hold_after: tuple[Any, str],
     first: Callable[[], Any],
     then: Callable[[], Any],
-) -> list[BaseException]:
+) -> tuple[list[BaseException], bool]:
     """Runs `first` in a thread and holds it, mid-transaction, right after it returns from
     `hold_after` (module, function name); runs `then` in another thread until it either
     finishes or waits on a lock (the one `first` holds, if any); lets `first` go on, and
-    waits for both. Returns what either raised."""
+    waits for both. Returns what either raised, and whether `then` waited for `first` (the
+    race was run: a test that passes with `then` after `first` by chance proves nothing)."""
     module, name = hold_after
     original = getattr(module, name)
     reached, go = threading.Event(), threading.Event()
@@ -247,13 +248,14 @@ def interleave(
             30,
             "the second transaction to finish or wait on a lock",
         )
+        waited = two.is_alive()
     finally:
         go.set()
         one.join(60)
         if two.ident is not None:
             two.join(60)
     assert not one.is_alive() and not two.is_alive(), "a transaction is stuck"
-    return errors
+    return errors, waited
 
 
 def rebuild_inputs(services: Services, job: str) -> dict[int, int]:
@@ -288,7 +290,7 @@ def test_an_event_fanned_out_while_a_deploy_commits_reaches_the_rebuild_once(
     fire(services, (200, 299))
     (source,) = claimable(services)
     ref, payload = start(services, source)
-    errors = interleave(
+    errors, waited = interleave(
         services,
         monkeypatch,
         (pg_tasks, "tasks_for_event"),
@@ -298,6 +300,7 @@ def test_an_event_fanned_out_while_a_deploy_commits_reaches_the_rebuild_once(
     assert not errors, errors
     run_all(services)
     assert rebuild_inputs(services, "decode") == {0: 1, 100: 1, 200: 1}
+    assert waited, "the deploy did not wait for the completion: the race was not run"
 
 
 READER = """
@@ -328,7 +331,7 @@ def test_an_event_fanned_out_to_another_dag_while_it_deploys_reaches_its_rebuild
     assert run_only(services, lambda job, _v: job == "source") == [("source", 1, "fire")]
     (side,) = [t for t in claimable(services) if where(services, t)[0] == "side"]
     ref, payload = start(services, side)
-    errors = interleave(
+    errors, waited = interleave(
         services,
         monkeypatch,
         (pg_tasks, "tasks_for_event"),
@@ -339,6 +342,7 @@ def test_an_event_fanned_out_to_another_dag_while_it_deploys_reaches_its_rebuild
     assert services.control.show_dag(me, "rd")["building_version"] == 2
     run_all(services)
     assert rebuild_inputs(services, "count") == {0: 1, 100: 1, 200: 1}
+    assert waited, "rd's deploy did not wait for the completion: the race was not run"
 
 
 def test_a_completion_and_a_rollback_take_their_locks_in_one_order(
@@ -362,7 +366,7 @@ def test_a_completion_and_a_rollback_take_their_locks_in_one_order(
     (decode,) = [t for t in claimable(services) if where(services, t) == ("decode", 2)]
     ref, payload = start(services, decode)
     done: dict[str, Any] = {}
-    errors = interleave(
+    errors, waited = interleave(
         services,
         monkeypatch,
         (lifecycle, "fenced"),
@@ -372,3 +376,4 @@ def test_a_completion_and_a_rollback_take_their_locks_in_one_order(
     assert not errors, errors
     assert done["completed"] == "succeeded"  # it committed first: the rollback waited for it
     assert (done["rollback"]["version"], done["rollback"]["rolled_back"]) == (1, 2)
+    assert waited, "the rollback did not wait for the completion: the race was not run"
