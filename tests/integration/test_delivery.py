@@ -27,7 +27,8 @@ from trace_platform.delivery import signing
 from trace_platform.delivery.control import DeliveryControl
 from trace_platform.delivery.sender import retry_after
 from trace_platform.delivery.service import DeliveryService, backoff
-from trace_platform.errors import Forbidden
+from trace_platform.errors import Conflict, Forbidden, NotFound
+from trace_platform.identity import Actor
 from trace_platform.identity.vault import vault_for
 from trace_platform.services import Services
 from trace_platform.store.deliveries import DeliveryStore
@@ -306,3 +307,39 @@ def test_one_orgs_backlog_does_not_hold_back_anothers(services: Services) -> Non
     assert orgs.count(quiet) == 2 and orgs.count(busy) == 5
     assert {r["delivery_id"] for r in again}.isdisjoint({r["delivery_id"] for r in leased})
     assert [r["org_id"] for r in again] == [busy] * 10  # the quiet org has nothing left
+
+
+def test_another_orgs_admin_sees_and_touches_none_of_an_orgs_deliveries(
+    services: Services,
+) -> None:
+    """Destinations and deliveries are org-scoped: another org's admin, given a delivery's
+    id, neither reads nor retries it, and lists nothing of it."""
+    s, me = services, admin(services)
+    ctl = _control(s)
+    ctl.add_destination(me, "ops", "https://example.org/hook")
+    did = uuid.uuid4()
+    with s.pool.connection() as conn:
+        DeliveryStore(conn).insert_delivery(
+            delivery_id=did,
+            org_id=me.org_id,
+            idempotency_key="k",
+            destination="ops",
+            record_id=uuid.uuid4(),
+            rule="r",
+            severity="info",
+            event_time=datetime.now(UTC),
+            body="{}",
+            status="failed",
+            reason="x",
+        )
+    other = Actor(uuid.uuid4(), uuid.uuid4(), "other", True)
+    assert ctl.list_deliveries(other) == [] and ctl.list_destinations(other) == []
+    assert ctl.counts(other) == {}
+    with pytest.raises(NotFound):
+        ctl.show(other, did)
+    with pytest.raises(Conflict):
+        ctl.retry(other, did)
+    with pytest.raises(NotFound):
+        ctl.set_destination(other, "ops", url="https://evil.example/")
+    assert ctl.show(me, did)["status"] == "failed"  # untouched
+    assert ctl.list_destinations(me)[0]["url"] == "https://example.org/hook"
