@@ -9,7 +9,6 @@ import dataclasses
 import io
 import json
 import threading
-import time
 import uuid
 from typing import Any
 from uuid import UUID
@@ -17,13 +16,15 @@ from uuid import UUID
 import psycopg
 import pytest
 
+from tests.support.buffers import batch_key, object_store, publish, sink, table_rows, write_lines
 from tests.support.dags import admin, user
-from trace_platform.contract import BufferPublishRequest, Claim, ClaimRequest
+from tests.support.wait import wait_for
+from trace_platform.contract import Claim, ClaimRequest
 from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Conflict, Forbidden, NotFound
 from trace_platform.identity import Actor, ensure_user
 from trace_platform.layout import buffer_prefix
-from trace_platform.objectstore import ObjectStore, ObjectStoreError, make_store
+from trace_platform.objectstore import ObjectStoreError
 from trace_platform.services import Services
 from trace_platform.sink.service import Sink
 
@@ -50,64 +51,33 @@ buffered:
 """
 
 
-def _store(s: Services) -> ObjectStore:
-    store = make_store(s.settings)
-    store.ensure_bucket()
-    return store
-
-
 def _claim(s: Services, dag: str = "atk", actor: Actor | None = None) -> Claim:
     (task_id,) = s.control.trigger(actor or admin(s), dag)["tasks"]
     return s.dispatcher.claim(ClaimRequest(task_id=UUID(str(task_id)), worker_id="w"))
 
 
 def _key(s: Services, c: Claim, name: str = "b.jsonl", org: UUID | None = None) -> str:
-    return f"{buffer_prefix(org or admin(s).org_id, c.task_id, c.attempt)}{name}"
+    return batch_key(s, c, org or admin(s).org_id, name)
 
 
 def _write_raw(s: Services, key: str, data: bytes) -> str:
-    _store(s).put(key, data)
+    object_store(s).put(key, data)
     return key
 
 
 def _write(s: Services, c: Claim, rows: list[Any], name: str = "b.jsonl", **kw: Any) -> str:
-    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
-    return _write_raw(s, _key(s, c, name, **kw), ("\n".join(lines) + "\n").encode())
+    return write_lines(s, _key(s, c, name, **kw), rows)
 
 
 def _publish(s: Services, c: Claim, key: str, dataset: str = "events") -> Any:
-    return s.dispatcher.buffers.publish(
-        BufferPublishRequest(
-            task_id=c.task_id,
-            attempt=c.attempt,
-            lease_token=c.lease_token,
-            dataset=dataset,
-            location=key,
-        )
-    )
+    return publish(s, c, dataset, key)
 
 
-def _sink(s: Services, **kw: Any) -> Sink:
-    s.publisher.drain()
-    return Sink(s.dispatcher, s.driver, _store(s), s.data_dsn, **kw)
+_sink = sink
 
 
 def _rows(s: Services, org: UUID | None = None) -> list[dict[str, Any]]:
-    with s.pool.connection() as conn:
-        (table,) = (
-            conn.execute(
-                "SELECT table_name FROM buffered_datasets WHERE org_id = %s",
-                (org or admin(s).org_id,),
-            )
-            .fetchone()
-            .values()
-        )
-        schema, _, name = table.partition(".")
-        return conn.execute(
-            psycopg.sql.SQL("SELECT * FROM {} ORDER BY k").format(
-                psycopg.sql.Identifier(schema, name)
-            )
-        ).fetchall()
+    return table_rows(s, org or admin(s).org_id, "k")
 
 
 def _records(s: Services, org: UUID | None = None) -> list[dict[str, Any]]:
@@ -645,8 +615,9 @@ def test_a_record_out_of_tries_says_why_its_tries_failed(deployed: Services) -> 
 
     sink.store = Away()  # type: ignore[assignment]
     sink.drain(timeout=5)
-    time.sleep(1.2)  # the nack's delay
-    sink.drain(timeout=5)
+    wait_for(  # the next try, once the nack's delay has passed, finds it out of tries
+        lambda: sink.drain(timeout=5) and _records(s)[0]["status"] != "pending", 30, "a try"
+    )
     (rec,) = _records(s)
     assert rec["status"] == "dead", rec
     assert "not loaded after 1 tries" in rec["error"]

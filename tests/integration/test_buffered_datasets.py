@@ -4,7 +4,6 @@ and the trusted sink's idempotent upsert, its dead letters and its dataset event
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,18 +11,17 @@ import uuid
 from typing import Any
 from uuid import UUID
 
-import psycopg
 import pytest
 
+from tests.support.buffers import batch_key, publish, sink, table_rows, write_lines
 from tests.support.dags import admin
 from tests.support.invariants import expire_lease
-from trace_platform.contract import BufferPublishRequest, Claim, ClaimRequest
+from tests.support.wait import wait_for
+from trace_platform.contract import Claim, ClaimRequest
 from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Conflict, Forbidden
 from trace_platform.layout import buffer_prefix
-from trace_platform.objectstore import ObjectStore, make_store
 from trace_platform.services import Services
-from trace_platform.sink.service import Sink
 
 DECLARING = """
 name: alerts
@@ -56,12 +54,6 @@ jobs:
 BIG = 2**256 - 1  # the largest uint256: exact all the way into the table
 
 
-def _store(services: Services) -> ObjectStore:
-    store = make_store(services.settings)
-    store.ensure_bucket()
-    return store
-
-
 def _claim(services: Services, dag: str) -> Claim:
     me = admin(services)
     (task_id,) = services.control.trigger(me, dag)["tasks"]
@@ -69,38 +61,18 @@ def _claim(services: Services, dag: str) -> Claim:
 
 
 def _write(services: Services, c: Claim, rows: list[Any], name: str = "b.jsonl") -> str:
-    key = f"{buffer_prefix(admin(services).org_id, c.task_id, c.attempt)}{name}"
-    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
-    _store(services).put(key, ("\n".join(lines) + "\n").encode())
-    return key
+    return write_lines(services, batch_key(services, c, admin(services).org_id, name), rows)
 
 
 def _publish(services: Services, c: Claim, key: str, dataset: str = "alert_events") -> Any:
-    return services.dispatcher.buffers.publish(
-        BufferPublishRequest(
-            task_id=c.task_id,
-            attempt=c.attempt,
-            lease_token=c.lease_token,
-            dataset=dataset,
-            location=key,
-        )
-    )
+    return publish(services, c, dataset, key)
 
 
-def _sink(services: Services) -> Sink:
-    services.publisher.drain()
-    return Sink(services.dispatcher, services.driver, _store(services), services.data_dsn)
+_sink = sink
 
 
 def _rows(services: Services) -> list[dict[str, Any]]:
-    with services.pool.connection() as conn:
-        (table,) = conn.execute("SELECT table_name FROM buffered_datasets").fetchone().values()
-        schema, _, name = table.partition(".")
-        return conn.execute(
-            psycopg.sql.SQL("SELECT * FROM {} ORDER BY dedupe_key").format(
-                psycopg.sql.Identifier(schema, name)
-            )
-        ).fetchall()
+    return table_rows(services, admin(services).org_id, "dedupe_key")
 
 
 def _records(services: Services) -> list[dict[str, Any]]:
@@ -274,10 +246,8 @@ def test_a_sink_killed_mid_batch_and_after_its_upsert_loses_and_doubles_nothing(
         assert p.returncode == -9, fault  # SIGKILLed at the point, as a crash would
     assert len(_rows(s)) == 50  # the second kill came after its commit: all in, record pending
     assert _records(s)[0]["status"] == "pending"
-    import time
-
-    time.sleep(0.6)  # the killed sink's lease ends
-    Sink(s.dispatcher, s.driver, _store(s), s.data_dsn).drain()
+    again = _sink(s)  # lands it once the killed sink's lease ends
+    wait_for(lambda: again.drain() and _records(s)[0]["status"] == "loaded", 30, "the record")
     rows = _rows(s)
     assert sorted(int(r["amount"]) for r in rows) == list(range(50))
     assert _records(s)[0]["status"] == "loaded"
