@@ -473,14 +473,14 @@ triggers:
 """
 
 
-def dag_file_page() -> str:
+def dag_file_page(schema: dict[str, Any]) -> str:
+    """`schema`: the DAG file's (`dag_schema`)."""
     from trace_platform.dag.schema import FORBIDDEN, FORBIDDEN_SCALING
     from trace_platform.dag.validate import check, parse
 
     problems = check(parse(DAG_EXAMPLE, "the DAG file reference's example"))
     if problems:  # the page's example is a valid file, or the page is not written
         raise ValueError("; ".join(p.message for p in problems))
-    schema = dag_schema()
     defs = schema.get("$defs", {})
     models = dag_models()
     missing = set(defs) - set(DAG_ORDER)
@@ -785,8 +785,8 @@ def referenced(names: list[str], components: dict[str, Any]) -> set[str]:
     return seen
 
 
-def http_api_page() -> str:
-    spec = openapi()
+def http_api_page(spec: dict[str, Any]) -> str:
+    """`spec`: the API's OpenAPI document (`openapi`)."""
     components = spec.get("components", {}).get("schemas", {})
     lines = [
         GENERATED,
@@ -864,15 +864,17 @@ def index_page(root: Path) -> str:
 
 # -- writing and checking --------------------------------------------------------------------
 def pages(root: Path) -> dict[str, str]:
-    """Every generated page: its path under `docs/` -> its text."""
+    """Every generated page: its path under `docs/` -> its text (each schema made once: the
+    API's OpenAPI document takes an app's making)."""
+    schema, spec = dag_schema(), openapi()
     return {
         "index.md": index_page(root),
-        "reference/dag-file.md": dag_file_page(),
-        "reference/dag-file.schema.json": json.dumps(dag_schema(), indent=2) + "\n",
+        "reference/dag-file.md": dag_file_page(schema),
+        "reference/dag-file.schema.json": json.dumps(schema, indent=2) + "\n",
         "reference/operators.md": operators_page(),
         "reference/cli.md": cli_page(),
-        "reference/http-api.md": http_api_page(),
-        "reference/openapi.json": json.dumps(openapi(), indent=2) + "\n",
+        "reference/http-api.md": http_api_page(spec),
+        "reference/openapi.json": json.dumps(spec, indent=2) + "\n",
     }
 
 
