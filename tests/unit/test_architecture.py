@@ -4,6 +4,7 @@ dispatcher holds no SQL. A module that breaks them fails here, named."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -19,17 +20,19 @@ INLINE_SQL_ALLOWED = ("store/", "db/", "query/", "operators/hot_window.py")
 _STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|LOCK|CREATE)\b", re.IGNORECASE)
 
 
-def _modules() -> list[tuple[str, ast.Module]]:
-    return [
-        (str(p.relative_to(SRC)), ast.parse(p.read_text()))
+@functools.cache
+def _modules() -> dict[str, ast.Module]:
+    """Every module's path under the package -> its tree, parsed once for all the tests."""
+    return {
+        str(p.relative_to(SRC)): ast.parse(p.read_text())
         for p in sorted(SRC.rglob("*.py"))
         if "__pycache__" not in p.parts
-    ]
+    }
 
 
 def test_only_the_store_loads_named_sql() -> None:
     offenders = []
-    for name, tree in _modules():
+    for name, tree in _modules().items():
         if name.startswith(SQL_OWNERS):
             continue
         for node in ast.walk(tree):
@@ -40,7 +43,7 @@ def test_only_the_store_loads_named_sql() -> None:
 
 def test_no_inline_sql_against_the_state_store() -> None:
     offenders = []
-    for name, tree in _modules():
+    for name, tree in _modules().items():
         if name.startswith(INLINE_SQL_ALLOWED):
             continue
         for node in ast.walk(tree):
@@ -70,7 +73,7 @@ def test_the_dispatcher_holds_no_connection_or_sql() -> None:
         "dispatcher/reads.py",
     }
     offenders = []
-    for name, tree in _modules():
+    for name, tree in _modules().items():
         if name not in lifecycle:
             continue
         for node in ast.walk(tree):
@@ -129,7 +132,7 @@ def _import_graph() -> dict[str, set[str]]:
     for name, path in names.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: list[str] = []
-        for node in _executed_imports(ast.parse(path.read_text())):
+        for node in _executed_imports(_modules()[str(path.relative_to(SRC))]):
             if isinstance(node, ast.Import):
                 targets += [alias.name for alias in node.names]
                 continue
