@@ -21,15 +21,14 @@ from trace_platform.contract import (
     EventIn,
 )
 from trace_platform.delivery import work as delivery_work
-from trace_platform.dispatcher import access
+from trace_platform.dispatcher.commits import Emitter
 from trace_platform.dispatcher.fencing import fenced, reject_finished, reject_withdrawn
-from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict, Forbidden, Invalid
 from trace_platform.objectstore import ObjectStoreError, check_key
 from trace_platform.queue.payloads import BufferRecord, encode
 from trace_platform.store.buffers import BufferStore
 from trace_platform.store.registry import RegistryStore
-from trace_platform.store.tasks import NewEvent, StateStore, StoreTx, Wakeup
+from trace_platform.store.tasks import StateStore, StoreTx, Wakeup
 
 
 def _conn(tx: StoreTx) -> Connection[Any]:
@@ -46,9 +45,9 @@ def _storable(error: str) -> str:
 
 
 class Buffers:
-    def __init__(self, store: StateStore, intents: Intents) -> None:
+    def __init__(self, store: StateStore, emitter: Emitter) -> None:
         self.store = store
-        self.intents = intents
+        self.emitter = emitter  # the dataset event of a landed batch, as any event
 
     # -- producer side (the wrapper, attempt-fenced) -----------------------------------------
     def publish(self, req: BufferPublishRequest) -> BufferPublishResponse:
@@ -187,47 +186,18 @@ class Buffers:
             payload={"record_id": str(rec["record_id"]), "rows": rows_loaded},
         )
         # The publishing task is the event's producer; its dataset version is the one version
-        # a buffered dataset has, so every live subscriber reads it (dag_tasks.subscribers).
+        # a buffered dataset has, so every live subscriber reads it (dag_tasks.subscribers),
+        # each reader's DAG checked for access (no producing DAG: every reader is a shared one).
         producer = {
             "task_id": rec["task_id"],
+            "org_id": rec["org_id"],
+            "start_day": rec["start_day"],
             "dag_id": None,
             "dag_version": None,
             "run_id": None,
             "outputs": [{"dataset_uuid": str(ds), "dataset_version": str(rec["dataset_version"])}],
         }
-        ids = tx.insert_events(
-            [
-                NewEvent(
-                    event_id=uuid.uuid4(),
-                    start_day=rec["start_day"],
-                    org_id=rec["org_id"],
-                    task_id=rec["task_id"],
-                    attempt=rec["attempt"],
-                    dataset_uuid=ds,
-                    dedupe_key=event.dedupe_key,
-                    cursor=event.cursor,
-                    partition_key=None,
-                    range_start=None,
-                    range_end=None,
-                    payload=event.payload,
-                )
-            ]
-        )
-        if ids[0] is None:
-            return 0
-        specs = list(
-            tx.tasks_for_event(
-                org_id=rec["org_id"],
-                producer=producer,
-                event_id=ids[0],
-                event=event,
-                invalidates=False,
-            )
-        )
-        refs = self.intents.create_tasks(specs, tx)
-        for ref in refs:  # may each reader's DAG still read it?
-            access.fail_if_refused(tx, ref.task_id)
-        return len(refs)
+        return self.emitter.start(tx, producer, rec["attempt"], [event])[2]
 
     def list_records(
         self,

@@ -183,13 +183,26 @@ class Emitter:
         outputs = check_outputs(st, [e.dataset_uuid for e in events], "an event")
         for ev in events:
             check_event_location(st, attempt, outputs[str(ev.dataset_uuid)], ev)
+        return self.start(tx, st, attempt, events, rewritten)
+
+    def start(
+        self,
+        tx: StoreTx,
+        producer: dict[str, Any],
+        attempt: int,
+        events: list[EventIn],
+        rewritten: AbstractSet[tuple[str, str]] = frozenset(),
+    ) -> tuple[list[UUID], int, int]:
+        """Stores events the caller has checked (`insert`'s, or the sink's for a buffered
+        dataset) under their producing task (`producer`: its status row's task_id, org_id,
+        start_day, dag_id and outputs) and creates the tasks they start, in `tx`."""
         ids = tx.insert_events(
             [
                 NewEvent(
                     event_id=uuid.uuid4(),
-                    start_day=st["start_day"],
-                    org_id=st["org_id"],
-                    task_id=st["task_id"],
+                    start_day=producer["start_day"],
+                    org_id=producer["org_id"],
+                    task_id=producer["task_id"],
                     attempt=attempt,
                     dataset_uuid=ev.dataset_uuid,
                     dedupe_key=ev.dedupe_key,
@@ -211,8 +224,8 @@ class Emitter:
             invalidates = (str(ev.dataset_uuid), ev.dedupe_key) in rewritten
             specs = list(
                 tx.tasks_for_event(
-                    org_id=st["org_id"],
-                    producer=st,
+                    org_id=producer["org_id"],
+                    producer=producer,
                     event_id=event_id,
                     event=ev,
                     invalidates=invalidates,
@@ -220,7 +233,7 @@ class Emitter:
             )
             refs = self.intents.create_tasks(specs, tx)
             for (spec, _), ref in zip(specs, refs, strict=True):
-                if spec.dag_id != st["dag_id"]:  # a shared read: may its DAG still read it?
+                if spec.dag_id != producer["dag_id"]:  # a shared read: may its DAG read it?
                     access.fail_if_refused(tx, ref.task_id)
             created += len(refs)
         return accepted, len(events) - len(accepted), created

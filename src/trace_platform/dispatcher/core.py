@@ -40,7 +40,7 @@ class Dispatcher(Lifecycle):
             slots=Slots(store, settings, intents),
             emitter=Emitter(store, intents),
         )
-        self.buffers = Buffers(store, intents)  # buffered datasets: publishes and the sink's
+        self.buffers = Buffers(store, self.emitter)  # buffered datasets: publishes, the sink's
 
     @property
     def pool(self) -> ConnectionPool:
