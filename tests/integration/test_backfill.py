@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_safe_change import claimable, finish, q, start
 from tests.support.cli import trace
 from tests.support.dags import admin, user
+from tests.support.safe_change import claimable, finish, q, start
 from trace_platform.contract import CompleteRequest
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 from trace_platform.services import Services

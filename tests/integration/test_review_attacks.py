@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_safe_change import claimable, finish, q, start
 from tests.support.dags import admin, user
+from tests.support.safe_change import claimable, finish, q, start
 from trace_platform.errors import Forbidden
 from trace_platform.services import Services
 

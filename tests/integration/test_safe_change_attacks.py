@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_safe_change import (
+from tests.support.dags import admin
+from tests.support.safe_change import (
     claimable,
     commits,
     current,
+    cut_over_v2,
+    deployed_live,
     finish,
     fire,
     pipeline,
@@ -23,23 +26,12 @@ from tests.integration.test_safe_change import (
     start,
     statuses,
 )
-from tests.support.dags import admin
 from trace_platform.services import Services
 
 
 @pytest.fixture
 def live(services: Services) -> Services:
-    services.control.deploy(admin(services), pipeline("a"))
-    fire(services, (0, 99), (100, 199))
-    run_all(services)
-    return services
-
-
-def _cut_over_v2(services: Services) -> None:
-    services.control.deploy(admin(services), pipeline("b"))
-    run_all(services)
-    (done,) = services.control.changes.auto_cutover()
-    assert done["version"] == 2
+    return deployed_live(services)
 
 
 def test_rollback_keeps_queued_work_of_jobs_it_does_not_rebuild(live: Services) -> None:
@@ -47,7 +39,7 @@ def test_rollback_keeps_queued_work_of_jobs_it_does_not_rebuild(live: Services) 
     when v2 is rolled back: `side` writes the same dataset version in v1 and v2, so the
     rollback cancels the v2 task and replays nothing for it. The range never reaches chg_side."""
     services, me = live, admin(live)
-    _cut_over_v2(services)
+    cut_over_v2(services)
     fire(services, (300, 399))
     (src,) = claimable(services)
     ref, payload = start(services, src)
@@ -64,7 +56,7 @@ def test_rollback_keeps_queued_work_of_jobs_it_does_not_rebuild(live: Services) 
 
 def test_rollback_keeps_a_fired_but_unclaimed_source_task(live: Services) -> None:
     services, me = live, admin(live)
-    _cut_over_v2(services)
+    cut_over_v2(services)
     fire(services, (300, 399))  # the v2 source task is queued, not yet run
     services.control.changes.rollback(me, "chg")
     run_all(services)
@@ -168,7 +160,7 @@ def test_a_completion_racing_a_rollback_does_not_deadlock(live: Services, monkey
     import trace_platform.dispatcher.lifecycle as lifecycle
 
     services, me = live, admin(live)
-    _cut_over_v2(services)
+    cut_over_v2(services)
     fire(services, (300, 399))
     (src,) = claimable(services)
     ref, payload = start(services, src)

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_safe_change import (
+from tests.support.dags import admin
+from tests.support.safe_change import (
     claimable,
-    commits,
+    cut_over_v2,
+    deployed_live,
     finish,
     fire,
     pipeline,
@@ -23,7 +25,6 @@ from tests.integration.test_safe_change import (
     start,
     statuses,
 )
-from tests.support.dags import admin
 from tests.support.wait import wait_for
 from trace_platform.contract import (
     ClaimRequest,
@@ -60,11 +61,7 @@ def run_only(services: Services, keep: Callable[[str, int], bool]) -> list[tuple
 @pytest.fixture
 def live(services: Services) -> Services:
     """Version 1 deployed, and two ranges through the whole pipeline (test_safe_change's)."""
-    services.control.deploy(admin(services), pipeline("a"))
-    fire(services, (0, 99), (100, 199))
-    run_all(services)
-    assert commits(services, "chg_agg") == [("range:0-99", 1), ("range:100-199", 1)]
-    return services
+    return deployed_live(services)
 
 
 def beat(services: Services, ref: LeaseRef) -> bool:
@@ -81,9 +78,7 @@ def test_rollback_asks_the_rolled_back_versions_running_attempts_to_stop(live: S
     Fails if rollout.rollback's `_cancel_work(... versions=[active] ...)` cancels nothing
     (mutation: `versions=[]`): the heartbeat's cancel_requested stays false."""
     services, me = live, admin(live)
-    services.control.deploy(me, pipeline("b"))
-    run_all(services)
-    assert services.control.changes.auto_cutover()[0]["version"] == 2
+    cut_over_v2(services)
     fire(services, (300, 399))
     run_only(services, lambda job, _v: job == "source")
     running = {}
@@ -358,9 +353,7 @@ def test_a_completion_and_a_rollback_take_their_locks_in_one_order(
     fan-out while the rollback holds that and waits for the row: Postgres aborts one
     (DeadlockDetected)."""
     services, me = live, admin(live)
-    services.control.deploy(me, pipeline("b"))
-    run_all(services)
-    assert services.control.changes.auto_cutover()[0]["version"] == 2
+    cut_over_v2(services)
     fire(services, (300, 399))
     run_only(services, lambda job, _v: job == "source")
     (decode,) = [t for t in claimable(services) if where(services, t) == ("decode", 2)]
