@@ -73,43 +73,73 @@ def register(
             continue
         if actor is not None:
             names.check_publish(conn, actor, dag_id, b.name, False)
-        ds, ver = uuid.uuid4(), uuid.uuid4()
-        table = version_location(org_id, ds, ver, "postgres")
-        store = BufferStore(conn)
-        store.insert_dataset(
-            dataset_uuid=ds,
+        create(
+            conn,
             org_id=org_id,
+            dag_id=dag_id,
+            version=version,
             name=b.name,
-            location=dataset_location(org_id, ds, "postgres"),
-            unique_key=b.unique_key,
-            dag_id=dag_id,
-        )
-        store.insert_version(
-            dataset_version=ver,
-            dataset_uuid=ds,
-            dag_id=dag_id,
-            dag_version=version,
-            table_name=table,
-            unique_key=b.unique_key,
-        )
-        store.insert_buffered(
-            dataset_uuid=ds,
-            org_id=org_id,
-            name=b.name,
-            dag_id=dag_id,
-            columns=Jsonb(columns),
+            columns=columns,
             unique_key=b.unique_key,
             writers=b.writers,
             max_rows=b.max_rows,
             max_bytes=b.max_bytes,
-            table_name=table,
-            queue_name=buffer_queue(ds),
         )
     problems.extend(
         alert_datasets.register(conn, spec, org_id=org_id, dag_id=dag_id, version=version)
     )
     problems.extend(_check_writers(conn, spec, org_id))
     return problems
+
+
+def create(
+    conn: Connection[Any],
+    *,
+    org_id: UUID,
+    dag_id: UUID,
+    version: int,
+    name: str,
+    columns: list[dict[str, Any]],
+    unique_key: list[str],
+    writers: list[str],
+    max_rows: int,
+    max_bytes: int,
+) -> UUID:
+    """A new buffered dataset: its dataset row, its one version (current for good), its
+    declaration and its own queue. Returns its dataset_uuid."""
+    ds, ver = uuid.uuid4(), uuid.uuid4()
+    table = version_location(org_id, ds, ver, "postgres")
+    store = BufferStore(conn)
+    store.insert_dataset(
+        dataset_uuid=ds,
+        org_id=org_id,
+        name=name,
+        location=dataset_location(org_id, ds, "postgres"),
+        unique_key=unique_key,
+        dag_id=dag_id,
+    )
+    store.insert_version(
+        dataset_version=ver,
+        dataset_uuid=ds,
+        dag_id=dag_id,
+        dag_version=version,
+        table_name=table,
+        unique_key=unique_key,
+    )
+    store.insert_buffered(
+        dataset_uuid=ds,
+        org_id=org_id,
+        name=name,
+        dag_id=dag_id,
+        columns=Jsonb(columns),
+        unique_key=unique_key,
+        writers=writers,
+        max_rows=max_rows,
+        max_bytes=max_bytes,
+        table_name=table,
+        queue_name=buffer_queue(ds),
+    )
+    return ds
 
 
 def _check_writers(conn: Connection[Any], spec: DagSpec, org_id: UUID) -> list[DagProblem]:
