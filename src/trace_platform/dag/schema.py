@@ -49,21 +49,24 @@ def _reject_forbidden(data: Any, table: dict[str, str]) -> Any:
 class JobOutputRef(_Strict):
     """An input wired by index to another job's output."""
 
-    job: str
-    output: int = Field(default=0, ge=0)
+    job: str = Field(description="the producing job, in this DAG")
+    output: int = Field(default=0, ge=0, description="which of its outputs (from 0)")
     triggers: bool = Field(
         default=True, description="false: read this input, but its events do not start the job"
     )
 
 
 class DatasetSource(_Strict):
-    dataset: str = Field(pattern=NAME_RE)
+    dataset: str = Field(pattern=NAME_RE, description="the published dataset's name")
 
 
 class SharedRead(_Strict):
     """An input read from a published dataset, possibly produced by another DAG."""
 
-    from_: DatasetSource = Field(alias="from")
+    from_: DatasetSource = Field(
+        alias="from",
+        description="`{dataset: NAME}`: a published dataset, possibly another DAG's (its `read_roles` must let the deployer read it)",
+    )
     triggers: bool = Field(
         default=True, description="false: read this input, but its events do not start the job"
     )
@@ -84,9 +87,17 @@ InputSpec = Annotated[
 
 
 class OutputSpec(_Strict):
-    backend: Literal["parquet", "postgres"] = "parquet"
-    update_strategy: Literal["replace", "append"] = "replace"
-    unique_key: list[str] = Field(default_factory=list)
+    backend: Literal["parquet", "postgres"] = Field(
+        default="parquet",
+        description="`parquet` (files in the object store) or `postgres` (a table)",
+    )
+    update_strategy: Literal["replace", "append"] = Field(
+        default="replace",
+        description="`replace` rewrites a scope and invalidates what was read from it downstream; `append` only inserts, deduplicated by `unique_key`",
+    )
+    unique_key: list[str] = Field(
+        default_factory=list, description="the columns that identify a row (required with `append`)"
+    )
 
     @model_validator(mode="after")
     def _append_needs_key(self) -> Self:
@@ -98,7 +109,12 @@ class OutputSpec(_Strict):
 
 
 class Scaling(_Strict):
-    max_concurrency: int = Field(default=1, ge=1, le=10_000)
+    max_concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=10_000,
+        description="at most this many tasks of the job at once (effective: min(max_concurrency, pool size))",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -107,15 +123,44 @@ class Scaling(_Strict):
 
 
 class JobSpec(_Strict):
-    operator: str = Field(min_length=1)
-    runtime: str = Field(default="ecs_platform", pattern=RUNTIME_RE)
-    config: dict[str, Any] = Field(default_factory=dict)
-    inputs: list[InputSpec] = Field(default_factory=list)
-    outputs: list[OutputSpec] = Field(default_factory=list)
-    timeout_seconds: int = Field(default=3600, gt=0, le=7 * 24 * 3600)
-    max_attempts: int = Field(default=3, gt=0, le=100)
-    worker_pool: str | None = None
-    scaling: Scaling = Field(default_factory=Scaling)
+    operator: str = Field(
+        min_length=1, description="the operator the job runs (see the operator reference)"
+    )
+    runtime: str = Field(
+        default="ecs_platform",
+        pattern=RUNTIME_RE,
+        description="where it runs: `ecs_platform` (a platform worker) is what runs today",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the operator's config, checked at deploy against its config model",
+    )
+    inputs: list[InputSpec] = Field(
+        default_factory=list,
+        description="what the job reads: another job's output, or a published dataset; an input's new data starts the job unless `triggers: false`",
+    )
+    outputs: list[OutputSpec] = Field(
+        default_factory=list,
+        description="the datasets the job writes, in order (`output` / `output_index` count from 0)",
+    )
+    timeout_seconds: int = Field(
+        default=3600,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="an attempt running longer is ended and retried",
+    )
+    max_attempts: int = Field(
+        default=3,
+        gt=0,
+        le=100,
+        description="tries before the task fails for good (retries back off, capped and jittered)",
+    )
+    worker_pool: str | None = Field(
+        default=None, description="the pool whose slots the job's tasks lease (none: no slot)"
+    )
+    scaling: Scaling = Field(
+        default_factory=Scaling, description="how many of the job's tasks may run at once"
+    )
     buffer_outputs: list[str] = Field(
         default_factory=list,
         max_length=16,
@@ -141,7 +186,10 @@ class JobSpec(_Strict):
 
 
 class PoolSlot(_Strict):
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment variables of a task that holds this slot (e.g. `RPC_URL`)",
+    )
     secrets: dict[str, str] = Field(default_factory=dict, description="env var -> secret name")
 
 
@@ -177,9 +225,14 @@ def check_schedule(schedule: str, now: datetime | None = None) -> datetime:
 
 
 class CronTrigger(_Strict):
-    name: str = Field(pattern=NAME_RE)
-    schedule: str = Field(max_length=256)
-    config: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(pattern=NAME_RE, description="the trigger's name, unique in the DAG")
+    schedule: str = Field(
+        max_length=256,
+        description="a cron expression; one that cannot fire within 5 years is refused",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="the run config each firing passes to the source jobs"
+    )
 
     @field_validator("schedule")
     @classmethod
@@ -189,13 +242,21 @@ class CronTrigger(_Strict):
 
 
 class WebhookTrigger(_Strict):
-    name: str = Field(pattern=NAME_RE)
-    config: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(
+        pattern=NAME_RE, description="the webhook's name: `POST /v1/hooks/{dag}/{name}`"
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="the run config (a request's JSON body is merged over it)"
+    )
 
 
 class Triggers(_Strict):
-    cron: list[CronTrigger] = Field(default_factory=list)
-    webhooks: list[WebhookTrigger] = Field(default_factory=list)
+    cron: list[CronTrigger] = Field(
+        default_factory=list, description="schedules (5 fields, or 6 with seconds last; UTC)"
+    )
+    webhooks: list[WebhookTrigger] = Field(
+        default_factory=list, description="named webhooks: `POST /v1/hooks/{dag}/{name}`"
+    )
 
 
 class HotWindow(_Strict):
@@ -206,10 +267,15 @@ class HotWindow(_Strict):
 
 
 class PublishSpec(_Strict):
-    job: str
-    output_index: int = Field(default=0, ge=0)
-    dataset: str
-    hot_window: HotWindow | None = None
+    job: str = Field(description="the job whose output is published")
+    output_index: int = Field(default=0, ge=0, description="which of its outputs (from 0)")
+    dataset: str = Field(
+        description="the dataset name readers use (`^[a-z][a-z0-9_]{0,127}$`, unique in the org, one producing DAG)"
+    )
+    hot_window: HotWindow | None = Field(
+        default=None,
+        description="this Postgres dataset holds the newest rows of a Parquet one; the Query Service reads the two as one view",
+    )
 
 
 BUFFER_TYPES = ("text", "int64", "float64", "bool", "timestamp", "uint256", "json")
@@ -276,12 +342,28 @@ class BufferedDataset(_Strict):
 
 
 class DagSpec(_Strict):
-    name: str = Field(pattern=NAME_RE)
-    description: str | None = None
-    jobs: dict[str, JobSpec] = Field(min_length=1)
-    publish: list[PublishSpec] = Field(default_factory=list)
-    worker_pools: dict[str, list[PoolSlot]] = Field(default_factory=dict)
-    triggers: Triggers = Field(default_factory=Triggers)
+    name: str = Field(
+        pattern=NAME_RE,
+        description="the DAG's name, unique in its org: it names its runs, webhooks and status",
+    )
+    description: str | None = Field(
+        default=None, description="free text, shown by `trace dag show`"
+    )
+    jobs: dict[str, JobSpec] = Field(
+        min_length=1,
+        description="the jobs, by name (a job name is what inputs, publish and status use)",
+    )
+    publish: list[PublishSpec] = Field(
+        default_factory=list, description="which job outputs are published as named datasets"
+    )
+    worker_pools: dict[str, list[PoolSlot]] = Field(
+        default_factory=dict,
+        description="named pools: each a list of slots; a job in a pool runs only while it holds one of its slots (and gets that slot's env and secrets)",
+    )
+    triggers: Triggers = Field(
+        default_factory=Triggers,
+        description="what starts the DAG's source jobs (those that read no input)",
+    )
     buffered: list[BufferedDataset] = Field(
         default_factory=list,
         max_length=100,

@@ -11,7 +11,9 @@ from trace_platform.operators.context import OperatorContext
 
 
 class SleepConfig(OperatorConfig):
-    seconds: float = Field(default=1.0, ge=0, le=7 * 24 * 3600)
+    seconds: float = Field(
+        default=1.0, ge=0, le=7 * 24 * 3600, description="how long the task sleeps"
+    )
     step: float = Field(default=0.1, gt=0, le=3600, description="progress granularity")
 
 

@@ -79,12 +79,26 @@ class CryoIngestConfig(OperatorConfig):
     """One output per datatype, in order."""
 
     datatypes: list[Annotated[str, AfterValidator(_known_datatype)]] = Field(
-        default_factory=lambda: list(DEFAULT_DATATYPES), min_length=1, max_length=64
+        default_factory=lambda: list(DEFAULT_DATATYPES),
+        min_length=1,
+        max_length=64,
+        description="Cryo datatypes, one output each, in order",
     )
-    rpc_url: str | None = Field(default=None, max_length=2048)
-    network_name: str = Field(default="devnet", min_length=1, max_length=128)
-    requests_per_second: int = Field(default=200, ge=1, le=1_000_000)
-    max_concurrent_requests: int = Field(default=4, ge=1, le=1024)
+    rpc_url: str | None = Field(
+        default=None, max_length=2048, description="the node (else the pool slot's `RPC_URL`)"
+    )
+    network_name: str = Field(
+        default="devnet",
+        min_length=1,
+        max_length=128,
+        description="Cryo's network label for the files",
+    )
+    requests_per_second: int = Field(
+        default=200, ge=1, le=1_000_000, description="Cryo's RPC rate limit"
+    )
+    max_concurrent_requests: int = Field(
+        default=4, ge=1, le=1024, description="Cryo's concurrent RPC requests"
+    )
 
     def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
         if len(self.datatypes) != outputs:

@@ -52,7 +52,11 @@ class Erc20TransfersConfig(OperatorConfig):
 
 
 class StakingEventsConfig(OperatorConfig):
-    staking_address: str = Field(default=STAKING_ADDRESS, pattern=ADDRESS_RE)
+    staking_address: str = Field(
+        default=STAKING_ADDRESS,
+        pattern=ADDRESS_RE,
+        description="the staking contract (Monad's precompile by default)",
+    )
 
 
 def _range(ctx: OperatorContext) -> tuple[int, int]:

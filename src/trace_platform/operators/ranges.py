@@ -42,9 +42,24 @@ class RangeSplitterConfig(OperatorConfig):
     """`from_block` and `to_block` (inclusive) may come from the job or from the trigger's run
     config; `chunk_size` blocks per range, aligned to its multiples."""
 
-    from_block: int | None = Field(default=None, ge=0, le=MAX_BLOCK)
-    to_block: int | None = Field(default=None, ge=0, le=MAX_BLOCK)
-    chunk_size: int = Field(default=1000, ge=1, le=MAX_BLOCK)
+    from_block: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BLOCK,
+        description="first block (inclusive); else the trigger's run config's",
+    )
+    to_block: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BLOCK,
+        description="last block (inclusive); else the trigger's run config's",
+    )
+    chunk_size: int = Field(
+        default=1000,
+        ge=1,
+        le=MAX_BLOCK,
+        description="blocks per range, ranges aligned to its multiples",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -70,13 +85,29 @@ RUN_CONFIG_KEYS = ("from_block", "to_block", "chunk_size")
 
 
 class ChainTipConfig(OperatorConfig):
-    chunk_size: int = Field(default=100, ge=1, le=MAX_BLOCK)
+    chunk_size: int = Field(
+        default=100, ge=1, le=MAX_BLOCK, description="blocks per range (whole, aligned chunks only)"
+    )
     # The reorg buffer: ranges stop this many blocks below the (finalized) head.
-    safety_blocks: int = Field(default=3, ge=0, le=1_000_000)
+    safety_blocks: int = Field(
+        default=3,
+        ge=0,
+        le=1_000_000,
+        description="the reorg buffer: ranges stop this far below the head",
+    )
     # How many of the last emitted ranges each run re-checks against the node's hashes.
-    recheck_ranges: int = Field(default=16, ge=0, le=1000)
-    start_block: int = Field(default=0, ge=0, le=MAX_BLOCK)
-    rpc_url: str | None = Field(default=None, max_length=2048)
+    recheck_ranges: int = Field(
+        default=16,
+        ge=0,
+        le=1000,
+        description="how many of the last emitted ranges each run re-checks against the node's block hashes",
+    )
+    start_block: int = Field(
+        default=0, ge=0, le=MAX_BLOCK, description="where following starts on the first run"
+    )
+    rpc_url: str | None = Field(
+        default=None, max_length=2048, description="the node (else the pool slot's `RPC_URL`)"
+    )
 
     def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
         if outputs < 1:
@@ -87,8 +118,13 @@ class ChainTipConfig(OperatorConfig):
 class RangeAggregatorConfig(OperatorConfig):
     """Windows [origin + k*size, origin + (k+1)*size)."""
 
-    size: int = Field(ge=1, le=MAX_BLOCK)
-    origin: int = Field(default=0, ge=0, le=MAX_BLOCK)
+    size: int = Field(ge=1, le=MAX_BLOCK, description="window size in blocks")
+    origin: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_BLOCK,
+        description="windows are `[origin + k*size, origin + (k+1)*size)`",
+    )
 
     def job_problems(self, inputs: int, outputs: int) -> list[tuple[str, str]]:
         if outputs < 1:
