@@ -97,6 +97,13 @@ def stack_of(
     alive = len(shared.workers) - len(shared.exited_workers())
     if alive != workers:
         raise SystemExit(f"refusing to print: the shared stack has {alive} workers, not {workers}")
+    # No earlier row's task is left to run on it (each row waits for its own to finish).
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM task_status WHERE status NOT IN ('succeeded', 'failed', 'canceled')"
+        ).fetchone()
+    if row is None or row[0]:
+        raise SystemExit(f"refusing to print: {row} earlier tasks unfinished on the shared stack")
     wait_ready(shared, dsn, workers)
     yield shared
 
@@ -210,6 +217,14 @@ NORMAL_SHARE = 0.9
 TOP_UP_SECONDS = 0.0
 
 
+def flowing(stack: LiteStack, dsn: str, n: int) -> list[uuid.UUID]:
+    """A stream of `n` short tasks (topped up at smoke size), once 60 of them have succeeded:
+    the ids the fault's row counts."""
+    ids = create(stack, n, 0.05)
+    wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
+    return ids + top_up(stack, dsn, ids)
+
+
 def top_up(stack: LiteStack, dsn: str, ids: list[uuid.UUID]) -> list[uuid.UUID]:
     """More tasks of the stream (none at full size, whose stream is long enough)."""
     if not TOP_UP_SECONDS:
@@ -262,9 +277,7 @@ def restart_recovery(
 ) -> tuple[float, float]:
     """(to the next completion, to normal throughput) after a restart."""
     with stack_of(settings, dsn, 2, shared) as stack:
-        ids = create(stack, stream, 0.05)
-        wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
-        ids += top_up(stack, dsn, ids)
+        ids = flowing(stack, dsn, stream)
         fault_at = server_now(dsn)
         pg.stop("fast")
         time.sleep(1)
@@ -289,9 +302,7 @@ def freeze_recovery(
 ) -> float:
     """To normal throughput after the server was stopped (SIGSTOP) for 1.5 leases."""
     with stack_of(settings, dsn, 2, shared) as stack:
-        ids = create(stack, stream, 0.05)
-        wait_for(lambda: sum(s == "succeeded" for s, _ in states(dsn, ids)) >= 60, 120, "flow")
-        ids += top_up(stack, dsn, ids)
+        ids = flowing(stack, dsn, stream)
         fault_at = server_now(dsn)
         postmaster = int((pg.pgdata / "postmaster.pid").read_text().split()[0])
         pids = [postmaster, *descendants(postmaster)]
