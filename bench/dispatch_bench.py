@@ -150,40 +150,47 @@ def _core_throughput(svc: Services, queue: str, n: int, threads: int, batch: int
     done = 0
     lock = threading.Lock()
     publisher_done = threading.Event()
+    failures: list[BaseException] = []  # a thread's error: the row refuses, it does not hang
+    deadline = time.monotonic() + 600
 
     def publish() -> None:
-        svc.publisher.drain()
+        try:
+            svc.publisher.drain()
+        except BaseException as e:
+            failures.append(e)
+            raise
         publisher_done.set()
 
     def work() -> None:
         nonlocal done
-        while True:
-            msgs = svc.driver.receive(queue, batch, 30, wait_seconds=0.2)
-            if not msgs:
-                if publisher_done.is_set() and done >= n:
-                    return
-                if publisher_done.is_set() and not svc.driver.receive(queue, 1, 0.001):
+        try:
+            while not failures and time.monotonic() < deadline:
+                msgs = svc.driver.receive(queue, batch, 30, wait_seconds=0.2)
+                if not msgs:
                     with lock:
-                        if done >= n:
+                        if publisher_done.is_set() and done >= n:
                             return
-                continue
-            for msg in msgs:
-                tid = uuid.UUID(msg.payload["task_id"])
-                try:
-                    c = d.claim(ClaimRequest(task_id=tid, worker_id="bench"))
-                except Conflict:
                     continue
-                d.complete(
-                    CompleteRequest(
-                        task_id=tid,
-                        attempt=c.attempt,
-                        lease_token=c.lease_token,
-                        outcome="succeeded",
+                for msg in msgs:
+                    tid = uuid.UUID(msg.payload["task_id"])
+                    try:
+                        c = d.claim(ClaimRequest(task_id=tid, worker_id="bench"))
+                    except Conflict:
+                        continue
+                    d.complete(
+                        CompleteRequest(
+                            task_id=tid,
+                            attempt=c.attempt,
+                            lease_token=c.lease_token,
+                            outcome="succeeded",
+                        )
                     )
-                )
-                with lock:
-                    done += 1
-            svc.driver.ack_many(queue, [x.receipt for x in msgs])
+                    with lock:
+                        done += 1
+                svc.driver.ack_many(queue, [x.receipt for x in msgs])
+        except BaseException as e:
+            failures.append(e)
+            raise
 
     pub = threading.Thread(target=publish)
     pub.start()
@@ -194,8 +201,11 @@ def _core_throughput(svc: Services, queue: str, n: int, threads: int, batch: int
     for w in workers:
         w.join()
     took = time.perf_counter() - t0
-    if not all_succeeded(svc, ids):
-        raise SystemExit("refusing to print: the core row's tasks did not all succeed")
+    if failures or done != n or len(ids) != n or not all_succeeded(svc, ids):
+        raise SystemExit(
+            f"refusing to print: the core row ran {done} tasks of its {len(ids)}, not {n} "
+            f"(or not every one succeeded; failures: {failures[:1]})"
+        )
     return n / took
 
 
