@@ -21,6 +21,7 @@ writes their figures to bench/results.md.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 from collections.abc import Callable
@@ -29,6 +30,9 @@ from typing import Any
 
 ENV = "TRACE_BENCH_SMOKE"
 FLAG = "--smoke"
+# Seconds after which a smoke run writes every thread's stack to standard error (the test's
+# timeout comes after it: a hung bench then says where it hung).
+STACKS_AFTER = "TRACE_BENCH_SMOKE_STACKS_AFTER"
 
 _active = False
 _real_stdout_fd: int | None = None  # the process's standard output, set aside at smoke size
@@ -66,6 +70,8 @@ def parse_args(
         _active = True
         # Small data: Spark's JVMs on the quick compiler profile, as the test suite runs them.
         os.environ.setdefault("TRACE_SPARK_JIT", "quick")
+        if after := os.environ.get(STACKS_AFTER):
+            faulthandler.dump_traceback_later(float(after))
         _swallow_stdout()
     return args
 

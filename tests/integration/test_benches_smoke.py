@@ -36,15 +36,25 @@ def test_every_bench_is_covered() -> None:
 def test_bench_smoke(bench: str) -> None:
     if bench == "sandbox_bench" and os.geteuid() != 0:
         pytest.skip("sandbox_bench's sandboxed rows switch users: root only")
-    env = {**os.environ, "TRACE_BENCH_SMOKE": "1", "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / f"{bench}.py"), "--smoke"],
-        cwd=BENCH.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    env = {
+        **os.environ,
+        "TRACE_BENCH_SMOKE": "1",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        # A hung bench writes its threads' stacks before the timeout kills it.
+        "TRACE_BENCH_SMOKE_STACKS_AFTER": str(TIMEOUT_S - 30),
+    }
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(BENCH / f"{bench}.py"), "--smoke"],
+            cwd=BENCH.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        pytest.fail(f"{bench} --smoke hung for {TIMEOUT_S} s\n--- stderr\n{(err or '')[-8000:]}")
     out = proc.stdout.splitlines()
     assert proc.returncode == 0, (
         f"{bench} --smoke exited {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}"
