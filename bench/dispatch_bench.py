@@ -201,11 +201,12 @@ def _core_throughput(svc: Services, queue: str, n: int, threads: int, batch: int
     for w in workers:
         w.join()
     took = time.perf_counter() - t0
-    if failures or done != n or len(ids) != n or not all_succeeded(svc, ids):
-        raise SystemExit(
-            f"refusing to print: the core row ran {done} tasks of its {len(ids)}, not {n} "
-            f"(or not every one succeeded; failures: {failures[:1]})"
-        )
+    if failures:
+        raise SystemExit(f"refusing to print: the core row failed: {failures[0]!r}")
+    if done != n or len(ids) != n:
+        raise SystemExit(f"refusing to print: the core row ran {done} of {len(ids)} tasks, not {n}")
+    if not all_succeeded(svc, ids):
+        raise SystemExit("refusing to print: the core row's tasks did not all succeed")
     return n / took
 
 
