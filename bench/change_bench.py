@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import yaml
 
 import smoke  # this folder's: run as a script
+from embedded_pg import migrated_postgres  # this folder's: run as a script
 from trace_platform import layout
 from trace_platform.config import Settings
 from trace_platform.contract import (
@@ -40,8 +40,6 @@ from trace_platform.contract import (
     RangeSpec,
 )
 from trace_platform.dag.schema import DagSpec
-from trace_platform.db.embedded import EmbeddedPostgres
-from trace_platform.db.migrate import migrate
 from trace_platform.identity import Actor, lite_admin
 from trace_platform.registry.deploy import plan_changes
 from trace_platform.services import Services
@@ -434,15 +432,7 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores")
     if not args.demo_only:
         planning(args.jobs)
-    root = Path(tempfile.mkdtemp(prefix="trace-change-bench-", dir="/tmp"))
-    root.chmod(0o755)
-    pg = EmbeddedPostgres(
-        root / "pg", durable=smoke.durable()
-    )  # fsync on at full size: real commit costs
-    pg.start()
-    try:
-        dsn = pg.dsn()
-        migrate(dsn)
+    with migrated_postgres("trace-change-bench-") as (root, dsn):  # fsync on at full size
         settings = Settings(state_dsn=dsn, home=root / "home", auth="permissive")
         svc = Services.build(settings, dsn)
         try:
@@ -454,8 +444,6 @@ def main() -> None:
             svc.close()
         if args.demo or args.demo_only:
             rebuild_vs_fresh(settings, dsn, root, args.blocks)
-    finally:
-        pg.destroy()
 
 
 if __name__ == "__main__":

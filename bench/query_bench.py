@@ -33,7 +33,6 @@ import os
 import random
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,9 +51,9 @@ from tests.support.amounts import ARROW_LIMBS, limbs
 from tests.support.datasets import commit_parquet, load_hot
 
 import smoke  # this folder's: run as a script
+from embedded_pg import migrated_postgres  # this folder's: run as a script
 from trace_platform.config import Settings
-from trace_platform.db.embedded import EmbeddedPostgres, free_port
-from trace_platform.db.migrate import migrate
+from trace_platform.db.embedded import free_port
 from trace_platform.identity import lite_admin
 from trace_platform.lite.stack import ApiServer
 from trace_platform.operators.decode import STAKING_SCHEMA, TRANSFERS_SCHEMA
@@ -402,13 +401,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured runs of each path first")
     args = smoke.parse_args(ap, blocks=2_000, hot=200, repeat=1, warmup=0)
-    root = Path(tempfile.mkdtemp(prefix="trace-qbench-", dir="/tmp"))
-    root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=smoke.durable())
-    pg.start()
-    try:
-        dsn = pg.dsn()
-        migrate(dsn)
+    with migrated_postgres("trace-qbench-") as (root, dsn):
         settings = Settings(state_dsn=dsn, home=root / "home", auth="permissive")
         svc = Services.build(settings, dsn)
         with svc.pool.connection() as conn:
@@ -503,8 +496,6 @@ def main() -> None:
         )
         server.stop()
         svc.close()
-    finally:
-        pg.destroy()
 
 
 if __name__ == "__main__":

@@ -20,17 +20,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import smoke  # this folder's: run as a script
+from embedded_pg import migrated_postgres  # this folder's: run as a script
 from trace_platform.config import Settings
 from trace_platform.contract import TaskSpec
-from trace_platform.db.embedded import EmbeddedPostgres
-from trace_platform.db.migrate import migrate
 from trace_platform.identity import lite_admin
 from trace_platform.lite.stack import LiteStack
 from trace_platform.operators.testing import probe_report
@@ -151,14 +148,8 @@ def main() -> None:
     args = smoke.parse_args(ap, tasks=5, switches=1, spark_runs=1, spark_warmup=False)
     if os.geteuid() != 0:
         raise SystemExit("the sandboxed rows need root (the sandbox switches users)")
-    root = Path(tempfile.mkdtemp(prefix="trace-sandbox-bench-", dir="/tmp"))
-    root.chmod(0o755)
-    pg = EmbeddedPostgres(root / "pg", durable=smoke.durable())
-    pg.start()
     results: dict[str, Any] = {}
-    try:
-        dsn = pg.dsn()
-        migrate(dsn)
+    with migrated_postgres("trace-sandbox-bench-") as (root, dsn):
         print(f"machine: {os.cpu_count()} cores; one worker, one wrapper; fsync on")
         for sandbox in ("off", "auto"):
             settings = Settings(state_dsn=dsn, home=root / f"home-{sandbox}", auth="permissive")
@@ -195,8 +186,6 @@ def main() -> None:
         for label, a, b, unit in rows:
             print(f"{label:72}{a:11.1f} {unit:<3}{b:10.1f} {unit:<3}{b / a:7.2f}x")
         print(f"\noperators ran as uid {off['uid']} (off) and uid {on['uid']} (sandbox user)")
-    finally:
-        pg.destroy()
 
 
 if __name__ == "__main__":
