@@ -25,8 +25,9 @@ from tests.support.alerts import (
     route_tasks,
 )
 from tests.support.dags import admin
+from trace_platform.alerts.datasets import ALERT_DELIVERIES, ALERT_EVENTS
 from trace_platform.alerts.routing import idempotency_key
-from trace_platform.layout import buffer_prefix
+from trace_platform.layout import buffer_prefix, buffer_queue
 from trace_platform.objectstore import make_store
 from trace_platform.operators.alert_route import alert_route
 from trace_platform.operators.context import OperatorContext, PermanentError
@@ -97,6 +98,49 @@ def test_alerts_are_routed_into_deliveries_once_each_old_ones_suppressed(
     route(s, tmp_path / "b", task, c)
     assert deliveries(s) == got
     assert len(_wakeups(s)) == 2
+
+
+def test_the_orgs_alert_datasets_are_made_as_any_buffered_dataset(services: Services) -> None:
+    """alert_events and alert_deliveries come out of the one maker of buffered datasets
+    (registry.buffered.create), as a DAG-declared one does: a Postgres dataset row named for
+    good, one complete version that is current, the platform's columns and key, and a queue of
+    its own."""
+    s, me = services, admin(services)
+    s.control.deploy(
+        me,
+        "name: own\njobs:\n  w: {operator: noop, buffer_outputs: [mine]}\n"
+        "buffered:\n  - {name: mine, columns: [{name: k, type: text}], unique_key: [k],"
+        " writers: [own.w]}\n",
+    )
+    s.control.deploy(me, DAG)
+    with s.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT b.*, ds.backend, ds.update_strategy, ds.producer_job, ds.dataset_name,"
+            " v.location AS version_location, v.state, v.backend AS version_backend"
+            " FROM buffered_datasets b JOIN datasets ds USING (dataset_uuid)"
+            " JOIN dataset_current c USING (dataset_uuid)"
+            " JOIN dataset_versions v ON v.dataset_version = c.dataset_version"
+            " WHERE b.org_id = %s",
+            (me.org_id,),
+        ).fetchall()
+    made = {r["name"]: r for r in rows}
+    assert sorted(made) == ["alert_deliveries", "alert_events", "mine"]
+    for name, r in made.items():
+        assert (r["backend"], r["version_backend"], r["update_strategy"]) == (
+            "postgres",
+            "postgres",
+            "append",
+        ), name
+        assert (r["dataset_name"], r["producer_job"]) == (name, f"buffered:{name}")
+        assert (r["state"], r["version_location"]) == ("complete", r["table_name"])
+        assert r["queue_name"] == buffer_queue(r["dataset_uuid"])
+    for pd in (ALERT_EVENTS, ALERT_DELIVERIES):
+        r = made[pd.name]
+        assert r["platform"] == pd.name
+        assert (r["columns"], list(r["unique_key"])) == (list(pd.columns), list(pd.unique_key))
+        assert (r["max_rows"], r["max_bytes"]) == (pd.max_rows, pd.max_bytes)
+    assert made["alert_events"]["writers"] == ["watch.rules"]
+    assert made["alert_deliveries"]["writers"] == ["watch.route"]
 
 
 def test_alert_route_refuses_to_run_without_the_data_login(

@@ -6,17 +6,15 @@ deploy, cutover and rollback of each DAG. Their columns are the platform's and n
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from psycopg import Connection
-from psycopg.types.json import Jsonb
 
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import DagProblem
-from trace_platform.layout import buffer_queue, dataset_location, version_location
+from trace_platform.registry import buffered
 from trace_platform.store.alerts import AlertStore
 from trace_platform.store.buffers import BufferStore
 from trace_platform.store.registry import RegistryStore
@@ -118,38 +116,17 @@ def register(
 def _create(
     conn: Connection[Any], pd: PlatformDataset, *, org_id: UUID, dag_id: UUID, version: int
 ) -> UUID:
-    ds, ver = uuid.uuid4(), uuid.uuid4()
-    table = version_location(org_id, ds, ver, "postgres")
-    store = BufferStore(conn)
-    key = list(pd.unique_key)
-    store.insert_dataset(
-        dataset_uuid=ds,
+    ds = buffered.create(
+        conn,
         org_id=org_id,
+        dag_id=dag_id,
+        version=version,
         name=pd.name,
-        location=dataset_location(org_id, ds, "postgres"),
-        unique_key=key,
-        dag_id=dag_id,
-    )
-    store.insert_version(
-        dataset_version=ver,
-        dataset_uuid=ds,
-        dag_id=dag_id,
-        dag_version=version,
-        table_name=table,
-        unique_key=key,
-    )
-    store.insert_buffered(
-        dataset_uuid=ds,
-        org_id=org_id,
-        name=pd.name,
-        dag_id=dag_id,
-        columns=Jsonb(list(pd.columns)),
-        unique_key=key,
+        columns=list(pd.columns),
+        unique_key=list(pd.unique_key),
         writers=[],
         max_rows=pd.max_rows,
         max_bytes=pd.max_bytes,
-        table_name=table,
-        queue_name=buffer_queue(ds),
     )
     AlertStore(conn).mark_platform(dataset_uuid=ds, platform=pd.name)
     return ds

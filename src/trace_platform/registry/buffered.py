@@ -1,7 +1,9 @@
 """Buffered datasets at deploy: the ones a DAG declares are registered (once: their columns
 and key never change, their rows stay through every deploy and rollback), and every job that
 publishes to one must be among its writers, else the whole deploy is refused (403) and
-nothing of it is stored."""
+nothing of it is stored. The deploy runs `register`, then the platform's alert datasets'
+registration (alerts.datasets, which makes its datasets through `create` here), then
+`check_writers`."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg.types.json import Jsonb
 
-from trace_platform.alerts import datasets as alert_datasets
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import DagProblem
 from trace_platform.identity import Actor, Forbidden
@@ -85,10 +86,6 @@ def register(
             max_rows=b.max_rows,
             max_bytes=b.max_bytes,
         )
-    problems.extend(
-        alert_datasets.register(conn, spec, org_id=org_id, dag_id=dag_id, version=version)
-    )
-    problems.extend(_check_writers(conn, spec, org_id))
     return problems
 
 
@@ -142,7 +139,9 @@ def create(
     return ds
 
 
-def _check_writers(conn: Connection[Any], spec: DagSpec, org_id: UUID) -> list[DagProblem]:
+def check_writers(conn: Connection[Any], spec: DagSpec, org_id: UUID) -> list[DagProblem]:
+    """Every buffer output of the DAG's jobs names a buffered dataset the job may write (the
+    alert datasets' writers set first); another job's publish is refused (403)."""
     problems: list[DagProblem] = []
     for job_name, job in spec.jobs.items():
         for i, name in enumerate(job.buffer_outputs):

@@ -18,6 +18,7 @@ from psycopg import Connection
 from psycopg.types.json import Jsonb
 
 from trace_platform import faults
+from trace_platform.alerts import datasets as alert_datasets
 from trace_platform.dag.schema import DagSpec, JobOutputRef, JobSpec, PoolSlot, SharedRead
 from trace_platform.dag.validate import DagInvalid, DagProblem
 from trace_platform.dag.whole import implicit_pools
@@ -149,6 +150,10 @@ def deploy(
         version=d.version,
         max_batch_bytes=intents.settings.sink_max_batch_bytes,
     )
+    d.problems += alert_datasets.register(
+        d.conn, spec, org_id=d.org_id, dag_id=d.dag_id, version=d.version
+    )
+    d.problems += buffered.check_writers(d.conn, spec, d.org_id)
     _cut_versions(d)
     _publish_names(d, apply=not d.building)
     _wire_subscriptions(d)
