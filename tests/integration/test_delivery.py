@@ -18,7 +18,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.alerts import alert, dag, deliveries, publish_alerts, route, route_tasks
+from tests.support.alerts import (
+    alert,
+    dag,
+    deliveries,
+    drain,
+    publish,
+    publish_alerts,
+    route,
+    route_tasks,
+)
 from tests.support.dags import admin, user
 from tests.support.receiver import Receiver
 from tests.support.wait import wait_for
@@ -30,6 +39,8 @@ from trace_platform.delivery.service import DeliveryService, backoff
 from trace_platform.errors import Conflict, Forbidden, NotFound
 from trace_platform.identity import Actor
 from trace_platform.identity.vault import vault_for
+from trace_platform.layout import buffer_prefix
+from trace_platform.objectstore import make_store
 from trace_platform.services import Services
 from trace_platform.store.deliveries import DeliveryStore
 
@@ -129,6 +140,57 @@ def test_a_receiver_down_then_back_gets_every_delivery_each_key_with_one_body(
     assert all(json.loads(a.body)["dedupe_key"] != "stale" for a in arrivals)
     errors = [a for a in _attempts(s) if a["outcome"] == "retry"]
     assert all("ConnectError" in a["error"] and a["address"] == "127.0.0.1" for a in errors)
+
+
+def test_a_key_routed_again_with_another_body_keeps_and_sends_its_first_body(
+    services: Services, tmp_path: Path
+) -> None:
+    """The same idempotency key always carries the same body: the one stored when the key was
+    first made. The routing run again, and a batch of the same key with a changed payload
+    (landed: the sink refuses nothing of it), change nothing stored, and the receiver gets the
+    first body."""
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    recv = Receiver(free_port(), None).start()
+    try:
+        recv.secret = _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+        publish_alerts(s, [alert("a", "warning", timedelta(minutes=1))])
+        (task,) = route_tasks(s)
+        c = route(s, tmp_path / "a", task)
+        (first,) = deliveries(s).values()
+        route(s, tmp_path / "b", task, c)  # re-run: every alert routed again
+        b = json.loads(first["body"])
+        changed = {
+            "idempotency_key": b["idempotency_key"],
+            "destination": b["destination"],
+            "status": "pending",
+            "alert_dag_id": b["dag_id"],
+            "alert_job": b["job"],
+            "rule": b["rule"],
+            "dedupe_key": b["dedupe_key"],
+            "severity": "critical",
+            "event_time": b["event_time"],
+            "payload": {"changed": True},
+            "reason": None,
+        }
+        key = f"{buffer_prefix(me.org_id, c.task_id, c.attempt)}again.jsonl"
+        make_store(s.settings).put(key, (json.dumps(changed) + "\n").encode())
+        publish(s, c, "alert_deliveries", key)
+        drain(s)
+        with s.pool.connection() as conn:
+            landed = conn.execute(
+                "SELECT status FROM buffer_records WHERE location = %s", (key,)
+            ).fetchone()
+        assert landed is not None and landed["status"] == "loaded"
+        (stored,) = deliveries(s).values()
+        assert (stored["delivery_id"], stored["body"]) == (first["delivery_id"], first["body"])
+        _service(s).drain()
+        (arrived,) = recv.wait(lambda a: len(a) >= 1)
+    finally:
+        recv.stop()
+    assert arrived.verified and arrived.webhook_id == b["idempotency_key"]
+    assert arrived.body == first["body"] and "changed" not in arrived.body
+    assert len(recv.arrivals) == 1
 
 
 def test_a_forged_signature_is_rejected_by_a_receiver_using_the_library(
