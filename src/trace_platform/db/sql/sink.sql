@@ -12,11 +12,13 @@ CREATE TABLE IF NOT EXISTS {table} (
   UNIQUE (org_id, {key})
 );
 
+-- name: copy_table
+-- A batch COPYed into {table}: the dataset's table when all its keys are new (one pass; a
+-- stored key fails it), else the stage the upsert below reads.
+COPY {table} ({names}) FROM STDIN;
+
 -- name: create_stage
 CREATE TEMP TABLE {stage} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DROP;
-
--- name: copy_stage
-COPY {stage} ({names}) FROM STDIN;
 
 -- name: upsert
 -- Idempotent: a row whose key is stored already (a batch published twice, a sink retried
