@@ -49,6 +49,19 @@ class Settings(BaseSettings):
     task_queue: str = "tasks"
     queue_max_attempts: int = 20
     queue_poll_seconds: float = 1.0
+    # The sqs driver (queue/sqs.py). A queue is the SQS queue `sqs_queue_prefix` + its name
+    # (characters SQS refuses escaped: "buffer.ab" -> "trace-buffer-2eab"), with a dead-letter
+    # queue of that name + "-dlq" named by its RedrivePolicy (maxReceiveCount =
+    # queue_max_attempts); or a queue named in sqs_queue_urls ('{"tasks": "https://..."}'),
+    # whose own RedrivePolicy names its DLQ. Queues are created on first use when
+    # sqs_create_queues is on (the default in lite), else looked up and refused if missing.
+    sqs_region: str = "us-east-1"
+    sqs_endpoint_url: str | None = None  # moto, LocalStack, a VPC endpoint
+    sqs_queue_prefix: str = Field(default="trace-", pattern=r"^[A-Za-z0-9_-]{0,40}$")
+    sqs_queue_urls: dict[str, str] = Field(default_factory=dict)
+    sqs_create_queues: bool | None = None
+    sqs_access_key_id: str | None = None  # else boto3's chain (instance role, AWS_* env)
+    sqs_secret_access_key: SecretStr | None = None
 
     # local[*] (default), or a Spark Connect endpoint sc://host:port of a cluster
     # (docs/spark-cluster.md).
@@ -222,6 +235,8 @@ class Settings(BaseSettings):
             self.queue_driver = (
                 QueueBackend.sqs if self.profile is Profile.aws else QueueBackend.pgqueue
             )
+        if self.sqs_create_queues is None:
+            self.sqs_create_queues = self.profile is Profile.lite
         if self.pg_data_dir is None:
             self.pg_data_dir = self.home / "pg"
         if self.object_store_root is None:

@@ -1,9 +1,19 @@
 """The QueueDriver conformance suite (Dagster-style reusable storage tests).
 
-Every driver (pgqueue now, SQS later) subclasses `QueueDriverConformance` and provides a
-`driver` fixture plus `expire(queue)` / `raw_publish(queue, body)` helpers where the backend needs
-them. The semantics checked are the protocol's: at-least-once, duplicates allowed, no ordering
-guarantee, visibility timeout, dead-lettering after max attempts.
+Every driver (pgqueue, sqs) subclasses `QueueDriverConformance` and provides a `driver`
+fixture plus a `raw_publish(queue, body)` helper. The semantics checked are the protocol's:
+at-least-once, duplicates allowed, no ordering guarantee, visibility timeout, dead-lettering
+after max attempts.
+
+Two guarantees are driver-specific, and a driver says whether it gives them (a test of one
+skips, giving the driver's reason, where it does not):
+- `fenced_receipts`: a receipt whose lease passed on (another receive got the message), or
+  whose message was already acked, settles nothing and reports False. pgqueue checks the
+  lease token; SQS accepts a superseded or settled receipt handle (see queue/sqs.py).
+- `exclusive_leases`: while acks are prompt, two receives never lease one message at once.
+  pgqueue locks rows; an SQS standard queue may deliver a message twice.
+And one is a driver's granularity, not a guarantee: `lease_unit`, the shortest lease the driver
+counts (SQS counts whole seconds), to which the tests' short leases are rounded up.
 """
 
 from __future__ import annotations
@@ -26,6 +36,26 @@ def wake(task_id: uuid.UUID | None = None) -> dict[str, Any]:
 
 class QueueDriverConformance:
     max_attempts = 3  # drivers under test are built with this many deliveries before dead-letter
+    lease_unit = 0.0  # seconds; 0: any fraction
+    fenced_receipts = True
+    exclusive_leases = True
+    # Why a driver lacks a guarantee above: the skip's reason (required when it is False).
+    unfenced_reason = ""
+    shared_leases_reason = ""
+
+    def lease(self, seconds: float) -> float:
+        """A short lease for a test, as long as the driver can count it."""
+        unit = self.lease_unit
+        return seconds if not unit else max(unit, -(-seconds // unit) * unit)
+
+    def outlast(self, seconds: float) -> None:
+        """Sleep until a lease of `seconds` (as `lease` rounds it) has run out."""
+        time.sleep(self.lease(seconds) + 0.2)
+
+    def need_fenced_receipts(self) -> None:
+        if not self.fenced_receipts:
+            assert self.unfenced_reason, "a driver without fenced receipts must say why"
+            pytest.skip(self.unfenced_reason)
 
     def raw_publish(self, driver: QueueDriver, queue: str, body: dict[str, Any]) -> None:
         """Put a message on the queue bypassing validation (a corrupt or foreign producer)."""
@@ -53,21 +83,38 @@ class QueueDriverConformance:
         self, driver: QueueDriver, queue: str
     ) -> None:
         driver.publish(queue, wake())
-        first = driver.receive(queue, 10, 0.5)
+        first = driver.receive(queue, 10, self.lease(0.5))
         assert len(first) == 1
-        assert driver.receive(queue, 10, 0.5) == []
-        time.sleep(0.7)
+        assert driver.receive(queue, 10, self.lease(0.5)) == []
+        self.outlast(0.5)
         again = driver.receive(queue, 10, 30)
         assert len(again) == 1 and again[0].delivery_count == 2
         assert again[0].payload == first[0].payload
 
     def test_stale_receipt_cannot_ack(self, driver: QueueDriver, queue: str) -> None:
+        self.need_fenced_receipts()
         driver.publish(queue, wake())
-        first = driver.receive(queue, 1, 0.3)[0]
-        time.sleep(0.5)
+        first = driver.receive(queue, 1, self.lease(0.3))[0]
+        self.outlast(0.3)
         second = driver.receive(queue, 1, 30)[0]
         assert driver.ack(queue, first.receipt) is False  # the lease moved on
         assert driver.ack(queue, second.receipt) is True
+
+    def test_acks_after_the_lease_moved_on_leave_nothing_behind(
+        self, driver: QueueDriver, queue: str
+    ) -> None:
+        """Every driver, fenced or not: the old holder's ack and the new holder's ack of one
+        message raise nothing, and between them the message is gone for good."""
+        driver.publish(queue, wake())
+        first = driver.receive(queue, 1, self.lease(0.3))[0]
+        self.outlast(0.3)
+        [second] = driver.receive(queue, 1, self.lease(0.3))
+        assert second.payload == first.payload and second.delivery_count == 2
+        assert isinstance(driver.ack(queue, first.receipt), bool)
+        assert isinstance(driver.ack(queue, second.receipt), bool)
+        self.outlast(0.3)
+        assert driver.receive(queue, 10, 30) == []
+        assert driver.extend_visibility(queue, second.receipt, 30) is False
 
     def test_a_receipt_settles_only_through_its_own_queue(
         self, driver: QueueDriver, queue: str
@@ -77,7 +124,7 @@ class QueueDriverConformance:
         other = queue + "_other"
         driver.publish_many(queue, [wake() for _ in range(20)])
         driver.publish(other, wake())
-        msgs = driver.receive(queue, 20, 0.5)  # a batch (whatever the driver leases as one)
+        msgs = driver.receive(queue, 20, self.lease(0.5))  # a batch (however the driver leases)
         assert len(msgs) == 20
         first, second, third = msgs[0], msgs[1], msgs[2]
         assert driver.ack(other, first.receipt) is False
@@ -85,7 +132,7 @@ class QueueDriverConformance:
         assert driver.extend_visibility(other, second.receipt, 30) is False
         assert driver.nack(other, third.receipt, "not mine") is False
         assert len(driver.receive(other, 10, 30, ack=[m.receipt for m in msgs])) == 1
-        time.sleep(0.7)  # every lease ran out: nothing above settled or extended any of them
+        self.outlast(0.5)  # every lease ran out: nothing above settled or extended any of them
         again = driver.receive(queue, 30, 30)
         assert len(again) == 20 and {m.delivery_count for m in again} == {2}
         assert driver.extend_visibility(queue, again[0].receipt, 30)
@@ -97,9 +144,9 @@ class QueueDriverConformance:
 
     def test_extend_visibility(self, driver: QueueDriver, queue: str) -> None:
         driver.publish(queue, wake())
-        msg = driver.receive(queue, 1, 0.5)[0]
+        msg = driver.receive(queue, 1, self.lease(0.5))[0]
         assert driver.extend_visibility(queue, msg.receipt, 30)
-        time.sleep(0.7)
+        self.outlast(0.5)
         assert driver.receive(queue, 1, 30) == []
         assert driver.ack(queue, msg.receipt)
 
@@ -127,22 +174,26 @@ class QueueDriverConformance:
             got.extend(m.payload["task_id"] for m in msgs)
             previous = [m.receipt for m in msgs]
         # The last, empty receive acked the last batch: nothing is left to redeliver, even
-        # once every lease has run out.
+        # once every lease has run out. No lease is left to extend; and a fenced driver says
+        # the receipts settle nothing more.
         assert sorted(got) == sorted(b["task_id"] for b in bodies)
-        assert driver.ack_many(queue, previous) == 0
+        assert not any(driver.extend_visibility(queue, r, 30) for r in previous)
+        if self.fenced_receipts:
+            assert driver.ack_many(queue, previous) == 0
 
     def test_a_folded_ack_of_a_stale_receipt_is_ignored(
         self, driver: QueueDriver, queue: str
     ) -> None:
+        self.need_fenced_receipts()
         driver.publish(queue, wake())
-        first = driver.receive(queue, 1, 0.3)[0]
-        time.sleep(0.5)
-        [again] = driver.receive(queue, 1, 0.3)  # the lease moved on to another consumer
+        first = driver.receive(queue, 1, self.lease(0.3))[0]
+        self.outlast(0.3)
+        [again] = driver.receive(queue, 1, self.lease(0.3))  # the lease moved on to another
         assert again.delivery_count == 2 and again.payload == first.payload
         # The old receipt acks nothing; the message is still held under the new lease, and
         # once that runs out the same call that names the old receipt leases it again.
         assert driver.receive(queue, 1, 30, ack=[first.receipt]) == []
-        time.sleep(0.5)
+        self.outlast(0.3)
         [third] = driver.receive(queue, 1, 30, ack=[first.receipt])
         assert third.delivery_count == 3
         assert driver.ack(queue, again.receipt) is False
@@ -153,8 +204,8 @@ class QueueDriverConformance:
     ) -> None:
         body = wake()
         driver.publish(queue, body)
-        msg = driver.receive(queue, 1, 0.3)[0]
-        time.sleep(0.5)  # run out, but nobody leased it again: the receipt still names it
+        msg = driver.receive(queue, 1, self.lease(0.3))[0]
+        self.outlast(0.3)  # run out, but nobody leased it again: the receipt still names it
         assert driver.receive(queue, 1, 30, ack=[msg.receipt]) == []
         assert driver.receive(queue, 1, 30) == []
 
@@ -241,7 +292,10 @@ class QueueDriverConformance:
             t.start()
         for t in threads:
             t.join()
-        assert set(seen) == {b["task_id"] for b in bodies}
+        assert set(seen) == {b["task_id"] for b in bodies}  # at least once, every driver
+        if not self.exclusive_leases:
+            assert self.shared_leases_reason, "a driver without exclusive leases must say why"
+            pytest.skip(f"every message seen; not checked once only: {self.shared_leases_reason}")
         assert max(seen.values()) == 1  # no double lease while acks are prompt
 
     def test_idle_consumer_wakes_on_publish(self, driver: QueueDriver, queue: str) -> None:

@@ -17,6 +17,13 @@ SQL_OWNERS = ("store/", "queue/pgqueue.py", "db/")
 # Inline SQL text is allowed only where it is not the state store: DuckDB in the Query Service,
 # the hot-window sink's data DSN, and the database's own tooling.
 INLINE_SQL_ALLOWED = ("store/", "db/", "query/", "operators/hot_window.py")
+# Who may import the AWS SDK: the AWS adapters, each behind its protocol (the sqs queue driver,
+# the s3 object store, and whatever later adapters live under aws/). Nothing of the task
+# lifecycle does, so the aws profile swaps adapters and never the code that uses them.
+AWS_SDK_USERS = ("queue/sqs.py", "objectstore/s3.py", "aws/")
+AWS_SDK = ("boto3", "botocore", "aiobotocore", "s3transfer")
+# A queue driver is chosen by queue.make_driver only: everyone else holds a QueueDriver.
+QUEUE_DRIVERS = ("trace_platform.queue.pgqueue", "trace_platform.queue.sqs")
 _STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|LOCK|CREATE)\b", re.IGNORECASE)
 
 
@@ -205,3 +212,44 @@ def test_no_import_cycles() -> None:
     assert "trace_platform.spark.sql_guard" in graph  # the graph really covers the package
     cycles = _cycles(graph)
     assert cycles == [], "import cycles:\n" + "\n".join(", ".join(c) for c in cycles)
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import names (absolute imports: the package uses no relative ones)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    return [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def test_only_the_aws_adapters_import_the_aws_sdk() -> None:
+    offenders = []
+    for name, tree in _modules().items():
+        if name.startswith(AWS_SDK_USERS):
+            continue
+        for node in _executed_imports(tree):
+            sdk = {m for m in _imported(node) if m.split(".")[0] in AWS_SDK}
+            if sdk:
+                offenders.append(f"{name}:{node.lineno} imports {sorted(sdk)[0]}")
+    assert offenders == [], f"the AWS SDK imported outside the AWS adapters: {offenders}"
+
+
+def test_only_make_driver_picks_a_queue_driver() -> None:
+    offenders = []
+    for name, tree in _modules().items():
+        if name.startswith("queue/"):  # make_driver, and the drivers and their own helpers
+            continue
+        for node in _executed_imports(tree):
+            names = _imported(node)
+            if any(
+                m == d or m.startswith((d + "_", d + ".")) for m in names for d in QUEUE_DRIVERS
+            ):
+                offenders.append(f"{name}:{node.lineno}")
+    assert offenders == [], f"a queue driver imported past queue.make_driver: {offenders}"
+
+
+def test_the_import_guards_see_an_import() -> None:
+    """Guard the guards: a function-level boto3 import and a driver import are found."""
+    tree = ast.parse("def f():\n    import botocore.config\nfrom trace_platform.queue import sqs\n")
+    found = [m for node in _executed_imports(tree) for m in _imported(node)]
+    assert "botocore.config" in found and "trace_platform.queue.sqs" in found

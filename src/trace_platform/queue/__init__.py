@@ -15,6 +15,8 @@ def make_driver(settings: Settings, dsn: str) -> QueueDriver:
         return PgQueue.from_dsn(
             dsn, max_attempts=settings.queue_max_attempts, poll_seconds=settings.queue_poll_seconds
         )
-    raise NotImplementedError(
-        f"queue driver '{settings.queue_driver}' is not built yet; use TRACE_QUEUE_DRIVER=pgqueue"
-    )
+    if settings.queue_driver is QueueBackend.sqs:
+        from trace_platform.queue.sqs import SqsQueue
+
+        return SqsQueue.from_settings(settings)  # state stays in Postgres: no DSN here
+    raise NotImplementedError(f"queue driver '{settings.queue_driver}' is not built")
