@@ -301,3 +301,30 @@ def test_receipts_from_other_drivers_are_refused_or_ignored(drv: SqsQueue) -> No
         drv.nack(q, "", "x")
     # A well-formed receipt of another SQS queue holds nothing here.
     assert drv.ack(q, "other-queue:1:handle") is False
+
+
+def test_the_outbox_publishes_task_wakeups_to_sqs(
+    settings: Settings, dsn: str, s3_endpoint: str
+) -> None:
+    """The Dispatcher's enqueue path unchanged, only the driver swapped: a created task's
+    outbox row goes to SQS as its wake-up, and the row is marked sent."""
+    from trace_platform.contract import TaskSpec
+    from trace_platform.services import Services
+
+    on_sqs = settings.model_copy(
+        update={
+            k: v
+            for k, v in _settings(s3_endpoint).model_dump().items()
+            if k.startswith(("queue_", "sqs_"))
+        }
+    )
+    svc = Services.build(on_sqs, dsn)
+    try:
+        assert isinstance(svc.driver, SqsQueue)
+        ref = svc.dispatcher.create_task(TaskSpec(job="j", operator="noop"))
+        assert svc.publisher.drain() == 1 and svc.publisher.pending() == 0
+        [msg] = svc.driver.receive(on_sqs.task_queue, 10, 30, wait_seconds=2)
+        assert msg.payload == {"kind": "task_wakeup", "task_id": str(ref.task_id)}
+        assert svc.driver.ack(on_sqs.task_queue, msg.receipt)
+    finally:
+        svc.close()
