@@ -367,3 +367,37 @@ def test_another_orgs_admin_sees_and_touches_none_of_an_orgs_deliveries(
         ctl.set_destination(other, "ops", url="https://evil.example/")
     assert ctl.show(me, did)["status"] == "failed"  # untouched
     assert ctl.list_destinations(me)[0]["url"] == "https://example.org/hook"
+
+
+def test_a_step_takes_its_wake_ups_in_one_ack_and_settles_every_attempt(
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wake-up only says "a delivery is due": a step acks all it took in one call (one ack
+    each was a fifth of a busy service's time), and each pipelined settle still records its
+    attempt and its outcome."""
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    recv = Receiver(free_port(), None).start()
+    recv.secret = _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+    try:
+        _deliver(s, tmp_path, [alert(f"a{i}", "warning", timedelta(minutes=1)) for i in range(5)])
+        acks: list[tuple[str, int]] = []
+
+        def counted(name: str) -> Callable[[str, Any], Any]:
+            real = getattr(s.driver, name)
+
+            def call(queue: str, receipts: Any) -> Any:
+                acks.append((name, len(receipts) if isinstance(receipts, list) else 1))
+                return real(queue, receipts)
+
+            return call
+
+        for name in ("ack", "ack_many"):
+            monkeypatch.setattr(s.driver, name, counted(name))
+        assert _service(s).step() == 5 + 5  # five wake-ups taken, five deliveries attempted
+        recv.wait(lambda a: len({x.webhook_id for x in a if x.verified}) == 5)
+    finally:
+        recv.stop()
+    assert acks == [("ack_many", 5)]
+    assert _by_status(s) == {"delivered": 5}
+    assert sorted(a["outcome"] for a in _attempts(s)) == ["delivered"] * 5

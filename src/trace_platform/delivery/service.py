@@ -89,7 +89,8 @@ class DeliveryService:
         for msg in msgs:
             with contextlib.suppress(PayloadError):
                 decode(msg.payload)  # a malformed one is dropped like any
-            self.driver.ack(QUEUE, msg.receipt)
+        if msgs:  # one round trip for the batch (one each was a fifth of a busy service's time)
+            self.driver.ack_many(QUEUE, [m.receipt for m in msgs])
         return len(msgs) + self.send_due()
 
     def send_due(self) -> int:
@@ -195,7 +196,8 @@ class DeliveryService:
                 next_at = None
             else:
                 status, reason = "pending", o.error
-        with self.pool.connection() as conn, conn.transaction():
+        # Pipelined: the attempt, the settle and the commit in two round trips, not four.
+        with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
             store = DeliveryStore(conn)
             store.insert_attempt(
                 delivery_id=row["delivery_id"],
