@@ -223,7 +223,8 @@ def test_long_polling_waits_in_calls_of_at_most_20_seconds(
     started = time.monotonic()
     assert drv.receive(q, 1, 30, wait_seconds=2.5) == []
     assert 2.4 < time.monotonic() - started < 6
-    assert [c["WaitTimeSeconds"] for c in receives] == [1, 1, 1]
+    waits = [c["WaitTimeSeconds"] for c in receives]
+    assert len(waits) >= 2 and set(waits) == {1}, waits  # 3 unless a poll overran its second
 
 
 def test_a_delay_longer_than_sqs_allows_hops(
@@ -328,3 +329,13 @@ def test_the_outbox_publishes_task_wakeups_to_sqs(
         assert svc.driver.ack(on_sqs.task_queue, msg.receipt)
     finally:
         svc.close()
+
+
+def test_an_existing_queue_with_other_attributes_is_used_as_it_is(s3_endpoint: str) -> None:
+    first = _driver(s3_endpoint)
+    assert first.resolve("tasks").max_receives == MAX_ATTEMPTS
+    other = _driver(s3_endpoint, sqs_queue_prefix=first.prefix, queue_max_attempts=7)
+    ref = other.resolve("tasks")  # CreateQueue says it exists: its own RedrivePolicy wins
+    assert ref.url == first.resolve("tasks").url and ref.max_receives == MAX_ATTEMPTS
+    first.close()
+    other.close()

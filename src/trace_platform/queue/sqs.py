@@ -87,10 +87,11 @@ class SqsError(TraceError):
     code = "queue_unavailable"
 
 
-def _code(e: ClientError) -> str:
-    # The JSON protocol says "QueueDoesNotExist", the query protocol
-    # "AWS.SimpleQueueService.NonExistentQueue": the last dotted part covers both.
-    return str(e.response.get("Error", {}).get("Code", "")).rsplit(".", 1)[-1]
+def _codes(e: ClientError) -> set[str]:
+    # SQS's JSON protocol names an error twice ("QueueDoesNotExist", and as QueryErrorCode the
+    # query protocol's "AWS.SimpleQueueService.NonExistentQueue"): both, without the dots.
+    error = e.response.get("Error", {})
+    return {str(error.get(k, "")).rsplit(".", 1)[-1] for k in ("Code", "QueryErrorCode")}
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ class SqsQueue:
                 self.client.create_queue(QueueName=physical, Attributes=attributes)["QueueUrl"]
             )
         except ClientError as e:
-            if _code(e) not in _EXISTS:
+            if not _codes(e) & _EXISTS:
                 raise SqsError(f"cannot create SQS queue {physical}: {e}") from None
         # It exists with other attributes (made by hand, or by another max_attempts): its own
         # settings win, and its RedrivePolicy is read back as any looked-up queue's.
@@ -260,7 +261,7 @@ class SqsQueue:
         try:
             return str(self.client.get_queue_url(**kwargs)["QueueUrl"])
         except ClientError as e:
-            if _code(e) in _MISSING:
+            if _codes(e) & _MISSING:
                 raise SqsError(
                     f"SQS queue {physical} (queue {queue_name!r}) does not exist: create it with "
                     f"its dead-letter queue, name it in TRACE_SQS_QUEUE_URLS, or set "
@@ -439,10 +440,10 @@ class SqsQueue:
                 QueueUrl=q.url, ReceiptHandle=handle, VisibilityTimeout=seconds
             )
         except ClientError as e:
-            code = _code(e)
-            if code in _LOST:
+            codes = _codes(e)
+            if codes & _LOST:
                 return False
-            if code == "InvalidParameterValue":  # past SQS's 12 hours since the receive
+            if "InvalidParameterValue" in codes:  # past SQS's 12 hours since the receive
                 log.warning("queue %s: SQS refused a visibility of %d s: %s", q.name, seconds, e)
                 return False
             raise
