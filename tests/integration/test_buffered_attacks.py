@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.buffers import batch_key, object_store, publish, sink, table_rows, write_lines
 from tests.support.dags import admin, user
+from tests.support.parquet_bombs import BOMBS, LIMIT
 from tests.support.wait import wait_for
 from trace_platform.contract import Claim, ClaimRequest
 from trace_platform.dag.validate import DagInvalid
@@ -372,6 +373,31 @@ def test_a_parquet_bomb_is_refused_before_it_decodes_in_full(deployed: Services)
     by = {r["location"].rsplit("/", 1)[1]: r for r in _records(s)}
     assert by["bomb.parquet"]["status"] == "dead", by["bomb.parquet"]
     assert "decodes to more than 1048576 bytes" in by["bomb.parquet"]["error"]
+    assert by["good.jsonl"]["status"] == "loaded"
+    assert [r["k"] for r in _rows(s)] == ["good"]
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_parquet_bomb_is_refused_from_its_footer_and_pages_before_decoding(
+    deployed: Services, bomb: str
+) -> None:
+    """Batches of a few KB that expand past the bound: one huge cell (refused from the footer,
+    its compressed frames broken so any decoding would fail otherwise), the same cell under a
+    footer that lies (refused from the page headers), one dictionary value repeated 20,000
+    times and a list of a million values (refused before they expand). Each dead-letters with
+    its reason; the next good batch lands."""
+    make, reason = BOMBS[bomb]
+    s = deployed
+    c = _claim(s)
+    data = make()
+    assert len(data) < 4096  # small as stored
+    _publish(s, c, _write_raw(s, _key(s, c, "bomb.parquet"), data))
+    _publish(s, c, _write(s, c, [{"k": "good"}], "good.jsonl"))
+    _sink(s, max_batch_bytes=LIMIT).drain(timeout=20)
+    by = {r["location"].rsplit("/", 1)[1]: r for r in _records(s)}
+    assert by["bomb.parquet"]["status"] == "dead", by["bomb.parquet"]
+    error = by["bomb.parquet"]["error"]
+    assert reason in error and "TRACE_SINK_MAX_BATCH_BYTES" in error, error
     assert by["good.jsonl"]["status"] == "loaded"
     assert [r["k"] for r in _rows(s)] == ["good"]
 

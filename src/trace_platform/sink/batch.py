@@ -14,6 +14,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from trace_platform.dag.schema import BUFFER_RESERVED
+from trace_platform.sink import parquet
 
 _UINT256_MAX = 2**256 - 1
 _INT64 = (-(2**63), 2**63 - 1)
@@ -25,9 +26,11 @@ class BatchRefused(ValueError):
 
 
 def parse(data: bytes, content_type: str, max_rows: int, max_decoded: int) -> list[dict[str, Any]]:
-    """The batch's rows as dicts (JSONL: one object a line; Parquet: its rows, decoded record
-    batch by record batch and refused once they hold more than `max_decoded` bytes: a small,
-    highly compressed file never expands in full)."""
+    """The batch's rows as dicts (JSONL: one object a line; Parquet: its rows, refused before
+    any decoding when its footer or page headers say it decompresses to more than
+    `max_decoded` bytes, then decoded in batches small enough that none expands past the
+    bound, and refused once they hold more: a small, highly compressed file never expands in
+    full, nor does one whose footer lies)."""
     if content_type == "application/jsonl":
         return _jsonl(data, max_rows)  # as decoded as it is stored: `data` is the bound
     return _parquet(data, max_rows, max_decoded)
@@ -58,33 +61,42 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-_PARQUET_BATCH_ROWS = 4096  # rows decoded at a time
-
-
 def _parquet(data: bytes, max_rows: int, max_decoded: int) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows: list[dict[str, Any]] = []
     decoded = 0
+    over = (
+        f"the batch decodes to more than {max_decoded} bytes (the platform's "
+        "TRACE_SINK_MAX_BATCH_BYTES)"
+    )
     try:
         f = pq.ParquetFile(io.BytesIO(data))
         if f.metadata.num_rows > max_rows:
             raise BatchRefused(
                 f"the batch has {f.metadata.num_rows} rows; the dataset's max_rows is {max_rows}"
             )
-        for part in f.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
-            decoded += part.nbytes  # the footer's sizes and counts are the file's own claims
+        # Its footer and page headers first: nothing of it is decoded if they say too much.
+        try:
+            how = parquet.plan(data, f.metadata, f.schema, max_decoded)
+        except parquet.Refused as e:
+            raise BatchRefused(str(e)) from None
+        f = pq.ParquetFile(io.BytesIO(data), read_dictionary=how.dictionary_paths)
+        for part in f.iter_batches(batch_size=how.batch_rows):
+            # As its rows will be once expanded (a dictionary's values repeated included).
+            decoded += sum(parquet.dense_bytes(col) for col in part.columns)
             if decoded > max_decoded:
-                raise BatchRefused(
-                    f"the batch decodes to more than {max_decoded} bytes (the platform's "
-                    "TRACE_SINK_MAX_BATCH_BYTES)"
-                )
+                raise BatchRefused(over)
             if len(rows) + part.num_rows > max_rows:
                 raise BatchRefused(
                     f"the batch has more than {max_rows} rows; the dataset's max_rows is {max_rows}"
                 )
-            rows.extend(part.to_pylist())
+            # Within the bound: its dictionaries expanded (their values read faster so).
+            columns = [
+                c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in part.columns
+            ]
+            rows.extend(pa.RecordBatch.from_arrays(columns, names=part.schema.names).to_pylist())
     except (pa.ArrowException, OSError) as e:
         raise BatchRefused(f"the batch is not a Parquet file: {e}") from None
     return rows
