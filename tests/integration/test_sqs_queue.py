@@ -339,3 +339,28 @@ def test_an_existing_queue_with_other_attributes_is_used_as_it_is(s3_endpoint: s
     assert ref.url == first.resolve("tasks").url and ref.max_receives == MAX_ATTEMPTS
     first.close()
     other.close()
+
+
+def test_sqs_away_is_one_error_class_a_caller_can_retry() -> None:
+    import boto3
+    from botocore.config import Config
+
+    from trace_platform.db.embedded import free_port
+    from trace_platform.queue.driver import QueueUnavailable
+
+    client = boto3.client(
+        "sqs",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=1),
+    )
+    away = SqsQueue(client, create=True)
+    with pytest.raises(QueueUnavailable, match="SQS"):
+        away.publish("tasks", wake())
+    with pytest.raises(SqsError):
+        away.receive("tasks", 1, 30)
+    with pytest.raises(PayloadError):  # a bad payload is still refused as one, first
+        away.publish("tasks", {"kind": "nope"})
+    away.close()

@@ -9,6 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from trace_platform.errors import TraceError
+
+
+class QueueUnavailable(TraceError):
+    """A driver's backend refused or could not be reached; trying again later may work.
+    (pgqueue's are psycopg's own errors, which its callers already retry.)"""
+
+    status_code = 503
+    code = "queue_unavailable"
+
 
 @dataclass(frozen=True)
 class Message:

@@ -31,23 +31,24 @@ are driver-specific):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from trace_platform.config import Settings
-from trace_platform.errors import TraceError
 from trace_platform.queue import payloads
-from trace_platform.queue.driver import Message
+from trace_platform.queue.driver import Message, QueueUnavailable
 from trace_platform.queue.payloads import PayloadError
 from trace_platform.queue.sqs_format import (
     BATCH,
@@ -67,6 +68,8 @@ from trace_platform.queue.sqs_format import (
 )
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 DLQ_RETENTION = 1_209_600  # 14 days, SQS's longest: dead letters wait for a person
 DLQ_HOLD = 30  # seconds a listed dead letter is held before it is made visible again
@@ -80,11 +83,22 @@ _MISSING = {"QueueDoesNotExist", "NonExistentQueue"}
 _EXISTS = {"QueueAlreadyExists", "QueueNameExists"}
 
 
-class SqsError(TraceError):
-    """SQS refused or lacks what the driver needs (a queue, its redrive policy, a send)."""
+class SqsError(QueueUnavailable):
+    """SQS refused, failed, or lacks what the driver needs (a queue, its redrive policy)."""
 
-    status_code = 503
-    code = "queue_unavailable"
+
+def _unavailable(method: Callable[P, R]) -> Callable[P, R]:
+    """The AWS SDK's errors out of a public method as SqsError (one class for a caller to
+    retry); a bad payload or receipt stays PayloadError / ValueError."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except (BotoCoreError, ClientError) as e:
+            raise SqsError(f"SQS {method.__name__}: {e}") from e
+
+    return wrapper
 
 
 def _codes(e: ClientError) -> set[str]:
@@ -197,6 +211,7 @@ class SqsQueue:
         url = self.urls.get(queue_name)
         return queue_name_of_url(url) if url else physical_name(self.prefix, queue_name)
 
+    @_unavailable
     def resolve(self, queue_name: str) -> QueueRef:
         """The SQS queue and DLQ of a Trace queue: created or looked up on first use, then
         remembered for the driver's life."""
@@ -280,6 +295,7 @@ class SqsQueue:
     def publish(self, queue_name: str, payload_json: Any, delay_seconds: int = 0) -> None:
         self.publish_many(queue_name, [payload_json], delay_seconds)
 
+    @_unavailable
     def publish_many(self, queue_name: str, payloads_: list[Any], delay_seconds: int = 0) -> None:
         """Every payload is validated and sized before anything is sent; then batches of 10
         (and 256 KiB). A batch SQS fails part-way raises after the earlier batches were sent:
@@ -337,6 +353,7 @@ class SqsQueue:
         )
 
     # -- receive -------------------------------------------------------------------------
+    @_unavailable
     def receive(
         self,
         queue_name: str,
@@ -411,6 +428,7 @@ class SqsQueue:
     def ack(self, queue_name: str, receipt: str) -> bool:
         return self.ack_many(queue_name, [receipt]) == 1
 
+    @_unavailable
     def ack_many(self, queue_name: str, receipts: list[str]) -> int:
         """How many deletes SQS accepted. Not fenced: SQS also accepts a superseded or an
         already deleted receipt (see the module's notes); only a refused handle counts 0."""
@@ -449,6 +467,7 @@ class SqsQueue:
             raise
         return True
 
+    @_unavailable
     def extend_visibility(
         self, queue_name: str, receipt: str, visibility_timeout_seconds: float
     ) -> bool:
@@ -458,6 +477,7 @@ class SqsQueue:
         seconds = whole_seconds(visibility_timeout_seconds, MAX_VISIBILITY)
         return self._change(self.resolve(queue_name), handles[0], seconds)
 
+    @_unavailable
     def nack(self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0) -> bool:
         where, count, handle = split_receipt(receipt)
         if where != self.physical(queue_name):
@@ -498,6 +518,7 @@ class SqsQueue:
         return True
 
     # -- dead letters --------------------------------------------------------------------
+    @_unavailable
     def dead_letters(self, queue_name: str) -> list[dict[str, Any]]:
         """The queue's dead letters, oldest first, left in the DLQ (see the module's notes)."""
         q = self.resolve(queue_name)
