@@ -17,6 +17,8 @@ import pytest
 from tests.support.alerts import (
     alert,
     claim,
+    dag,
+    dag_ids,
     deliveries,
     drain,
     publish,
@@ -85,7 +87,8 @@ def test_alerts_are_routed_into_deliveries_once_each_old_ones_suppressed(
     }
     assert "max_delivery_age is 3600 s" in got[("ops", "old")]["reason"]
     warn = got[("ops", "warn")]
-    named = {"dag_id": "d", "job": "rules", "rule": "big", "dedupe_key": "warn"}
+    # The alert's producer is the publishing job's (its rows said dag_id "d").
+    named = {"dag_id": dag_ids(s)["watch"], "job": "rules", "rule": "big", "dedupe_key": "warn"}
     assert warn["idempotency_key"] == idempotency_key(me.org_id, named, "ops")
     body = json.loads(warn["body"])
     assert body["payload"] == {"value": "123456789012345678901234567890", "key": "warn"}
@@ -141,6 +144,42 @@ def test_the_orgs_alert_datasets_are_made_as_any_buffered_dataset(services: Serv
         assert (r["max_rows"], r["max_bytes"]) == (pd.max_rows, pd.max_bytes)
     assert made["alert_events"]["writers"] == ["watch.rules"]
     assert made["alert_deliveries"]["writers"] == ["watch.route"]
+
+
+def _alert_events(s: Services) -> list[dict[str, Any]]:
+    with s.pool.connection() as conn:
+        table = conn.execute(
+            "SELECT table_name FROM buffered_datasets WHERE platform = 'alert_events'"
+        ).fetchone()["table_name"]
+        schema, _, name = table.partition(".")
+        return conn.execute(
+            psycopg.sql.SQL("SELECT * FROM {} ORDER BY dag_id, job, dedupe_key").format(
+                psycopg.sql.Identifier(schema, name)
+            )
+        ).fetchall()
+
+
+def test_alerts_land_as_their_publishing_jobs_whatever_their_rows_claim(
+    services: Services,
+) -> None:
+    """A's alert_evaluate job publishes rows claiming to be B's alerts (B's dag_id, or another
+    job): they land as A's, the producer taken from the trusted record like the org. So A
+    cannot squat the key of an alert B raises later: B's real alert still lands, as B's."""
+    s, me = services, admin(services)
+    s.control.deploy(me, dag("a"))
+    s.control.deploy(me, dag("b"))
+    a, b = dag_ids(s)["a"], dag_ids(s)["b"]
+    squat = {**alert("k", "critical", timedelta(minutes=1)), "dag_id": b}
+    elsewhere = {**alert("k2", "critical", timedelta(minutes=1)), "dag_id": b, "job": "other"}
+    publish_alerts(s, [squat, elsewhere], "a")
+    real = {**alert("k", "warning", timedelta(minutes=1)), "dag_id": b, "payload": {"real": 1}}
+    publish_alerts(s, [real], "b")
+    got = [(r["dag_id"], r["job"], r["dedupe_key"], r["org_id"]) for r in _alert_events(s)]
+    assert sorted(got) == sorted(
+        [(a, "rules", "k", me.org_id), (a, "rules", "k2", me.org_id), (b, "rules", "k", me.org_id)]
+    )
+    (mine,) = [r for r in _alert_events(s) if r["dag_id"] == b]
+    assert mine["payload"] == {"real": 1} and mine["severity"] == "warning"
 
 
 def test_alert_route_refuses_to_run_without_the_data_login(

@@ -61,6 +61,8 @@ def drain(s: Services) -> None:
 
 
 def alert(key: str, severity: str, age: timedelta, rule: str = "big") -> dict[str, Any]:
+    """An alert row as a rules job writes it. Its dag_id "d" is a claim the sink replaces
+    with the publishing task's DAG (as it does its job and org)."""
     when = datetime.now(UTC) - age
     return {
         "dag_id": "d",
@@ -71,6 +73,13 @@ def alert(key: str, severity: str, age: timedelta, rule: str = "big") -> dict[st
         "event_time": when.isoformat(),
         "payload": {"value": "123456789012345678901234567890", "key": key},
     }
+
+
+def dag_ids(s: Services) -> dict[str, str]:
+    """DAG name -> its dag_id as alert rows carry it (text)."""
+    with s.pool.connection() as conn:
+        rows = conn.execute("SELECT name, dag_id FROM dags").fetchall()
+    return {r["name"]: str(r["dag_id"]) for r in rows}
 
 
 def publish_alerts(s: Services, rows: list[dict[str, Any]], dag_name: str = "watch") -> None:

@@ -16,6 +16,7 @@ from uuid import UUID
 import psycopg
 
 from trace_platform import faults
+from trace_platform.alerts.datasets import ALERT_EVENTS
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.objectstore import NoSuchKey, ObjectStore, ObjectStoreError
 from trace_platform.queue import QueueDriver
@@ -158,6 +159,8 @@ class Sink:
             return "dead"
         try:
             names, values = self._read(rec)
+            if rec.get("platform") == ALERT_EVENTS.name:
+                _own_alerts(rec, names, values)
         except BatchRefused as e:
             self.buffers.dead(record_id, str(e))
             log.info("sink: batch %s of '%s' refused: %s", record_id, rec["name"], e)
@@ -238,3 +241,15 @@ class Sink:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _own_alerts(rec: dict[str, Any], names: list[str], values: list[list[Any]]) -> None:
+    """The org's alert_events: a row's producer (dag_id, job) is the publishing task's, taken
+    from the trusted record as its org is, never from the row. An alert_evaluate job of one
+    DAG cannot claim another's alerts (nor squat their unique keys, which would swallow the
+    real alerts when they come)."""
+    if rec.get("dag_id") is None:
+        raise BatchRefused("alert_events rows come only from a DAG's alert_evaluate job")
+    dag, job = names.index("dag_id"), names.index("job")
+    for v in values:
+        v[dag], v[job] = str(rec["dag_id"]), rec["job"]
