@@ -8,6 +8,9 @@ a check fails: the table then says so and quotes its error). The docs' benchmark
 that file.
 
     .venv/bin/python bench/run_all.py [--only queue_bench,u256_bench] [--out bench/results.md]
+
+A pass with `--only` keeps, from the results file it replaces, the row and the figures of every
+bench it did not run, its checks cell naming the earlier pass (date and commit) they are from.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -39,6 +43,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("host_bench", []),
     ("u256_bench", []),
     ("decode_bench", []),
+    ("act_bench", []),
 ]
 
 
@@ -84,7 +89,34 @@ def run(name: str, args: list[str]) -> tuple[int, float, str, str]:
     return rc, time.perf_counter() - t0, "".join(out), "".join(err_lines)
 
 
-def write(path: Path, info: list[tuple[str, str]], rows: list[dict[str, object]]) -> None:
+def earlier(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """From a results file: each bench's table row (its checks cell naming the pass it is from)
+    and its section, for the benches that pass ran."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    when = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", text)
+    commit = re.search(r"^\| commit \| (\S+) \|$", text, re.MULTILINE)
+    origin = f"{when[1] if when else '?'}, commit {commit[1] if commit else '?'}"
+    out: dict[str, tuple[str, list[str]]] = {}
+    for name, _ in BENCHES:
+        row = re.search(rf"^\| \[{name}\]\(#{name}\) \|.*$", text, re.MULTILINE)
+        section = re.search(rf"^## {name}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+        if row is None or section is None:
+            continue
+        cells = row[0].split(" | ")
+        if "earlier pass" not in cells[2]:
+            cells[2] += f" (earlier pass: {origin})"
+        out[name] = (" | ".join(cells), [f"## {name}", *section[1].rstrip("\n").split("\n")])
+    return out
+
+
+def write(
+    path: Path,
+    info: list[tuple[str, str]],
+    rows: list[dict[str, object]],
+    kept: dict[str, tuple[str, list[str]]],
+) -> None:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmark results",
@@ -107,7 +139,9 @@ def write(path: Path, info: list[tuple[str, str]], rows: list[dict[str, object]]
         )
     ran = {r["name"] for r in rows}
     for name, args in BENCHES:  # `--only`: the others are listed, not left out silently
-        if name not in ran:
+        if name in kept and name not in ran:
+            lines.append(kept[name][0])
+        elif name not in ran:
             cmd = " ".join(["python", f"bench/{name}.py", *args])
             lines.append(f"| {name} | `{cmd}` | not run in this pass | - | - |")
     for r in rows:
@@ -116,6 +150,9 @@ def write(path: Path, info: list[tuple[str, str]], rows: list[dict[str, object]]
         if r["rc"]:
             lines += ["", "Its error (stderr, last lines):", "", "```text"]
             lines += [str(r["err"]).rstrip("\n"), "```"]
+    for name, (_, section) in kept.items():
+        if name not in ran:
+            lines += ["", *section]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
@@ -131,6 +168,7 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"no such bench: {sorted(unknown)}")
     info = machine()
+    kept = earlier(args.out) if only else {}  # a partial pass keeps the others' figures
     rows: list[dict[str, object]] = []
     for name, bench_args in BENCHES:
         if only and name not in only:
@@ -149,7 +187,7 @@ def main() -> int:
                 "err": err,
             }
         )
-        write(args.out, info, rows)  # after every bench: a long run leaves what it measured
+        write(args.out, info, rows, kept)  # after every bench: a long run leaves what it measured
     print(f"\nresults: {args.out}")
     return 1 if any(r["rc"] for r in rows) else 0
 
