@@ -15,6 +15,7 @@ from trace_platform.api.gateway import MAX_BODY_BYTES, BodyLimit, InternalToken,
 from trace_platform.api.routes import (
     dags,
     datasets,
+    delivery,
     health,
     internal,
     names,
@@ -53,6 +54,6 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
-    for routes in (tasks, dags, runs, datasets, names, query, secrets):
+    for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery):
         app.include_router(routes.router(services, actor))
     return app

@@ -97,3 +97,13 @@ class NameGrantBody(BaseModel):
     pattern: str = Field(max_length=129)
     user: str | None = Field(default=None, max_length=128)
     role: str | None = Field(default=None, max_length=128)
+
+
+class DestinationBody(BaseModel):
+    """A webhook destination. `allow_private`: a loopback, private or link-local address (or
+    a platform port) is allowed for it (refused otherwise, checked again at every send)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=128)
+    url: str = Field(max_length=2048)
+    allow_private: bool = False

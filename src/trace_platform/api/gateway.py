@@ -225,6 +225,8 @@ def path_rule(path: str, param: str) -> Rule | None:
         return "secret name", SECRET_NAME
     if param == "name" and path.startswith("/v1/datasets/"):
         return "dataset name", NAME
+    if param == "name" and path.startswith("/v1/destinations/"):
+        return "destination name", NAME
     if param in ("name", "dag") and path.startswith(("/v1/dags/", "/v1/hooks/")):
         return "DAG name", NAME
     if param == "trigger":

@@ -195,18 +195,9 @@ def alerts_list(
 ) -> None:
     """The org's alerts ("would have alerted" included), newest first: alert_events through
     the Query Service (its read_roles apply)."""
-    import re
+    from trace_platform.delivery.control import alerts_sql
 
-    from trace_platform.cli.control import fail
-    from trace_platform.dag.schema import NAME_RE
-
-    if rule is not None and not re.fullmatch(NAME_RE, rule):
-        fail(f"a rule name matches {NAME_RE}")
-    where = f" WHERE rule = '{rule}'" if rule else ""  # a checked name: no quote in it
-    sql = (
-        "SELECT event_time, rule, severity, dedupe_key, job, CAST(payload AS VARCHAR) AS payload"
-        f" FROM alert_events{where} ORDER BY event_time DESC LIMIT {int(limit)}"
-    )
+    sql = run_op(alerts_sql, rule, limit)
     res = run_op(services().query.query, me(), sql).as_json()
     table = Table(*(c["name"] for c in res["columns"]))
     for row in res["rows"]:

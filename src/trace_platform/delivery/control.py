@@ -21,6 +21,20 @@ from trace_platform.store.deliveries import DeliveryStore
 STATUSES = ("suppressed", "pending", "sending", "delivered", "failed")
 
 
+def alerts_sql(rule: str | None = None, limit: int = 50) -> str:
+    """The org's alerts ("would have alerted" included), newest first: a statement over
+    `alert_events` for the Query Service, so its read_roles decide who reads them."""
+    if rule is not None and not re.fullmatch(NAME_RE, rule):
+        raise Invalid(f"a rule name matches {NAME_RE}")
+    if not 0 < limit <= 1000:
+        raise Invalid("limit is 1 to 1000")
+    where = f" WHERE rule = '{rule}'" if rule else ""  # a checked name: no quote in it
+    return (
+        "SELECT event_time, rule, severity, dedupe_key, job, CAST(payload AS VARCHAR) AS payload"
+        f" FROM alert_events{where} ORDER BY event_time DESC LIMIT {int(limit)}"
+    )
+
+
 def _admin(actor: Actor, what: str) -> None:
     if not actor.is_admin:
         raise Forbidden(f"only an org admin may {what}")

@@ -1,10 +1,11 @@
-"""`/v1/datasets`: datasets listed and shown, who may read them, their versions and purges."""
+"""`/v1/datasets`: datasets listed and shown, who may read them, their versions and purges;
+`/v1/buffers`: the batches published to the buffered datasets the user may read."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from trace_platform.api.auth import ActorDependency
 from trace_platform.api.bodies import PurgeBody, RolesBody
@@ -36,5 +37,16 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
     @r.post("/v1/datasets/{name}/purge")
     def purge_versions(name: str, body: PurgeBody, user: Actor = Depends(actor)) -> dict[str, Any]:
         return cp.purge_versions(user, name, body.keep, dry_run=body.dry_run)
+
+    @r.get("/v1/buffers")
+    def list_buffers(
+        user: Actor = Depends(actor),
+        dataset: str | None = None,
+        status: Literal["pending", "loaded", "dead"] | None = None,
+        limit: Annotated[int, Query(gt=0, le=1000)] = 50,
+    ) -> list[dict[str, Any]]:
+        """Batches published to buffered datasets the user may read, newest first; a dead one
+        says why the sink refused it."""
+        return cp.list_buffers(user, dataset=dataset, status=status, limit=limit)
 
     return r
