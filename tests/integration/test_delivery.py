@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -36,11 +37,13 @@ from trace_platform.delivery import signing
 from trace_platform.delivery.control import DeliveryControl
 from trace_platform.delivery.sender import retry_after
 from trace_platform.delivery.service import DeliveryService, backoff
+from trace_platform.delivery.work import QUEUE
 from trace_platform.errors import Conflict, Forbidden, NotFound
 from trace_platform.identity import Actor
 from trace_platform.identity.vault import vault_for
 from trace_platform.layout import buffer_prefix
 from trace_platform.objectstore import make_store
+from trace_platform.queue.payloads import Delivery, encode
 from trace_platform.services import Services
 from trace_platform.store.deliveries import DeliveryStore
 
@@ -79,6 +82,8 @@ def running(services: Services) -> Iterator[Callable[..., None]]:
 
     yield start
     stop.set()
+    for _ in threads:  # a service waiting on the queue for work sees the stop at once
+        services.driver.publish(QUEUE, encode(Delivery(delivery_id=uuid.uuid4())))
     for t in threads:
         t.join(10)
     for svc in made:
@@ -401,3 +406,23 @@ def test_a_step_takes_its_wake_ups_in_one_ack_and_settles_every_attempt(
     assert acks == [("ack_many", 5)]
     assert _by_status(s) == {"delivered": 5}
     assert sorted(a["outcome"] for a in _attempts(s)) == ["delivered"] * 5
+
+
+def test_an_idle_service_sends_new_work_on_its_wake_up_not_its_next_poll(
+    services: Services, tmp_path: Path, running: Callable[..., None]
+) -> None:
+    """Idle, a service waits on the queue (LISTEN in Lite) instead of sleeping its poll: a
+    delivery made then goes out at once, long before the 30 s poll would come round."""
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    recv = Receiver(free_port(), None).start()
+    recv.secret = _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+    try:
+        running(1, delivery_poll_seconds=30.0)
+        time.sleep(1.0)  # its first pass found nothing: it is waiting now
+        t0 = time.monotonic()
+        _deliver(s, tmp_path, [alert("a", "warning", timedelta(minutes=1))])
+        recv.wait(lambda a: any(x.verified for x in a), 15)
+        assert time.monotonic() - t0 < 15
+    finally:
+        recv.stop()

@@ -71,21 +71,24 @@ class DeliveryService:
 
     # -- the loop -------------------------------------------------------------------------
     def serve(self, stop: threading.Event) -> None:
+        idle = 0.0
         while not stop.is_set():
             try:
-                handled = self.step()
+                handled = self.step(wait=idle)
             except psycopg.OperationalError as e:  # the database is away: try again
                 log.warning("delivery: %s; retrying", e)
-                handled = 0
-            if not handled:
                 stop.wait(self.s.delivery_poll_seconds)
+                handled = 0
+            idle = 0.0 if handled else self.s.delivery_poll_seconds
 
-    def step(self) -> int:
+    def step(self, wait: float = 0.0) -> int:
         """Takes the wake-ups waiting (each only says "a delivery is due": Postgres says
         which), then leases a batch of due deliveries and sends them; returns the attempts
-        made plus the wake-ups taken."""
+        made plus the wake-ups taken. With none queued, it waits up to `wait` seconds for one
+        (the queue's own wait, not a sleep: new work goes out as soon as its wake-up is
+        published; a retry's time is still found by the lease after at most `wait`)."""
         visibility = self.s.delivery_lease_seconds + self.s.delivery_timeout_seconds
-        msgs = self.driver.receive(QUEUE, self.batch, visibility)
+        msgs = self.driver.receive(QUEUE, self.batch, visibility, wait_seconds=wait)
         for msg in msgs:
             with contextlib.suppress(PayloadError):
                 decode(msg.payload)  # a malformed one is dropped like any
