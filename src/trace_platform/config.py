@@ -161,6 +161,9 @@ class Settings(BaseSettings):
     collector_interval_seconds: float = Field(default=60.0, gt=0)
     collector_grace_seconds: float = Field(default=300.0, ge=0)
     collector_batch_size: int = Field(default=100, ge=1)
+    # A dead-lettered buffer batch's artifact is kept this long for its user to look at, then
+    # the collector deletes it (a loaded batch's goes after collector_grace_seconds).
+    collector_dead_batch_retention_seconds: float = Field(default=7 * 86400.0, ge=0)
     outbox_batch_size: int = 500
     # The most bytes of one buffered-dataset batch the shared sink takes, as stored and as
     # decoded (a Parquet batch's decompressed columns, summed batch by batch as it is read):

@@ -34,6 +34,7 @@ def background_threads(services: Services, stop: threading.Event) -> list[thread
         sink_dsn(s, services.dsn),  # not the state login: it can drop dataset tables only
         grace_seconds=s.collector_grace_seconds,
         batch_size=s.collector_batch_size,
+        dead_retention_seconds=s.collector_dead_batch_retention_seconds,
     )
     return [
         threading.Thread(

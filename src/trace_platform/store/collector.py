@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from uuid import UUID
+
 from psycopg import Cursor
 
 from trace_platform.db.queries import Queries
@@ -31,3 +33,20 @@ class CollectorStore(Calls):
 
     def mark_refused(self, *, id: int, reason: str) -> Cursor[Row]:
         return self._run(_Q.mark_refused, {"id": id, "reason": reason})
+
+    def collectable_batches(
+        self, *, grace: float, dead_retention: float, batch: int
+    ) -> Cursor[Row]:
+        """Settled buffer batches whose artifact may go, locked for this run: loaded at least
+        `grace` ago, or dead at least `dead_retention` ago; never one whose artifact another
+        record still needs."""
+        return self._run(
+            _Q.collectable_batches,
+            {"grace": grace, "dead_retention": dead_retention, "batch": batch},
+        )
+
+    def mark_batches_collected(self, *, ids: list[UUID]) -> Cursor[Row]:
+        return self._run(_Q.mark_batches_collected, {"ids": ids})
+
+    def mark_batch_refused(self, *, record_id: UUID, reason: str) -> Cursor[Row]:
+        return self._run(_Q.mark_batch_refused, {"record_id": record_id, "reason": reason})

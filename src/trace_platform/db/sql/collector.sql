@@ -35,3 +35,31 @@ UPDATE retired_locations SET deleted_at = now() WHERE id = ANY(%(ids)s);
 -- name: mark_refused
 -- Not the platform's to delete: left where it is, and never offered again.
 UPDATE retired_locations SET refused = %(reason)s WHERE id = %(id)s;
+
+-- name: collectable_batches
+-- Settled buffer batches whose artifact may go, locked for this run: loaded at least `grace`
+-- ago, or dead at least `dead_retention` ago; never one whose artifact another record still
+-- needs (an attempt may publish one file to two datasets: both must be settled so).
+SELECT r.record_id, r.org_id, r.task_id, r.attempt, r.location
+FROM buffer_records r
+WHERE r.collectable_at IS NOT NULL AND r.artifact_deleted_at IS NULL
+  AND r.artifact_refused IS NULL
+  AND r.collectable_at <= now() - make_interval(secs => CASE r.status
+        WHEN 'loaded' THEN %(grace)s WHEN 'dead' THEN %(dead_retention)s END)
+  AND NOT EXISTS (
+    SELECT 1 FROM buffer_records o
+    WHERE o.task_id = r.task_id AND o.location = r.location AND o.record_id <> r.record_id
+      AND o.artifact_deleted_at IS NULL
+      AND (o.collectable_at IS NULL
+           OR o.collectable_at > now() - make_interval(secs => CASE o.status
+                WHEN 'loaded' THEN %(grace)s WHEN 'dead' THEN %(dead_retention)s END)))
+ORDER BY r.collectable_at
+LIMIT %(batch)s
+FOR UPDATE OF r SKIP LOCKED;
+
+-- name: mark_batches_collected
+UPDATE buffer_records SET artifact_deleted_at = now() WHERE record_id = ANY(%(ids)s);
+
+-- name: mark_batch_refused
+-- Not a key the platform let the attempt write: left where it is, never offered again.
+UPDATE buffer_records SET artifact_refused = %(reason)s WHERE record_id = %(record_id)s;
