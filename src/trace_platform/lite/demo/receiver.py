@@ -27,6 +27,15 @@ class Arrival:
     headers: dict[str, str]
 
 
+class ReceiverServer(ThreadingHTTPServer):
+    """The receiver's HTTP server: a thread per connection, and a listen backlog for bursts."""
+
+    daemon_threads = True
+    # Connections waiting to be accepted. socketserver's 5 overflowed under a burst of sends
+    # (two Delivery Services, 8 at a time each): the dropped ones waited 1 s for a SYN retry.
+    request_queue_size = 128
+
+
 # What to answer a verified request: (status, extra headers). None: 204.
 Answer = Callable[[Arrival], tuple[int, dict[str, str]]]
 
@@ -83,8 +92,7 @@ class DemoReceiver:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
+        self._server = ReceiverServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
