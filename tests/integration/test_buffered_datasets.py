@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from typing import Any
 from uuid import UUID
@@ -251,3 +253,31 @@ def test_a_sink_killed_mid_batch_and_after_its_upsert_loses_and_doubles_nothing(
     rows = _rows(s)
     assert sorted(int(r["amount"]) for r in rows) == list(range(50))
     assert _records(s)[0]["status"] == "loaded"
+
+
+def test_a_serving_sink_looks_again_soon_after_work_then_backs_off(deployed: Services) -> None:
+    """A batch published moments after another landed (an alert's routed deliveries after its
+    alerts) lands at once, not after the sink's idle pause (10 s here)."""
+    s = deployed
+    c = _claim(s, "alerts")
+    first = _publish(s, c, _write(s, c, [_row("a")]))
+    s.publisher.drain()
+    stop = threading.Event()
+    loader = _sink(s)
+    serving = threading.Thread(target=loader.serve, args=(stop, 10.0), daemon=True)
+    serving.start()
+
+    def loaded(record_id: UUID) -> bool:
+        return any(r["record_id"] == record_id and r["status"] == "loaded" for r in _records(s))
+
+    try:
+        wait_for(lambda: loaded(first.record_id), 30, "the first batch loaded")
+        t0 = time.monotonic()
+        second = _publish(s, c, _write(s, c, [_row("b")], "c.jsonl"))
+        s.publisher.drain()
+        wait_for(lambda: loaded(second.record_id), 30, "the second batch loaded")
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        stop.set()
+        serving.join(15)
+    assert [r["dedupe_key"] for r in _rows(s)] == ["a", "b"]
