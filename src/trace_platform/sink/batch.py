@@ -48,7 +48,7 @@ def _jsonl(data: bytes, max_rows: int) -> list[dict[str, Any]]:
         if len(rows) >= max_rows:
             raise BatchRefused(f"the batch has more than {max_rows} rows (the dataset's max_rows)")
         try:
-            row = json.loads(line, parse_float=Decimal, parse_constant=_no_constant)
+            row = _DECODER.decode(line)
         except (ValueError, RecursionError) as e:
             raise BatchRefused(f"line {n} is not JSON: {e}") from None
         if not isinstance(row, dict):
@@ -59,6 +59,11 @@ def _jsonl(data: bytes, max_rows: int) -> list[dict[str, Any]]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+# One decoder for every line (json.loads with hooks builds a new one per call: a sixth of the
+# JSONL parse's time).
+_DECODER = json.JSONDecoder(parse_float=Decimal, parse_constant=_no_constant)
 
 
 def _parquet(data: bytes, max_rows: int, max_decoded: int) -> list[dict[str, Any]]:
@@ -113,35 +118,45 @@ def check(
     """The rows as the table takes them: the declared columns' names and each row's values
     in that order, every value of its declared type. Any row that does not fit refuses the
     whole batch, naming the row and column."""
-    declared = {c["name"]: c for c in columns}
     names = [c["name"] for c in columns]
+    cols = [(c["name"], c.get("required", True), c["type"]) for c in columns]
+    allowed = set(names) | BUFFER_RESERVED
     keyed = [i for i, name in enumerate(names) if name in (key or [])]
     out: list[list[Any]] = []
     for n, row in enumerate(rows, start=1):
-        unknown = sorted(k for k in row if k not in declared and k not in BUFFER_RESERVED)
-        if unknown:
+        if row.keys() - allowed:
+            unknown = sorted(row.keys() - allowed)
             raise BatchRefused(f"row {n}: undeclared column(s) {', '.join(unknown)[:200]}")
         values = []
-        for name in names:
-            col = declared[name]
+        for name, required, kind in cols:
             v = row.get(name)
             if v is None:
-                if col.get("required", True):
+                if required:
                     raise BatchRefused(f"row {n}: required column '{name}' is missing or null")
                 values.append(None)
                 continue
             try:
-                values.append(_value(col["type"], v))
+                values.append(_value(kind, v))
             except (TypeError, ValueError, ArithmeticError, RecursionError) as e:
-                raise BatchRefused(f"row {n}, column '{name}' ({col['type']}): {e}") from None
-        size = sum(len(str(getattr(values[i], "obj", values[i])).encode()) for i in keyed)
-        if size > MAX_KEY_BYTES:
+                raise BatchRefused(f"row {n}, column '{name}' ({kind}): {e}") from None
+        size = _oversized_key(values, keyed)
+        if size is not None:
             raise BatchRefused(
                 f"row {n}: its unique_key ({', '.join(names[i] for i in keyed)}) is {size} "
                 f"bytes; a key is at most {MAX_KEY_BYTES}"
             )
         out.append(values)
     return names, out
+
+
+def _oversized_key(values: list[Any], keyed: list[int]) -> int | None:
+    """The key's size in UTF-8 bytes when over MAX_KEY_BYTES, else None (encoded only when its
+    character count says it could be: a character is at most 4 bytes)."""
+    shown = [str(getattr(values[i], "obj", values[i])) for i in keyed]
+    if sum(map(len, shown)) * 4 <= MAX_KEY_BYTES:
+        return None
+    size = sum(len(t.encode()) for t in shown)
+    return size if size > MAX_KEY_BYTES else None
 
 
 def _value(kind: str, v: Any) -> Any:
@@ -180,6 +195,8 @@ def _text(v: str) -> str:
     surrogates, which no UTF-8 holds)."""
     if "\x00" in v:
         raise ValueError("text holds a NUL character")
+    if v.isascii():  # no surrogate: nothing to encode
+        return v
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:
