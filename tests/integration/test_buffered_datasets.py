@@ -4,6 +4,7 @@ and the trusted sink's idempotent upsert, its dead letters and its dataset event
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -281,3 +282,28 @@ def test_a_serving_sink_looks_again_soon_after_work_then_backs_off(deployed: Ser
         stop.set()
         serving.join(15)
     assert [r["dedupe_key"] for r in _rows(s)] == ["a", "b"]
+
+
+def test_the_collector_is_paused_while_a_batch_loads_and_back_after(
+    deployed: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cyclic garbage collector does not run over a batch's rows while it loads (it was an
+    eighth of the sink's CPU), and is back on afterwards, also after a refused batch."""
+    from trace_platform.sink import service
+
+    seen: list[bool] = []
+    real = service.check
+
+    def check(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    monkeypatch.setattr(service, "check", check)
+    s = deployed
+    c = _claim(s, "alerts")
+    _publish(s, c, _write(s, c, [_row("a")]))
+    _publish(s, c, _write(s, c, [{"dedupe_key": "b", "amount": "x"}], "bad.jsonl"))
+    assert gc.isenabled()
+    _sink(s).drain()
+    assert seen == [False, False] and gc.isenabled()
+    assert sorted(r["status"] for r in _records(s)) == ["dead", "loaded"]
