@@ -21,10 +21,12 @@ by side in one run on one embedded Postgres (fsync on), each row with its own Li
    each idempotency key received at least once with its stored body (duplicates counted and
    printed), every delivery settled `delivered`.
 
-Every service runs with Lite's defaults (a sink and a Delivery Service poll their queues every
-0.5 s when idle; a Delivery Service leases 50 and sends 8 at a time). Rows 1 and 3 also print
-the CPU per row or delivery of the row's `trace` processes, of Postgres and of this process
-(the bench, the receiver, the stack's API): on a shared machine, a rate is bounded by them.
+Every service runs with Lite's defaults (an idle sink looks at its queues again after 0.05 s
+just after work, backing off to 0.5 s; an idle Delivery Service waits on its queue, LISTEN in
+Lite; it leases 50 deliveries and sends 8 at a time). Rows 1 and 3 also print the CPU per row
+or delivery of the row's `trace` processes, of Postgres and of this process (the bench, the
+receiver, the stack's API): on a shared machine, a rate is bounded by them. Row 3 prints its
+attempts' HTTP latency too (a receiver that drops connections shows there).
 
     .venv/bin/python bench/act_bench.py [--rows 200000] [--batch 5000] [--rounds 20]
         [--alerts 15] [--deliveries 5000] [--smoke]
@@ -183,7 +185,7 @@ def cpu_since(before: dict[str, float], after: dict[str, float], per: int) -> di
 
 
 def shown(used: dict[str, float], scale: float, unit: str) -> str:
-    return ", ".join(f"{k} {v * scale:.0f} {unit}" for k, v in used.items())
+    return ", ".join(f"{k} {v * scale:.1f} {unit}" for k, v in used.items())
 
 
 # -- 1. sink rows/s against COPY --------------------------------------------------------------
@@ -493,10 +495,11 @@ def delivery_row(svc: Services, settings: Settings, postmaster: str, m: int) -> 
             f" body, {recv.rejected} not verified"
         )
     with svc.pool.connection() as conn:
-        first, done = (
+        first, done, http = (
             conn.execute(
                 "SELECT min(a.started_at) AS first, count(DISTINCT d.delivery_id) FILTER"
-                " (WHERE d.status = 'delivered') AS done FROM deliveries d"
+                " (WHERE d.status = 'delivered') AS done, percentile_cont(ARRAY[0.5, 0.99])"
+                " WITHIN GROUP (ORDER BY a.latency_ms) AS http FROM deliveries d"
                 " JOIN delivery_attempts a USING (delivery_id) WHERE d.destination = 'act_bulk'"
             )
             .fetchone()
@@ -511,6 +514,7 @@ def delivery_row(svc: Services, settings: Settings, postmaster: str, m: int) -> 
         "start_s": first.timestamp() - spawned,
         "dup": n_verified - len(arrived),
         "cpu": used,
+        "http_ms": http,
     }
 
 
@@ -538,7 +542,8 @@ def report(sink: dict[str, Any], lat: dict[str, Any], dlv: dict[str, Any], load:
         f"\n3. deliveries, {dlv['m']:,} to one receiver, 2 `trace delivery` processes:"
         f" {dlv['rate']:,.0f}/s from the first attempt to the last receipt (target >= 500/s);"
         f" process start to first attempt {dlv['start_s']:.2f} s; duplicates {dlv['dup']}"
-        f"\n   CPU per delivery: {shown(dlv['cpu'], 1e3, 'ms')}"
+        f"\n   attempts' HTTP latency p50 {dlv['http_ms'][0]:.0f} ms, p99 {dlv['http_ms'][1]:.0f}"
+        f" ms; CPU per delivery: {shown(dlv['cpu'], 1e3, 'ms')}"
     )
     print(f"\nload after: {loadavg()}")
 
