@@ -146,6 +146,26 @@ def test_a_malformed_batch_dead_letters_with_its_reason_while_the_next_lands(
     assert [r["dedupe_key"] for r in _rows(s)] == ["good"]  # nothing of the bad batch
 
 
+@pytest.mark.parametrize("stored_first", [False, True])
+def test_a_row_refused_after_thousands_were_streamed_lands_none_of_its_batch(
+    deployed: Services, stored_first: bool
+) -> None:
+    """Rows are checked as the sink streams them into the table: a bad one after 3,000 good
+    ones (sent to Postgres already), on the direct COPY or on the fallback after a stored
+    key, dead-letters the batch with its row named, and none of its rows stay."""
+    s = deployed
+    c = _claim(s, "alerts")
+    _publish(s, c, _write(s, c, [_row("kept")], "first.jsonl"))
+    good = [_row(f"k{i:05}") for i in range(3000)]
+    bad = {"dedupe_key": "zz", "amount": "-1", "block_time": 1}
+    rows = [_row("kept"), *good, bad] if stored_first else [*good, bad]
+    _publish(s, c, _write(s, c, rows, "big.jsonl"))
+    assert _sink(s).drain() == 2
+    dead = [r for r in _records(s) if r["status"] == "dead"]
+    assert len(dead) == 1 and f"row {len(rows)}, column 'amount'" in dead[0]["error"]
+    assert [r["dedupe_key"] for r in _rows(s)] == ["kept"]
+
+
 @pytest.mark.parametrize(
     "rows, reason",
     [
@@ -292,13 +312,13 @@ def test_the_collector_is_paused_while_a_batch_loads_and_back_after(
     from trace_platform.sink import service
 
     seen: list[bool] = []
-    real = service.check
+    real = service.checking
 
-    def check(*args: Any) -> Any:
+    def checking(*args: Any) -> Any:
         seen.append(gc.isenabled())
         return real(*args)
 
-    monkeypatch.setattr(service, "check", check)
+    monkeypatch.setattr(service, "checking", checking)
     s = deployed
     c = _claim(s, "alerts")
     _publish(s, c, _write(s, c, [_row("a")]))

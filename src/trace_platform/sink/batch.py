@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -118,11 +119,26 @@ def check(
     """The rows as the table takes them: the declared columns' names and each row's values
     in that order, every value of its declared type. Any row that does not fit refuses the
     whole batch, naming the row and column."""
+    names, rows_checked = checking(rows, columns, key)
+    return names, list(rows_checked)
+
+
+def checking(
+    rows: list[dict[str, Any]], columns: list[dict[str, Any]], key: list[str] | None = None
+) -> tuple[list[str], Iterator[list[Any]]]:
+    """`check`, each row checked as it is taken: a sink streams the rows into its COPY while
+    it checks the next ones (Postgres writes while Python checks), and a row that does not
+    fit raises BatchRefused there, rolling back what its load had sent."""
     names = [c["name"] for c in columns]
-    cols = [(c["name"], c.get("required", True), c["type"]) for c in columns]
-    allowed = set(names) | BUFFER_RESERVED
     keyed = [i for i, name in enumerate(names) if name in (key or [])]
-    out: list[list[Any]] = []
+    return names, _checked(rows, columns, keyed)
+
+
+def _checked(
+    rows: list[dict[str, Any]], columns: list[dict[str, Any]], keyed: list[int]
+) -> Iterator[list[Any]]:
+    cols = [(c["name"], c.get("required", True), c["type"]) for c in columns]
+    allowed = {c["name"] for c in columns} | BUFFER_RESERVED
     for n, row in enumerate(rows, start=1):
         if row.keys() - allowed:
             unknown = sorted(row.keys() - allowed)
@@ -141,12 +157,12 @@ def check(
                 raise BatchRefused(f"row {n}, column '{name}' ({kind}): {e}") from None
         size = _oversized_key(values, keyed)
         if size is not None:
+            key_names = ", ".join(cols[i][0] for i in keyed)
             raise BatchRefused(
-                f"row {n}: its unique_key ({', '.join(names[i] for i in keyed)}) is {size} "
-                f"bytes; a key is at most {MAX_KEY_BYTES}"
+                f"row {n}: its unique_key ({key_names}) is {size} bytes; a key is at most "
+                f"{MAX_KEY_BYTES}"
             )
-        out.append(values)
-    return names, out
+        yield values
 
 
 def _oversized_key(values: list[Any], keyed: list[int]) -> int | None:

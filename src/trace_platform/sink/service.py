@@ -24,7 +24,7 @@ from trace_platform.objectstore import NoSuchKey, ObjectStore, ObjectStoreError
 from trace_platform.queue import QueueDriver
 from trace_platform.queue.driver import Message
 from trace_platform.queue.payloads import BufferRecord, PayloadError, decode
-from trace_platform.sink.batch import BatchRefused, check, parse
+from trace_platform.sink.batch import BatchRefused, checking, parse
 from trace_platform.store import sink as sink_sql
 
 log = logging.getLogger("trace.sink")
@@ -185,16 +185,16 @@ class Sink:
             last = f": {rec['error']}" if rec.get("error") else ""
             self.buffers.dead(record_id, f"not loaded after {self.max_tries} tries{last}")
             return "dead"
+        values: list[list[Any]] = []  # the rows as loaded, for the landed batch's work
         try:
-            names, values = self._read(rec)
+            names, rows = self._read(rec)
             if rec.get("platform") == ALERT_EVENTS.name:
-                _own_alerts(rec, names, values)
-        except BatchRefused as e:
+                rows = _own_alerts(rec, names, rows)
+            loaded = self._upsert(rec, names, _kept(rows, values))
+        except BatchRefused as e:  # a row refused mid-load: its transaction rolled back
             self.buffers.dead(record_id, str(e))
             log.info("sink: batch %s of '%s' refused: %s", record_id, rec["name"], e)
             return "dead"
-        try:
-            loaded = self._upsert(rec, names, values)
         except (
             psycopg.errors.DataError,
             psycopg.errors.IntegrityError,
@@ -208,9 +208,10 @@ class Sink:
         self.buffers.landed(record_id, len(values), loaded, rows=(names, values))
         return "loaded"
 
-    def _read(self, rec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    def _read(self, rec: dict[str, Any]) -> tuple[list[str], Iterator[list[Any]]]:
         """The batch, never more than its bound read or decoded (the artifact is the
-        operator's: it may be larger than it was when published, or a compressed bomb)."""
+        operator's: it may be larger than it was when published, or a compressed bomb); its
+        rows are checked as they are taken (`checking`)."""
         key, limit = rec["location"], min(rec["max_bytes"], self.max_batch_bytes)
         try:
             data = self.store.get_range(key, 0, limit + 1)
@@ -224,9 +225,9 @@ class Sink:
             )
             raise BatchRefused(f"the batch is over {limit} bytes ({whose})")
         rows = parse(data, rec["content_type"], rec["max_rows"], self.max_batch_bytes)
-        return check(rows, rec["columns"], list(rec["unique_key"]))
+        return checking(rows, rec["columns"], list(rec["unique_key"]))
 
-    def _upsert(self, rec: dict[str, Any], names: list[str], values: list[list[Any]]) -> int:
+    def _upsert(self, rec: dict[str, Any], names: list[str], values: Iterator[list[Any]]) -> int:
         """One data transaction: the rows, under the record's org and id (never the rows')."""
         org, record_id = rec["org_id"], rec["record_id"]
 
@@ -271,7 +272,9 @@ class Sink:
             self._conn = None
 
 
-def _own_alerts(rec: dict[str, Any], names: list[str], values: list[list[Any]]) -> None:
+def _own_alerts(
+    rec: dict[str, Any], names: list[str], rows: Iterator[list[Any]]
+) -> Iterator[list[Any]]:
     """The org's alert_events: a row's producer (dag_id, job) is the publishing task's, taken
     from the trusted record as its org is, never from the row. An alert_evaluate job of one
     DAG cannot claim another's alerts (nor squat their unique keys, which would swallow the
@@ -279,5 +282,16 @@ def _own_alerts(rec: dict[str, Any], names: list[str], values: list[list[Any]]) 
     if rec.get("dag_id") is None:
         raise BatchRefused("alert_events rows come only from a DAG's alert_evaluate job")
     dag, job = names.index("dag_id"), names.index("job")
-    for v in values:
+
+    def owned(v: list[Any]) -> list[Any]:
         v[dag], v[job] = str(rec["dag_id"]), rec["job"]
+        return v
+
+    return map(owned, rows)
+
+
+def _kept(rows: Iterator[list[Any]], into: list[list[Any]]) -> Iterator[list[Any]]:
+    """`rows`, each also kept in `into` as it is taken."""
+    for row in rows:
+        into.append(row)
+        yield row
