@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import signal
 import uuid
@@ -24,7 +25,10 @@ from trace_platform.lite.stack import LiteStack
 from trace_platform.objectstore import make_store
 
 pytestmark = pytest.mark.slow
-SPEC = ChainSpec(seed=5, blocks=2000, accounts=100, validators=6, epoch_blocks=100)
+# Three ranges of 200 blocks (CHUNK): ranges ingested side by side and one after another, and
+# long enough (seconds each) for a worker to be killed mid-ingest.
+SPEC = ChainSpec(seed=5, blocks=600, accounts=100, validators=6, epoch_blocks=100)
+CHUNK = 200
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_sync.yaml"
 
 
@@ -38,7 +42,12 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def run_sync(
-    stack: LiteStack, rpc_url: str, first: int, last: int, chunk: int = 500, on_running: Any = None
+    stack: LiteStack,
+    rpc_url: str,
+    first: int,
+    last: int,
+    chunk: int = CHUNK,
+    on_running: Any = None,
 ) -> uuid.UUID:
     svc, me = stack.services, admin(stack.services)
     text = EXAMPLE.read_text().replace("http://127.0.0.1:8545", rpc_url)
@@ -61,12 +70,13 @@ def run_sync(
     return run_id
 
 
+@functools.cache
 def node_counts(url: str) -> tuple[int, int]:
+    """The node's transactions and logs of the chain (the module's devnet: never changed)."""
     rpc = Rpc(url)
     head = SPEC.blocks
-    n_tx = sum(
-        int(rpc.call("eth_getBlockTransactionCountByNumber", hex(b)), 16) for b in range(0, head)
-    )
+    counts = rpc.batch([("eth_getBlockTransactionCountByNumber", [hex(b)]) for b in range(head)])
+    n_tx = sum(int(c, 16) for c in counts)
     n_logs = len(rpc.call("eth_getLogs", {"fromBlock": "0x0", "toBlock": hex(head - 1)}))
     return n_tx, n_logs
 
