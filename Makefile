@@ -4,11 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Test processes: most tests wait on subprocesses (workers, Spark, Postgres), so more than the
-# cores pays; tests are dealt one by one (--dist load) so the long chaos tests of one module run
-# side by side (measured on 2 cores: docs/benchmarks.md, "The test suite").
+# cores pays. `--dist loadgroup` selects the suite's own scheduler (tests/support/scheduling.py):
+# the longest tests first, by tests/durations.json (refresh it with `make durations`), and a
+# module with module-scoped fixtures as one unit (measured on 2 cores: docs/benchmarks.md).
 TEST_WORKERS ?= 4
 
-.PHONY: demo test check lint bench up clean check-prereqs docs
+.PHONY: demo test check lint bench up clean check-prereqs docs durations
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found %s); install python3.11 and run: make PYTHON=python3.11 ..." % sys.version.split()[0])'
@@ -29,7 +30,7 @@ demo: $(STAMP) check-prereqs
 test: $(STAMP) check-prereqs
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --durations=30
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 # The loop to run while working (a few minutes on 2 cores): lint, the unit tests (the store
 # conformance suite on the in-memory twin among them) and every test not marked slow (the slow
@@ -37,7 +38,11 @@ test: $(STAMP) check-prereqs
 check: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist load -m "not slow" tests/unit tests/property tests/integration
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests/unit tests/property tests/integration
+
+# The whole suite, recording each test's seconds for the scheduler's longest-first order.
+durations: $(STAMP) check-prereqs
+	TRACE_TEST_DURATIONS_OUT=tests/durations.json $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Every bench at full size, one at a time; their figures, ratios, the machine and the date go to
 # bench/results.md (the docs' benchmark page includes it). `make test` runs each at smoke size.

@@ -7,12 +7,14 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from tests.support.databases import Databases, with_db
+from tests.support.scheduling import DurationRecorder, LongestFirst, grouped_modules
 from trace_platform.config import Settings
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
@@ -145,6 +147,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     missing = sorted(m for m in SLOW_MODULES if not (root / m).exists())
     if missing:  # a renamed module would silently join the quick loop
         raise pytest.UsageError(f"tests/conftest.py SLOW_MODULES names no file: {missing}")
+    grouped = grouped_modules()
     for item in items:
-        if item.path.resolve().relative_to(root).as_posix() in SLOW_MODULES:
+        module = item.path.resolve().relative_to(root).as_posix()
+        if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if shares_a_module_fixture(item) and module not in grouped:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses a module-scoped fixture that "
+                "tests/support/scheduling.grouped_modules does not see: its module would make "
+                "it once per worker"
+            )
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        defs and defs[-1].scope == "module"
+        for name, defs in info.name2fixturedefs.items()
+        if name in info.names_closure
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist picks its own for "loadgroup"
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") == "loadgroup":
+        return LongestFirst(config, log)
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    out = os.environ.get("TRACE_TEST_DURATIONS_OUT")
+    if out:
+        config.pluginmanager.register(DurationRecorder(out), "trace-durations")
