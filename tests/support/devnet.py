@@ -12,16 +12,19 @@ from urllib.parse import urlsplit
 import pytest
 
 from trace_platform.devnet import ChainInfo, ChainSpec, Devnet
+from trace_platform.lite.demo.plan import DEVNET_REQUESTS_PER_SECOND
 from trace_platform.lite.stack import egress_allow
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "dags" / "monad_demo.yaml"
 
 
 def small_demo_dag(url: str) -> str:
-    """The demo DAG pointed at `url`, its windows and hot window sized for a 300-block chain."""
+    """The demo DAG pointed at `url`, its windows and hot window sized for a 300-block chain,
+    Cryo at the demo's devnet pace (not the file's 200 requests/s)."""
     return (
         DEMO.read_text()
         .replace("http://127.0.0.1:8545", url)
+        .replace("requests_per_second: 200", f"requests_per_second: {DEVNET_REQUESTS_PER_SECOND}")
         .replace("window_blocks: 500", "window_blocks: 120")
         .replace("window_blocks: 100", "window_blocks: 50")
         .replace("size: 2000", "size: 300")

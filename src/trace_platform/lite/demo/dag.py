@@ -12,7 +12,7 @@ DEMO_DAG = resources.files("trace_platform.lite") / "dags" / "monad_demo.yaml"
 
 
 def dag_text(plan: DemoPlan) -> str:
-    """The demo DAG with this plan's chain, range and window sizes set by key."""
+    """The demo DAG with this plan's chain, RPC rate, range and window sizes set by key."""
     import yaml
 
     dag = yaml.safe_load(DEMO_DAG.read_text())
@@ -20,6 +20,7 @@ def dag_text(plan: DemoPlan) -> str:
         slot["env"]["RPC_URL"] = plan.rpc_url
     jobs = dag["jobs"]
     jobs["ingest"]["config"]["network_name"] = plan.network
+    jobs["ingest"]["config"]["requests_per_second"] = plan.requests_per_second
     jobs["hot"]["config"]["window_blocks"] = plan.hot_blocks
     jobs["staking_periods"]["config"]["args"]["window_blocks"] = plan.window_blocks
     for name in ("transfers_complete", "staking_complete"):
