@@ -3,6 +3,7 @@ commit costs; off at smoke size, where no figure is printed), migrated, destroye
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,3 +27,4 @@ def migrated_postgres(prefix: str) -> Iterator[tuple[Path, str]]:
         yield root, dsn
     finally:
         pg.destroy()
+        shutil.rmtree(root, ignore_errors=True)  # the bench's home too (its object store's files)
