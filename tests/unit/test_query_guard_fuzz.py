@@ -261,7 +261,11 @@ class Grammar:
 
     def __init__(self, hostile: bool) -> None:
         self.hostile = hostile
+        # Each strategy is built once and drawn from many times: building (and hypothesis's
+        # validating) a fresh tree of strategies on every draw was nearly all of the fuzz's time.
         self._selects: dict[int, st.SearchStrategy[str]] = {}
+        self._expressions: dict[tuple[int, int], st.SearchStrategy[str]] = {}
+        self._tables: dict[int, st.SearchStrategy[str]] = {}
         pick = st.sampled_from
         if hostile:
             self.functions = st.one_of(pick(PURE), pick(ALL_FUNCTIONS), pick(HOSTILE))
@@ -306,6 +310,14 @@ class Grammar:
     def expressions(
         self, queries: st.SearchStrategy[str] | None, depth: int = 3
     ) -> st.SearchStrategy[str]:
+        key = (id(queries), depth)  # queries: None or one of self._selects, kept alive there
+        if key not in self._expressions:
+            self._expressions[key] = self._build_expressions(queries, depth)
+        return self._expressions[key]
+
+    def _build_expressions(
+        self, queries: st.SearchStrategy[str] | None, depth: int
+    ) -> st.SearchStrategy[str]:
         leaf = st.one_of(self.literals, self.columns)
         if depth == 0:
             return leaf
@@ -336,6 +348,11 @@ class Grammar:
         return st.one_of(leaf, *options)
 
     def tables(self, queries: st.SearchStrategy[str] | None) -> st.SearchStrategy[str]:
+        if id(queries) not in self._tables:
+            self._tables[id(queries)] = self._build_tables(queries)
+        return self._tables[id(queries)]
+
+    def _build_tables(self, queries: st.SearchStrategy[str] | None) -> st.SearchStrategy[str]:
         base = st.one_of(st.sampled_from(DATASETS), st.sampled_from(CTE_NAMES))
         if self.hostile:
             args = st.lists(
