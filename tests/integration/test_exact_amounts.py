@@ -17,7 +17,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import trace_platform.spark as tspark
@@ -594,49 +594,76 @@ def test_a_limb_sum_past_a_bigint_is_a_permanent_error(spark: Any, tmp_path: Pat
 
 signed = st.integers(min_value=-MAX, max_value=MAX)
 edges = st.sampled_from([0, 1, MAX, 2**255, 2**200, LINE - 1, LINE, LINE + 1, 10**9, 10**72])
+value_lists = st.lists(st.one_of(signed, edges, edges.map(lambda x: -x)), min_size=1, max_size=60)
+# Hypothesis's examples, all checked in one Spark job: each its own job was three queries, each
+# planned and compiled again (the expanded helpers are large), some 2 CPU-s an example after the
+# first; one job over all of them costs about what one example did, so more examples are checked
+# (12 before). A failure names its example; tests/unit/test_u256_math.py shrinks the same
+# properties against Python's integers in milliseconds.
+EXAMPLES = 40
 
 
-@settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(st.lists(st.one_of(signed, edges, edges.map(lambda x: -x)), min_size=1, max_size=60))
-def test_limbs_sums_and_text_equal_python_integers(spark: Any, values: list[int]) -> None:
+def drawn_examples(n: int) -> list[list[int]]:
+    """`n` lists of amounts as hypothesis generates them (its simplest first, then its mix of
+    edges, negated edges and random amounts in the whole signed range)."""
+    drawn: list[list[int]] = []
+
+    @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate])
+    @given(value_lists)
+    def draw(values: list[int]) -> None:
+        drawn.append(values)
+
+    draw()
+    return drawn
+
+
+def test_limbs_sums_and_text_equal_python_integers(spark: Any) -> None:
     """Every helper on the real Spark against Python's integers: the text parse (u256), negation,
-    sums (grouped and running), addition, text and the double."""
+    sums (grouped and running), addition, text and the double; each example (`e`) is a group of
+    its own, in four groups (`g`) of its values."""
+    examples = drawn_examples(EXAMPLES)
+    assert len(examples) == EXAMPLES, len(examples)
     s = tspark.task_session()
     try:
-        rows = [(i % 4, i, str(v)) for i, v in enumerate(values)]
-        s.createDataFrame(rows, "g INT, i INT, t STRING").createOrReplaceTempView("raw")
-        parsed = check_query("SELECT g, i, t, u256(t) AS v FROM raw", ["raw"]).sql
+        rows = [(e, i % 4, i, str(v)) for e, vs in enumerate(examples) for i, v in enumerate(vs)]
+        s.createDataFrame(rows, "e INT, g INT, i INT, t STRING").createOrReplaceTempView("raw")
+        parsed = check_query("SELECT e, g, i, t, u256(t) AS v FROM raw", ["raw"]).sql
         s.sql(parsed).createOrReplaceTempView("t")
-        back = {r.i: (r.t, value(r.v)) for r in s.sql("SELECT * FROM t").collect()}
+        back = {(r.e, r.i): (r.t, value(r.v)) for r in s.sql("SELECT * FROM t").collect()}
         sql = check_query(
-            """SELECT g, u256_sum(v) AS total, u256_sum(u256_neg(v)) AS negated,
+            """SELECT e, g, u256_sum(v) AS total, u256_sum(u256_neg(v)) AS negated,
                       u256_add(max(v), min(v)) AS extremes, u256_text(u256_sum(v)) AS text,
                       u256_double(u256_sum(v)) AS approx, max(v) AS top, min(v) AS bottom
-               FROM t GROUP BY g""",
+               FROM t GROUP BY e, g""",
             ["t"],
         ).sql
-        got = {r.g: r for r in s.sql(sql).collect()}
+        got = {(r.e, r.g): r for r in s.sql(sql).collect()}
         window = check_query(
-            "SELECT i, u256_sum(v) OVER (PARTITION BY g ORDER BY i) AS running FROM t", ["t"]
+            "SELECT e, i, u256_sum(v) OVER (PARTITION BY e, g ORDER BY i) AS running FROM t",
+            ["t"],
         ).sql
-        running = {r.i: value(r.running) for r in s.sql(window).collect()}
+        running = {(r.e, r.i): value(r.running) for r in s.sql(window).collect()}
     finally:
         tspark.end_task(s)
-    assert back == {i: (str(v), v) for i, v in enumerate(values)}
-    for g in {i % 4 for i in range(len(values))}:
-        xs = [v for i, v in enumerate(values) if i % 4 == g]
-        r = got[g]
-        assert (value(r.total), value(r.negated), r.text) == (sum(xs), -sum(xs), str(sum(xs)))
-        assert (value(r.top), value(r.bottom)) == (max(xs), min(xs))  # struct order = number's
-        assert value(r.extremes) == max(xs) + min(xs)
-        assert r.approx == pytest.approx(float(sum(xs)), rel=1e-12, abs=1e-3)
-        for limbs_ in (r.total, r.negated, r.extremes):  # floor form
-            assert limbs(value(limbs_)) == limbs_.asDict()
-    for i, v in enumerate(values):
-        prefix = [x for j, x in enumerate(values) if j % 4 == i % 4 and j <= i]
-        assert running[i] == sum(prefix), v
+    assert back == {(e, i): (str(v), v) for e, vs in enumerate(examples) for i, v in enumerate(vs)}
+    for e, values in enumerate(examples):
+        for g in {i % 4 for i in range(len(values))}:
+            xs = [v for i, v in enumerate(values) if i % 4 == g]
+            r = got[(e, g)]
+            assert (value(r.total), value(r.negated), r.text) == (
+                sum(xs),
+                -sum(xs),
+                str(sum(xs)),
+            ), values
+            assert (value(r.top), value(r.bottom)) == (max(xs), min(xs)), values  # struct order
+            assert value(r.extremes) == max(xs) + min(xs), values
+            assert r.approx == pytest.approx(float(sum(xs)), rel=1e-12, abs=1e-3), values
+            for limbs_ in (r.total, r.negated, r.extremes):  # floor form
+                assert limbs(value(limbs_)) == limbs_.asDict(), values
+        for i, v in enumerate(values):
+            prefix = [x for j, x in enumerate(values) if j % 4 == i % 4 and j <= i]
+            assert running[(e, i)] == sum(prefix), (v, values)
+    assert len(got) == sum(min(len(vs), 4) for vs in examples)
 
 
 # --- the Query Service over the files Spark wrote ------------------------------------------
