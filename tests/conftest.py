@@ -36,6 +36,7 @@ SLOW_MODULES = frozenset(
         "tests/integration/test_claim_retry.py",
         "tests/integration/test_cli.py",
         "tests/integration/test_cli_terminal.py",
+        "tests/integration/test_compose.py",
         "tests/integration/test_dag_files.py",
         "tests/integration/test_dataset_versions.py",
         "tests/integration/test_delivery_cli.py",
