@@ -38,6 +38,16 @@ POOLED = (
     "jobs:\n  p: {operator: noop, worker_pool: rpc, scaling: {max_concurrency: 2}, max_attempts: 3}"
 )
 OUTCOMES = ("succeeded", "failed", "canceled", "released")
+TABLES = (
+    "task_registry",
+    "task_status",
+    "task_attempts",
+    "events",
+    "outbox",
+    "queue_messages",
+    "queue_leases",
+    "queue_dead",
+)
 
 
 def _ref(c: Claim) -> dict[str, Any]:
@@ -58,11 +68,11 @@ class Lifecycle(RuleBasedStateMachine):
     def deploy(self) -> None:
         # Every run starts from no tasks (hypothesis replays a failing run: it must not depend
         # on what earlier runs left behind).
+        # DELETE, not TRUNCATE: the tables hold a run's few rows, and TRUNCATE's new files per
+        # table took ~0.1 s a run, a fifth of the test (no foreign keys or delete triggers here).
         with self.svc.pool.connection() as conn:
-            conn.execute(
-                "TRUNCATE task_registry, task_status, task_attempts, events, outbox, "
-                "queue_messages, queue_leases, queue_dead"
-            )
+            for table in TABLES:
+                conn.execute(f"DELETE FROM {table}")
             conn.execute(
                 "UPDATE pool_slots SET leased_by_task = NULL, leased_job = NULL, leased_at = NULL"
             )
