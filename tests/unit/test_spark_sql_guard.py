@@ -269,3 +269,16 @@ def test_the_demo_analytics_pass_and_keep_their_meaning(
     regenerated = sqlglot.parse_one(checked.sql, read=DIALECT)
     assert original == regenerated
     assert not [f for f in regenerated.find_all(exp.Anonymous) if f.name.startswith("u256")]
+
+
+def test_an_accepted_query_is_checked_once_and_a_refusal_every_time() -> None:
+    """The guard remembers what it accepted (an operator host runs a job's SQL task after task),
+    per text and views; a refused query is refused again, and other views are checked anew."""
+    sql = "SELECT u256_sum(value) AS total FROM transfers"
+    first = check_query(sql, ["transfers"])
+    assert check_query(sql, iter(["transfers"])) is first
+    with pytest.raises(SqlRefused, match="not an input"):
+        check_query(sql, ["other"])
+    for _ in range(2):
+        with pytest.raises(SqlRefused, match="DROP"):
+            check_query("DROP TABLE transfers", ["transfers"])

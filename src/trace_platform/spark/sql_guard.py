@@ -30,6 +30,7 @@ The session itself is hardened too (`spark.sql.runSQLOnFiles=false`,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -84,7 +85,16 @@ class _Found:
 
 def check_query(sql: str, inputs: Iterable[str]) -> CheckedQuery:
     """Checks `sql` against the allowlist for a task whose input views are `inputs`; returns the
-    text to run. Raises `SqlRefused` (a `PermanentError`) naming what was refused."""
+    text to run. Raises `SqlRefused` (a `PermanentError`) naming what was refused.
+
+    An accepted query is remembered (the answer depends on the text and the views alone): an
+    operator host runs a job's same SQL task after task, and the check of a query using the
+    u256 helpers takes a CPU-second or so. A refusal is checked afresh each time."""
+    return _check_query(sql, tuple(inputs))
+
+
+@functools.lru_cache(maxsize=256)
+def _check_query(sql: str, inputs: tuple[str, ...]) -> CheckedQuery:
     names = {n.lower(): n for n in inputs}
     if "${" in sql:  # Spark substitutes these anywhere, string literals included
         raise refuse("${…} variable substitution (it reads the environment and the config)")
