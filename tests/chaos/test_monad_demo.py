@@ -13,6 +13,7 @@ from tests.support.alert_truth import check_alert_truth
 from tests.support.amounts import value
 from tests.support.dags import admin, finished_run
 from tests.support.datasets import committed_keys
+from tests.support.demo_rows import GROUP, remember, run_key, spark_rows
 from tests.support.devnet import DEMO, devnet_fixture, small_demo_dag
 from tests.support.invariants import assert_datasets_complete, assert_invariants
 from trace_platform.chain import Rpc, calldata, topic0
@@ -49,6 +50,7 @@ def read_dataset(stack: LiteStack, settings: Settings, name: str) -> pl.DataFram
     return frame
 
 
+@pytest.mark.xdist_group(GROUP)
 def test_golden_path_analytics_match_the_node(
     settings: Settings, dsn: str, devnet: tuple[str, ChainInfo]
 ) -> None:
@@ -64,16 +66,15 @@ def test_golden_path_analytics_match_the_node(
     ) as stack:
         svc, me = stack.services, admin(stack.services)
         svc.control.deploy(me, dag, str(DEMO))
-        run_id = svc.control.trigger(
-            me,
-            "monad_demo",
-            config={"from_block": 0, "to_block": SPEC.blocks - 1, "chunk_size": 100},
-        )["run_id"]
+        config = {"from_block": 0, "to_block": SPEC.blocks - 1, "chunk_size": 100}
+        run_id = svc.control.trigger(me, "monad_demo", config=config)["run_id"]
 
         tasks = finished_run(svc, run_id, 600)
         assert all(t["status"] == "succeeded" for t in tasks), [
             (t["job"], t["status"], t["last_error"]) for t in tasks if t["status"] != "succeeded"
         ]
+        # test_spark_cluster compares its cluster run of the same DAG and chain with this one.
+        remember(run_key(url, dag, config), spark_rows(svc, me))
         per_job = {j: sum(t["job"] == j for t in tasks) for j in {t["job"] for t in tasks}}
         assert per_job["ingest"] == 3 and per_job["hot"] == 4 * 3
         # The aggregators saw 3 ranges each and woke each analytic once, for the whole window.
