@@ -14,7 +14,12 @@ import pytest
 from psycopg import sql
 
 from tests.support.databases import Databases, with_db
-from tests.support.scheduling import DurationRecorder, LongestFirst, grouped_modules
+from tests.support.scheduling import (
+    SHARED_GROUPS,
+    DurationRecorder,
+    LongestFirst,
+    grouped_modules,
+)
 from trace_platform.config import Settings
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
@@ -153,6 +158,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.path.resolve().relative_to(root).as_posix()
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        for mark in item.iter_markers("xdist_group"):
+            if SHARED_GROUPS.get(module) != (mark.args[0] if mark.args else mark.kwargs["name"]):
+                raise pytest.UsageError(
+                    f"{item.nodeid}: its xdist_group mark must be listed in "
+                    "tests/support/scheduling.SHARED_GROUPS (the scheduler reads groups there)"
+                )
         if shares_a_module_fixture(item) and module not in grouped:
             raise pytest.UsageError(
                 f"{item.nodeid} uses a module-scoped fixture that "

@@ -4,8 +4,9 @@ compares its cluster run with them instead of running the same DAG over the same
 again (when it is alone, or on another xdist worker, it runs its own). A run is reused only for
 the same chain (its head block's hash: every block under it the same), DAG text and range.
 
-Both tests carry `xdist_group(GROUP)`: with `--dist loadgroup` they run on one worker, in
-collection order (the golden path first)."""
+Both tests carry `xdist_group(GROUP)`, listed in tests/support/scheduling.SHARED_GROUPS: with
+`--dist loadgroup` the suite's scheduler runs both modules on one worker, in collection order
+(the golden path first)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,15 @@ DURATIONS = TESTS / "durations.json"
 LONG_SECONDS = 5.0
 
 
+# Modules whose tests share state across modules (an xdist_group mark naming the group): one
+# unit, run in collection order. tests/conftest.py checks every xdist_group mark is listed here.
+SHARED_GROUPS = {
+    # The golden path's demo run is the cluster test's local side (tests/support/demo_rows.py).
+    "tests/chaos/test_monad_demo.py": "demo_seed3",
+    "tests/chaos/test_spark_cluster.py": "demo_seed3",
+}
+
+
 def grouped_modules(root: Path = TESTS) -> frozenset[str]:
     """Test modules that make a module-scoped fixture (`scope="module"`, or a devnet from
     `devnet_fixture`), as paths from the repository root. Read from the source because the
@@ -63,6 +72,8 @@ class LongestFirst(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
+        if module in SHARED_GROUPS:
+            return SHARED_GROUPS[module]
         return module if module in self.grouped else nodeid
 
     def cost(self, nodeid: str) -> float:

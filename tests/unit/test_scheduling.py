@@ -100,3 +100,20 @@ def test_the_suites_module_fixtures_are_all_seen() -> None:
     assert "tests/chaos/test_monad_demo.py" in found  # a devnet
     assert "tests/integration/test_exact_amounts.py" in found  # its own module fixtures
     assert "tests/unit/test_scheduling.py" not in found
+
+
+def test_modules_of_one_shared_group_are_one_unit_in_collection_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(
+        scheduling,
+        "SHARED_GROUPS",
+        {"tests/chaos/test_a.py": "g", "tests/chaos/test_b.py": "g"},
+    )
+    sched, nodes = scheduler(monkeypatch, tmp_path)
+    holder = [n for n in nodes if "tests/chaos/test_a.py::test_long" in ids(sched, n)]
+    assert len(holder) == 1
+    sent = ids(sched, holder[0])
+    assert sent.index("tests/chaos/test_a.py::test_long") + 1 == sent.index(
+        "tests/chaos/test_b.py::test_long"
+    )
