@@ -88,14 +88,12 @@ class ChainTipConfig(OperatorConfig):
     chunk_size: int = Field(
         default=100, ge=1, le=MAX_BLOCK, description="blocks per range (whole, aligned chunks only)"
     )
-    # The reorg buffer: ranges stop this many blocks below the (finalized) head.
     safety_blocks: int = Field(
         default=3,
         ge=0,
         le=1_000_000,
         description="the reorg buffer: ranges stop this far below the head",
     )
-    # How many of the last emitted ranges each run re-checks against the node's hashes.
     recheck_ranges: int = Field(
         default=16,
         ge=0,
