@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support.alerts import (
+    add_delivery,
     alert,
     dag,
     deliveries,
@@ -308,19 +309,7 @@ def test_one_orgs_backlog_does_not_hold_back_anothers(services: Services) -> Non
 
         def add(org: uuid.UUID, n: int, age: float) -> None:
             for i in range(n):
-                store.insert_delivery(
-                    delivery_id=uuid.uuid4(),
-                    org_id=org,
-                    idempotency_key=f"k{i}",
-                    destination="ops",
-                    record_id=uuid.uuid4(),
-                    rule="r",
-                    severity="info",
-                    event_time=datetime.now(UTC),
-                    body="{}",
-                    status="pending",
-                    reason=None,
-                )
+                add_delivery(conn, org, key=f"k{i}")
             conn.execute(
                 "UPDATE deliveries SET next_attempt_at = now() - make_interval(secs => %s)"
                 " WHERE org_id = %s",
@@ -346,21 +335,8 @@ def test_another_orgs_admin_sees_and_touches_none_of_an_orgs_deliveries(
     s, me = services, admin(services)
     ctl = _control(s)
     ctl.add_destination(me, "ops", "https://example.org/hook")
-    did = uuid.uuid4()
     with s.pool.connection() as conn:
-        DeliveryStore(conn).insert_delivery(
-            delivery_id=did,
-            org_id=me.org_id,
-            idempotency_key="k",
-            destination="ops",
-            record_id=uuid.uuid4(),
-            rule="r",
-            severity="info",
-            event_time=datetime.now(UTC),
-            body="{}",
-            status="failed",
-            reason="x",
-        )
+        did = add_delivery(conn, me.org_id, status="failed", reason="x")
     other = Actor(uuid.uuid4(), uuid.uuid4(), "other", True)
     assert ctl.list_deliveries(other) == [] and ctl.list_destinations(other) == []
     assert ctl.counts(other) == {}

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.alerts import alert, dag, publish_alerts
+from tests.support.alerts import add_delivery, alert, dag, publish_alerts
 from tests.support.dags import admin, user
 from tests.support.servers import admin_key, bearer, secured_api
 from trace_platform.config import Settings
 from trace_platform.identity import create_key, ensure_user
 from trace_platform.services import Services
-from trace_platform.store.deliveries import DeliveryStore
 
 
 @pytest.fixture
@@ -45,22 +44,17 @@ def api(settings: Settings, dsn: str) -> Iterator[tuple[Services, dict[str, http
 
 
 def _failed_delivery(s: Services) -> uuid.UUID:
-    did = uuid.uuid4()
     with s.pool.connection() as conn:
-        DeliveryStore(conn).insert_delivery(
-            delivery_id=did,
-            org_id=admin(s).org_id,
-            idempotency_key="alert_k",
-            destination="ops",
-            record_id=uuid.uuid4(),
-            rule="big",
-            severity="warning",
-            event_time=datetime.now(UTC),
-            body='{"type":"alert"}',
+        return add_delivery(
+            conn,
+            admin(s).org_id,
+            key="alert_k",
             status="failed",
             reason="HTTP 500",
+            rule="big",
+            severity="warning",
+            body='{"type":"alert"}',
         )
-    return did
 
 
 def _state(s: Services) -> list[Any]:

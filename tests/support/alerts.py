@@ -5,10 +5,13 @@ deliveries that come of them."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
+
+from psycopg import Connection
 
 from tests.support.dags import admin
 from trace_platform.contract import BufferPublishRequest, Claim, ClaimRequest
@@ -18,6 +21,7 @@ from trace_platform.operators.alert_route import alert_route
 from trace_platform.operators.context import OperatorContext
 from trace_platform.services import Services
 from trace_platform.sink.service import Sink
+from trace_platform.store.deliveries import DeliveryStore
 
 
 def dag(name: str = "watch", destinations: tuple[str, ...] = ("ops",), age: int = 3600) -> str:
@@ -134,3 +138,33 @@ def deliveries(s: Services) -> dict[tuple[str, str], dict[str, Any]]:
     with s.pool.connection() as conn:
         rows = conn.execute("SELECT * FROM deliveries").fetchall()
     return {(r["destination"], json.loads(r["body"])["dedupe_key"]): r for r in rows}
+
+
+def add_delivery(
+    conn: Connection[Any],
+    org_id: UUID,
+    *,
+    key: str = "k",
+    status: str = "pending",
+    reason: str | None = None,
+    rule: str = "r",
+    severity: str = "info",
+    body: str = "{}",
+) -> UUID:
+    """A delivery row of the org's destination "ops", made directly (not routed): for what
+    reads or leases deliveries. Returns its delivery_id."""
+    delivery_id = uuid.uuid4()
+    DeliveryStore(conn).insert_delivery(
+        delivery_id=delivery_id,
+        org_id=org_id,
+        idempotency_key=key,
+        destination="ops",
+        record_id=uuid.uuid4(),
+        rule=rule,
+        severity=severity,
+        event_time=datetime.now(UTC),
+        body=body,
+        status=status,
+        reason=reason,
+    )
+    return delivery_id
