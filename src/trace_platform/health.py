@@ -17,9 +17,11 @@ import socket
 import sys
 import urllib.request
 from collections.abc import Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from trace_platform.config import Settings
+from pydantic import SecretStr
+
+from trace_platform.config import _DSN_PASSWORD, Settings
 
 TIMEOUT = 5.0
 ROLES = ("api", "worker", "sink", "delivery", "scheduler")
@@ -102,14 +104,36 @@ def checks(role: str, settings: Settings) -> dict[str, Check]:
     return out
 
 
+def _hidden(settings: Settings) -> list[str]:
+    """What no check's answer may show (it is kept in the container's health log): every
+    secret setting, and each DSN's password as written and decoded (libpq quotes a malformed
+    one back: 'invalid percent-encoded token: "..."'). Longest first."""
+    out: set[str] = set()
+    for value in settings.model_dump().values():
+        if isinstance(value, SecretStr):
+            raw = value.get_secret_value()
+            out.add(raw)
+            for m in _DSN_PASSWORD.finditer(raw):
+                token = m.group(2).strip("'")
+                out.update((token, unquote(token)))
+    return sorted((s for s in out if s), key=len, reverse=True)
+
+
 def run(role: str, settings: Settings | None = None) -> list[str]:
-    """Every failed check of `role`, as "name: reason" (empty: healthy)."""
+    """Every failed check of `role`, as "name: reason" (empty: healthy), no secret in it."""
+    settings = settings or Settings()
     failed = []
-    for name, check in checks(role, settings or Settings()).items():
+    for name, check in checks(role, settings).items():
         try:
             check()
         except Exception as e:  # any failure is the answer, never a traceback
             failed.append(f"{name}: {type(e).__name__}: {e}")
+    if failed:
+        hidden = _hidden(settings)
+        for i, line in enumerate(failed):
+            for secret in hidden:
+                line = line.replace(secret, "****")
+            failed[i] = line
     return failed
 
 
