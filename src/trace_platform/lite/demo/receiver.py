@@ -16,7 +16,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from trace_platform.db.embedded import free_port
 
-MAX_BODY = 1 << 20  # a request's body read up to this much
+MAX_BODY = 1 << 20  # bytes: a request's body longer is answered 413, unread
+IDLE_SECONDS = 10.0  # a connection silent this long is closed (its thread freed)
 
 
 @dataclass
@@ -28,12 +29,32 @@ class Arrival:
 
 
 class ReceiverServer(ThreadingHTTPServer):
-    """The receiver's HTTP server: a thread per connection, and a listen backlog for bursts."""
+    """The receiver's HTTP server: a thread per connection, at most `max_connections` of them
+    (the next waits in the listen backlog until one ends), and a backlog for bursts."""
 
     daemon_threads = True
     # Connections waiting to be accepted. socketserver's 5 overflowed under a burst of sends
     # (two Delivery Services, 8 at a time each): the dropped ones waited 1 s for a SYN retry.
     request_queue_size = 128
+    max_connections = 64
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # accepting waits for a free slot: the backlog holds the rest
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 # What to answer a verified request: (status, extra headers). None: 204.
@@ -78,11 +99,21 @@ class DemoReceiver:
         recv = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_SECONDS
+
             def do_POST(self) -> None:
-                n = min(int(self.headers.get("content-length") or 0), MAX_BODY)
-                body = self.rfile.read(n).decode("utf-8", "replace")
+                length = (self.headers.get("content-length") or "0").strip()
+                if not (length.isascii() and length.isdigit()):  # "-1": read to the end
+                    self.send_error(400, "a Content-Length of digits")
+                    return
+                n = int(length) if len(length) <= 12 else MAX_BODY + 1
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                code, extra = recv._arrived(body, headers)
+                if n > MAX_BODY:  # refused unread, recorded as not verified
+                    code, extra = recv._refused(headers), {"connection": "close"}
+                    self.close_connection = True
+                else:
+                    body = self.rfile.read(n).decode("utf-8", "replace")
+                    code, extra = recv._arrived(body, headers)
                 self.send_response(code)
                 for k, v in extra.items():
                     self.send_header(k, v)
@@ -109,10 +140,18 @@ class DemoReceiver:
         code, extra = (204, {}) if ok else (401, {})
         if ok and self.answer is not None:
             code, extra = self.answer(a)
+        self._record(a)
+        return code, extra
+
+    def _refused(self, headers: dict[str, str]) -> int:
+        """A request whose body is too long to read: recorded as not verified."""
+        self._record(Arrival(headers.get("webhook-id", ""), "", False, headers))
+        return 413
+
+    def _record(self, a: Arrival) -> None:
         with self._cond:
             self.arrivals.append(a)
             self._cond.notify_all()
-        return code, extra
 
     def wait(self, check: Callable[[list[Arrival]], bool], timeout: float = 20.0) -> list[Arrival]:
         """The arrivals once `check` holds of them (AssertionError after `timeout`)."""
