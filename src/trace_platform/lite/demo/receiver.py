@@ -123,8 +123,9 @@ class DemoReceiver:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self._server = ReceiverServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        server = self._server = ReceiverServer(("127.0.0.1", self.port), Handler)
+        # `stop` waits for the loop to look again: every 0.05 s, not socketserver's 0.5 s.
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def _arrived(self, body: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
