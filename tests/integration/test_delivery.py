@@ -385,7 +385,10 @@ def test_a_step_takes_its_wake_ups_in_one_ack_and_settles_every_attempt(
 
 
 def test_an_idle_service_sends_new_work_on_its_wake_up_not_its_next_poll(
-    services: Services, tmp_path: Path, running: Callable[..., None]
+    services: Services,
+    tmp_path: Path,
+    running: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Idle, a service waits on the queue (LISTEN in Lite) instead of sleeping its poll: a
     delivery made then goes out at once, long before the 30 s poll would come round."""
@@ -393,9 +396,19 @@ def test_an_idle_service_sends_new_work_on_its_wake_up_not_its_next_poll(
     s.control.deploy(me, dag())
     recv = Receiver(free_port(), None).start()
     recv.secret = _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+    waiting = threading.Event()
+    receive = s.driver.receive
+
+    def watched(*a: Any, **kw: Any) -> Any:
+        if kw.get("wait_seconds"):
+            waiting.set()
+        return receive(*a, **kw)
+
+    monkeypatch.setattr(s.driver, "receive", watched)
     try:
         running(1, delivery_poll_seconds=30.0)
-        time.sleep(1.0)  # its first pass found nothing: it is waiting now
+        # Its first pass found nothing: it waits on the queue now.
+        assert waiting.wait(10), "the service never waited on the queue"
         t0 = time.monotonic()
         _deliver(s, tmp_path, [alert("a", "warning", timedelta(minutes=1))])
         recv.wait(lambda a: any(x.verified for x in a), 15)
