@@ -24,7 +24,7 @@ from trace_platform.services import Services
 @pytest.fixture
 def api(settings: Settings, dsn: str) -> Iterator[tuple[Services, dict[str, httpx.Client]]]:
     """The API, and a client for each caller: the org's admin, a user of the org with no
-    roles, and the admin of another org."""
+    roles, the admin of another org, and a caller with no key."""
     with secured_api(settings, dsn) as (svc, url):
         _, someone = user(svc, "someone")
         other = uuid.uuid4()
@@ -36,6 +36,7 @@ def api(settings: Settings, dsn: str) -> Iterator[tuple[Services, dict[str, http
             who: httpx.Client(base_url=url, headers=bearer(key), timeout=30)
             for who, key in (("admin", admin_key(svc)), ("someone", someone), ("other", eve_key))
         }
+        clients["nobody"] = httpx.Client(base_url=url, timeout=30)
         try:
             yield svc, clients
         finally:
@@ -133,6 +134,8 @@ def test_a_non_admin_is_refused_and_another_orgs_admin_sees_nothing(
     refused = calls(c["someone"])
     assert {k: r.status_code for k, r in refused.items()} == {k: 403 for k in refused}
     assert all(r.json()["error"] == "forbidden" for r in refused.values())
+    anonymous = calls(c["nobody"])
+    assert {k: r.status_code for k, r in anonymous.items()} == {k: 401 for k in anonymous}
     # Another org's admin: its own (empty) org, none of this one's by name or id.
     other = calls(c["other"])
     assert other["add"].status_code == 201  # in its own org: the one it lists
@@ -172,6 +175,8 @@ def test_alerts_and_buffer_records_over_http_follow_read_roles(
     assert (rec["dataset"], rec["status"]) == ("alert_events", "loaded")
     assert c["admin"].get("/v1/buffers", params={"status": "dead"}).json() == []
     assert c["admin"].get("/v1/buffers", params={"status": "gone"}).status_code == 422
+    for path in ("/v1/alerts", "/v1/buffers"):
+        assert c["nobody"].get(path).status_code == 401, path
     # No read_roles on alert_events: nothing of it; another org: nothing of this one's.
     for who in ("someone", "other"):
         assert c[who].get("/v1/buffers").json() == [], who
