@@ -44,6 +44,20 @@ def _storable(error: str) -> str:
     return text.replace("\x00", "\\x00")
 
 
+def batch_key_refused(org_id: UUID, task_id: UUID, attempt: int, key: str) -> str | None:
+    """Why `key` is not a batch key attempt `attempt` of `task_id` may write (one below its
+    own buffer prefix, as its scoped store let it write), or None when it is: what the publish
+    accepts, and all the collector ever deletes of a batch (registry/collector.py)."""
+    try:
+        check_key(key)
+    except (ObjectStoreError, ValueError) as e:
+        return f"a batch's location: {e}"
+    if not layout.attempt_owns(layout.buffer_root(org_id, task_id), task_id, attempt, key):
+        want = layout.buffer_prefix(org_id, task_id, attempt)
+        return f"batch {key!r} is not below this attempt's buffer prefix {want!r}"
+    return None
+
+
 class Buffers:
     def __init__(self, store: StateStore, emitter: Emitter) -> None:
         self.store = store
@@ -114,16 +128,9 @@ class Buffers:
     @staticmethod
     def _check_location(st: dict[str, Any], req: BufferPublishRequest) -> None:
         """Only this attempt's own keys: what the scoped store let it write."""
-        root = layout.buffer_root(st["org_id"], req.task_id)
-        try:
-            check_key(req.location)
-        except (ObjectStoreError, ValueError) as e:
-            raise Forbidden(f"a batch's location: {e}") from None
-        if not layout.attempt_owns(root, req.task_id, req.attempt, req.location):
-            want = layout.buffer_prefix(st["org_id"], req.task_id, req.attempt)
-            raise Forbidden(
-                f"batch {req.location!r} is not below this attempt's buffer prefix {want!r}"
-            )
+        why = batch_key_refused(st["org_id"], req.task_id, req.attempt, req.location)
+        if why is not None:
+            raise Forbidden(why)
 
     # -- sink side (trusted) ------------------------------------------------------------------
     def record(self, record_id: UUID) -> dict[str, Any] | None:

@@ -23,8 +23,9 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from trace_platform.layout import attempt_owns, buffer_root, platform_made
-from trace_platform.objectstore import ObjectStore, ObjectStoreError, check_key, delete_prefix
+from trace_platform.dispatcher.buffers import batch_key_refused
+from trace_platform.layout import platform_made
+from trace_platform.objectstore import ObjectStore, delete_prefix
 from trace_platform.store.collector import CollectorStore
 
 log = logging.getLogger("trace.collector")
@@ -124,14 +125,10 @@ class Collector:
 
 
 def _own_batch(row: dict[str, Any]) -> bool:
-    """Whether a record's artifact is a key the platform let its attempt write (the publish
-    checked it so; the collector deletes nothing else whatever a row says)."""
-    try:
-        check_key(row["location"])
-    except (ObjectStoreError, ValueError):
-        return False
-    root = buffer_root(row["org_id"], row["task_id"])
-    return attempt_owns(root, row["task_id"], row["attempt"], row["location"])
+    """Whether a record's artifact is a key the platform let its attempt write (the publish's
+    own check, made again: the collector deletes nothing else whatever a row says)."""
+    why = batch_key_refused(row["org_id"], row["task_id"], row["attempt"], row["location"])
+    return why is None
 
 
 def run_collector(collector: Collector, stop: threading.Event, interval: float) -> None:
