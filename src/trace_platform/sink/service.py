@@ -185,12 +185,11 @@ class Sink:
             last = f": {rec['error']}" if rec.get("error") else ""
             self.buffers.dead(record_id, f"not loaded after {self.max_tries} tries{last}")
             return "dead"
-        values: list[list[Any]] = []  # the rows as loaded, for the landed batch's work
         try:
             names, rows = self._read(rec)
             if rec.get("platform") == ALERT_EVENTS.name:
                 rows = _own_alerts(rec, names, rows)
-            loaded = self._upsert(rec, names, _kept(rows, values))
+            loaded, values = self._upsert(rec, names, rows)
         except BatchRefused as e:  # a row refused mid-load: its transaction rolled back
             self.buffers.dead(record_id, str(e))
             log.info("sink: batch %s of '%s' refused: %s", record_id, rec["name"], e)
@@ -227,26 +226,32 @@ class Sink:
         rows = parse(data, rec["content_type"], rec["max_rows"], self.max_batch_bytes)
         return checking(rows, rec["columns"], list(rec["unique_key"]))
 
-    def _upsert(self, rec: dict[str, Any], names: list[str], values: Iterator[list[Any]]) -> int:
-        """One data transaction: the rows, under the record's org and id (never the rows')."""
+    def _upsert(
+        self, rec: dict[str, Any], names: list[str], values: Iterator[list[Any]]
+    ) -> tuple[int, list[list[Any]]]:
+        """One data transaction: the rows, under the record's org and id (never the rows').
+        Returns how many were new, and the rows as loaded (for the landed batch's work)."""
         org, record_id = rec["org_id"], rec["record_id"]
+        kept: list[list[Any]] = []
 
         def rows() -> Iterator[list[Any]]:
             for n, v in enumerate(values):
                 if n == 1:
                     faults.point("sink.mid_batch")  # chaos: killed with half a batch sent
+                kept.append(v)
                 yield [org, *v, record_id]
 
         conn = self._data()
         with conn.transaction():
             self._ensure_on(conn, rec)
-            return sink_sql.upsert(
+            loaded = sink_sql.upsert(
                 conn,
                 rec["table_name"],
                 list(rec["unique_key"]),
                 ["org_id", *names, "record_id"],
                 rows(),
             )
+        return loaded, kept
 
     # -- the data connection and tables --------------------------------------------------
     def _data(self) -> psycopg.Connection[Any]:
@@ -288,10 +293,3 @@ def _own_alerts(
         return v
 
     return map(owned, rows)
-
-
-def _kept(rows: Iterator[list[Any]], into: list[list[Any]]) -> Iterator[list[Any]]:
-    """`rows`, each also kept in `into` as it is taken."""
-    for row in rows:
-        into.append(row)
-        yield row
