@@ -13,14 +13,12 @@ from uuid import UUID
 
 from psycopg import Connection
 
+from tests.support.buffers import batch_key, object_store, publish, sink, write_lines
 from tests.support.dags import admin
-from trace_platform.contract import BufferPublishRequest, Claim, ClaimRequest
-from trace_platform.layout import buffer_prefix
-from trace_platform.objectstore import make_store
+from trace_platform.contract import Claim, ClaimRequest
 from trace_platform.operators.alert_route import alert_route
 from trace_platform.operators.context import OperatorContext
 from trace_platform.services import Services
-from trace_platform.sink.service import Sink
 from trace_platform.store.deliveries import DeliveryStore
 
 
@@ -44,24 +42,9 @@ def claim(s: Services, task_id: Any) -> Claim:
     return s.dispatcher.claim(ClaimRequest(task_id=UUID(str(task_id)), worker_id="w"), payload=True)
 
 
-def publish(s: Services, c: Claim, dataset: str, key: str) -> None:
-    s.dispatcher.buffers.publish(
-        BufferPublishRequest(
-            task_id=c.task_id,
-            attempt=c.attempt,
-            lease_token=c.lease_token,
-            dataset=dataset,
-            location=key,
-        )
-    )
-
-
 def drain(s: Services) -> None:
-    store = make_store(s.settings)
-    store.ensure_bucket()
     for _ in range(2):
-        s.publisher.drain()
-        Sink(s.dispatcher, s.driver, store, s.data_dsn).drain()
+        sink(s).drain()
 
 
 def alert(key: str, severity: str, age: timedelta, rule: str = "big") -> dict[str, Any]:
@@ -91,10 +74,7 @@ def publish_alerts(s: Services, rows: list[dict[str, Any]], dag_name: str = "wat
     me = admin(s)
     (task_id,) = s.control.trigger(me, dag_name)["tasks"]
     c = claim(s, task_id)
-    key = f"{buffer_prefix(me.org_id, c.task_id, c.attempt)}alerts.jsonl"
-    store = make_store(s.settings)
-    store.ensure_bucket()
-    store.put(key, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    key = write_lines(s, batch_key(s, c, me.org_id, "alerts.jsonl"), rows)
     publish(s, c, "alert_events", key)
     drain(s)
 
@@ -121,7 +101,7 @@ def route(s: Services, tmp: Path, task_id: UUID, c: Claim | None = None) -> Clai
         task=c.task.model_copy(update={"input_event": None}) if again else c.task,
         workdir=tmp,
         _send=sent.append,
-        _store=make_store(s.settings),
+        _store=object_store(s),
         env={"TRACE_SINK_DSN": s.data_dsn},
         _batches=10 if again else 0,
     )
