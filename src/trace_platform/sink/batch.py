@@ -88,7 +88,9 @@ def _parquet(data: bytes, max_rows: int, max_decoded: int) -> list[dict[str, Any
             how = parquet.plan(data, f.metadata, f.schema, max_decoded)
         except parquet.Refused as e:
             raise BatchRefused(str(e)) from None
-        f = pq.ParquetFile(io.BytesIO(data), read_dictionary=how.dictionary_paths)
+        f = pq.ParquetFile(
+            io.BytesIO(data), metadata=f.metadata, read_dictionary=how.dictionary_paths
+        )  # its footer as parsed above
         for part in f.iter_batches(batch_size=how.batch_rows):
             # As its rows will be once expanded (a dictionary's values repeated included).
             decoded += sum(parquet.dense_bytes(col) for col in part.columns)
