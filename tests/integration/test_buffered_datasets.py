@@ -146,6 +146,25 @@ def test_a_malformed_batch_dead_letters_with_its_reason_while_the_next_lands(
     assert [r["dedupe_key"] for r in _rows(s)] == ["good"]  # nothing of the bad batch
 
 
+def test_a_record_counts_every_row_it_read_and_the_new_ones_it_loaded(deployed: Services) -> None:
+    """What `trace buffers list` shows: rows read and rows loaded, on the direct COPY (all
+    keys new) and on the fallback (a stored key, a key repeated in the batch)."""
+    s = deployed
+    c = _claim(s, "alerts")
+    _publish(s, c, _write(s, c, [_row("a"), _row("b")], "first.jsonl"))
+    assert _sink(s).drain() == 1
+    _publish(s, c, _write(s, c, [_row("b"), _row("c"), _row("c")], "second.jsonl"))
+    assert _sink(s).drain() == 1
+    by = {r["location"].rsplit("/", 1)[1]: r for r in _records(s)}
+    assert [
+        (by[n]["rows_read"], by[n]["rows_loaded"]) for n in ("first.jsonl", "second.jsonl")
+    ] == [
+        (2, 2),
+        (3, 1),
+    ]
+    assert [r["dedupe_key"] for r in _rows(s)] == ["a", "b", "c"]
+
+
 @pytest.mark.parametrize("stored_first", [False, True])
 def test_a_row_refused_after_thousands_were_streamed_lands_none_of_its_batch(
     deployed: Services, stored_first: bool
