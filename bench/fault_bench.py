@@ -88,7 +88,15 @@ def stack_of(
     has them already: a stack's start and stop are no row's figure. Either way the row starts
     once every worker waits on the queue: a worker still booting when a fault comes fails its
     boot (its migration check, on a server shutting down) and leaves the row one worker short,
-    which on a busy machine, where a boot takes many seconds, it was."""
+    which on a busy machine, where a boot takes many seconds, it was. Every row's stack, fresh
+    or shared, runs on the run's one database: no earlier row's task may be left for it to run
+    (each row waits for its own to finish)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM task_status WHERE status NOT IN ('succeeded', 'failed', 'canceled')"
+        ).fetchone()
+    if row is None or row[0]:
+        raise SystemExit(f"refusing to print: {row} earlier tasks unfinished in the database")
     if shared is None:
         with LiteStack(settings, workers=workers, dsn=dsn) as stack:
             wait_ready(stack, dsn, workers)
@@ -97,13 +105,6 @@ def stack_of(
     alive = len(shared.workers) - len(shared.exited_workers())
     if alive != workers:
         raise SystemExit(f"refusing to print: the shared stack has {alive} workers, not {workers}")
-    # No earlier row's task is left to run on it (each row waits for its own to finish).
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM task_status WHERE status NOT IN ('succeeded', 'failed', 'canceled')"
-        ).fetchone()
-    if row is None or row[0]:
-        raise SystemExit(f"refusing to print: {row} earlier tasks unfinished on the shared stack")
     wait_ready(shared, dsn, workers)
     yield shared
 
@@ -405,11 +406,11 @@ def main() -> int:
         restarts = [
             restart_recovery(settings, pg, dsn, args.stream, shared) for _ in range(args.repeat)
         ]
-        flowing, normal = [r[0] for r in restarts], [r[1] for r in restarts]
+        resumed, normal = [r[0] for r in restarts], [r[1] for r in restarts]
         two_leases = 2 * settings.lease_seconds
         print(
-            f"Postgres restart -> tasks flowing: median {statistics.median(flowing):.2f} s, "
-            f"max {max(flowing):.2f} s; -> throughput back to normal: median "
+            f"Postgres restart -> tasks flowing: median {statistics.median(resumed):.2f} s, "
+            f"max {max(resumed):.2f} s; -> throughput back to normal: median "
             f"{statistics.median(normal):.1f} s, max {max(normal):.1f} s "
             f"(target <= {two_leases:.0f} s, 2 leases)"
         )
