@@ -118,10 +118,17 @@ def write(
     kept: dict[str, tuple[str, list[str]]],
 ) -> None:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    ran = {r["name"] for r in rows}
+    which = (
+        "every bench"
+        if len(ran) == len(BENCHES)
+        else "the benches run in this pass (a bench not run is marked so, or keeps an earlier"
+        " pass's row and figures, that pass named in its checks cell)"
+    )
     lines = [
         "# Benchmark results",
         "",
-        f"Written by `make bench` (bench/run_all.py) on {now}: every bench at full size, one at"
+        f"Written by `make bench` (bench/run_all.py) on {now}: {which} at full size, one at"
         " a time, on the machine below. Each bench checks its own work (its own tasks and rows"
         " counted, the two sides' results compared) and prints no figure when a check fails.",
         "",
@@ -137,7 +144,6 @@ def write(
             f"| [{r['name']}](#{r['name']}) | `{r['cmd']}` | {r['status']} | {r['wall']:.0f} s "
             f"| {r['load']} |"
         )
-    ran = {r["name"] for r in rows}
     for name, args in BENCHES:  # `--only`: the others are listed, not left out silently
         if name in kept and name not in ran:
             lines.append(kept[name][0])
