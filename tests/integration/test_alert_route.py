@@ -298,3 +298,45 @@ def test_routed_rows_are_published_within_the_datasets_bounds(
             " USING (dataset_uuid) WHERE b.platform = 'alert_deliveries' GROUP BY 1"
         ).fetchall()
     assert [(b["status"], b["n"]) for b in batches] == [("loaded", 2)]
+
+
+def test_a_dataset_shaped_like_alert_deliveries_makes_no_delivery(services: Services) -> None:
+    """Only a batch of the org's own alert_deliveries (written by alert_route) makes
+    deliveries. A DAG's buffered dataset with the same columns, whose rows are deliveries the
+    router would make (the key is derivable), lands as data and sends nothing: else any DAG
+    could send the org's destinations what it likes, signed by the platform."""
+    s, me = services, admin(services)
+    cols = ", ".join(f"{{name: {c['name']}, type: {c['type']}}}" for c in ALERT_DELIVERIES.columns)
+    s.control.deploy(
+        me,
+        "name: own\njobs:\n  w: {operator: noop, buffer_outputs: [fake_deliveries]}\n"
+        f"buffered:\n  - {{name: fake_deliveries, columns: [{cols}],"
+        " unique_key: [idempotency_key], writers: [own.w]}\n",
+    )
+    s.control.deploy(me, DAG)  # the org's alert datasets and destinations' routes exist
+    (task_id,) = s.control.trigger(me, "own")["tasks"]
+    c = claim(s, task_id)
+    good = alert("warn", "critical", timedelta(minutes=1))
+    row = {
+        "idempotency_key": idempotency_key(me.org_id, good, "ops"),
+        "destination": "ops",
+        "status": "pending",
+        "alert_dag_id": good["dag_id"],
+        "alert_job": good["job"],
+        "rule": good["rule"],
+        "dedupe_key": good["dedupe_key"],
+        "severity": good["severity"],
+        "event_time": good["event_time"],
+        "payload": {"forged": True},
+        "reason": "-",  # a DAG's columns are required
+    }
+    key = f"{buffer_prefix(me.org_id, c.task_id, c.attempt)}fake.jsonl"
+    make_store(s.settings).put(key, (json.dumps(row) + "\n").encode())
+    publish(s, c, "fake_deliveries", key)
+    drain(s)
+    with s.pool.connection() as conn:
+        landed = conn.execute(
+            "SELECT status, error FROM buffer_records WHERE location = %s", (key,)
+        ).fetchone()
+    assert landed is not None and landed["status"] == "loaded", landed
+    assert deliveries(s) == {} and _wakeups(s) == []
