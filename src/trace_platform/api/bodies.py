@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from trace_platform.delivery.safety import MAX_URL
 from trace_platform.query import saved
 
 
@@ -105,5 +106,5 @@ class DestinationBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=128)
-    url: str = Field(max_length=2048)
+    url: str = Field(max_length=MAX_URL)  # the bound the Delivery Service holds it to
     allow_private: bool = False
