@@ -21,24 +21,20 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.safe_change import finish, start
+
 import smoke  # this folder's: run as a script
 from embedded_pg import migrated_postgres  # this folder's: run as a script
-from trace_platform import layout
 from trace_platform.config import Settings
-from trace_platform.contract import (
-    ClaimRequest,
-    CompleteRequest,
-    EventIn,
-    LeaseRef,
-    OutputCommit,
-    RangeSpec,
-)
 from trace_platform.dag.schema import DagSpec
 from trace_platform.identity import Actor, lite_admin
 from trace_platform.registry.deploy import plan_changes
@@ -120,10 +116,10 @@ def fanout_dag(readers: int, mode: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def drive(svc: Services, dag: str = "wide") -> int:
-    """Runs every claimable task of `dag` by hand (only its: the count is the row's own work):
-    each writes its input's range to its outputs."""
-    d = svc.dispatcher
+def drive(svc: Services) -> int:
+    """Runs every claimable task of the `wide` DAG by hand (only its: the count is the row's own
+    work), each writing its input's ranges to its outputs (tests/support/safe_change's start and
+    finish, as the safe-change tests drive their pipeline)."""
     done = 0
     while True:
         with svc.pool.connection() as conn:
@@ -133,45 +129,13 @@ def drive(svc: Services, dag: str = "wide") -> int:
                     "SELECT s.task_id FROM task_status s "
                     "JOIN task_registry r USING (task_id, start_day) "
                     "JOIN dags g ON g.dag_id = r.dag_id "
-                    "WHERE g.name = %s AND s.status = 'queued' AND NOT s.cancel_requested",
-                    (dag,),
+                    "WHERE g.name = 'wide' AND s.status = 'queued' AND NOT s.cancel_requested"
                 ).fetchall()
             ]
         if not ids:
             return done
         for task_id in ids:
-            c = d.claim(ClaimRequest(task_id=task_id, worker_id="bench"))
-            ref = LeaseRef(task_id=task_id, attempt=c.attempt, lease_token=c.lease_token)
-            p = d.fetch(ref)
-            ev = p.input_event or {}
-            spans = (
-                [(ev["range"]["start"], ev["range"]["end"])]
-                if "range" in ev
-                else [tuple(r) for r in (ev.get("config") or {}).get("ranges", [])]
-            )
-            d.complete(
-                CompleteRequest(
-                    **ref.model_dump(),
-                    outcome="succeeded",
-                    final_events=[
-                        EventIn(dataset_uuid=o.dataset_uuid, range=RangeSpec(start=a, end=b))
-                        for o in p.outputs
-                        for a, b in spans
-                    ],
-                    outputs=[
-                        OutputCommit(
-                            dataset_uuid=o.dataset_uuid,
-                            range=RangeSpec(start=a, end=b),
-                            location=layout.scope_prefix(
-                                o.location, task_id, c.attempt, rng=RangeSpec(start=a, end=b)
-                            ),
-                            row_count=1,
-                        )
-                        for o in p.outputs
-                        for a, b in spans
-                    ],
-                )
-            )
+            finish(svc, *start(svc, task_id))
             done += 1
 
 
