@@ -362,7 +362,7 @@ class SqsQueue:
         wait_seconds: float = 0,
         ack: list[str] | tuple[str, ...] = (),
     ) -> list[Message]:
-        settle = self._own(queue_name, list(ack))  # every receipt checked before anything
+        settle = [h for _, h in self._own(queue_name, list(ack))]  # all checked before anything
         q = self.resolve(queue_name)
         if settle:
             self._delete(q, settle)  # before the lease: if it raises, the caller keeps its acks
@@ -418,12 +418,13 @@ class SqsQueue:
                 self._held.popitem(last=False)
 
     # -- settle --------------------------------------------------------------------------
-    def _own(self, queue_name: str, receipts: list[str]) -> list[str]:
-        """The handles of the receipts that came from this queue (each receipt checked:
-        ValueError for one this driver did not issue); another queue's hold nothing here."""
+    def _own(self, queue_name: str, receipts: list[str]) -> list[tuple[int, str]]:
+        """(delivery count, handle) of the receipts that came from this queue (each receipt
+        checked: ValueError for one this driver did not issue); another queue's hold nothing
+        here, and no request is made for them."""
         physical = self.physical(queue_name)
         parsed = [split_receipt(r) for r in receipts]
-        return [handle for where, _, handle in parsed if where == physical]
+        return [(count, handle) for where, count, handle in parsed if where == physical]
 
     def ack(self, queue_name: str, receipt: str) -> bool:
         return self.ack_many(queue_name, [receipt]) == 1
@@ -432,7 +433,7 @@ class SqsQueue:
     def ack_many(self, queue_name: str, receipts: list[str]) -> int:
         """How many deletes SQS accepted. Not fenced: SQS also accepts a superseded or an
         already deleted receipt (see the module's notes); only a refused handle counts 0."""
-        handles = self._own(queue_name, receipts)
+        handles = [h for _, h in self._own(queue_name, receipts)]
         return self._delete(self.resolve(queue_name), handles) if handles else 0
 
     def _delete(self, q: QueueRef, handles: list[str]) -> int:
@@ -471,17 +472,19 @@ class SqsQueue:
     def extend_visibility(
         self, queue_name: str, receipt: str, visibility_timeout_seconds: float
     ) -> bool:
-        handles = self._own(queue_name, [receipt])
-        if not handles:
+        mine = self._own(queue_name, [receipt])
+        if not mine:
             return False
+        [(_, handle)] = mine
         seconds = whole_seconds(visibility_timeout_seconds, MAX_VISIBILITY)
-        return self._change(self.resolve(queue_name), handles[0], seconds)
+        return self._change(self.resolve(queue_name), handle, seconds)
 
     @_unavailable
     def nack(self, queue_name: str, receipt: str, error: str, delay_seconds: float = 0) -> bool:
-        where, count, handle = split_receipt(receipt)
-        if where != self.physical(queue_name):
+        mine = self._own(queue_name, [receipt])
+        if not mine:
             return False
+        [(count, handle)] = mine
         q = self.resolve(queue_name)
         with self._held_lock:
             held = self._held.get(handle)
