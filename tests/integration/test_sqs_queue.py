@@ -169,6 +169,22 @@ def test_a_final_nack_from_another_process_is_redriven_without_its_error(
     b.close()
 
 
+def test_only_a_final_delivery_keeps_its_body_for_the_dead_letter_copy(drv: SqsQueue) -> None:
+    """A received body is kept only where a nack may copy it into the DLQ: on its final
+    delivery. Not for every message a consumer takes (HELD_MAX of them, up to 256 KiB each)."""
+    q = f"q_{uuid.uuid4().hex[:8]}"
+    drv.publish_many(q, [wake() for _ in range(5)])
+    for n in range(1, MAX_ATTEMPTS):
+        msgs = drv.receive(q, 10, 30)
+        assert {m.delivery_count for m in msgs} == {n} and len(msgs) == 5
+        assert not drv._held
+        assert all(drv.nack(q, m.receipt, "again") for m in msgs)
+    final = drv.receive(q, 10, 30)
+    assert {m.delivery_count for m in final} == {MAX_ATTEMPTS} and len(drv._held) == 5
+    assert drv.ack_many(q, [m.receipt for m in final]) == 5
+    assert not drv._held
+
+
 def test_the_256_kib_limit_is_refused_before_sending_naming_queue_and_size(
     drv: SqsQueue,
 ) -> None:

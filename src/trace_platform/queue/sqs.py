@@ -75,7 +75,7 @@ DLQ_RETENTION = 1_209_600  # 14 days, SQS's longest: dead letters wait for a per
 DLQ_HOLD = 30  # seconds a listed dead letter is held before it is made visible again
 BURY_HOLD = 30  # seconds a final delivery is held while it is copied into the DLQ
 DEAD_LETTERS_MAX = 1000  # a listing stops here (a DLQ can be very long)
-HELD_MAX = 10_000  # received bodies kept for a final nack's DLQ copy
+HELD_MAX = 10_000  # final deliveries' bodies kept for their nack's DLQ copy
 SEND_TRIES = 3  # a batch entry SQS failed on its side is sent again this often
 REDRIVEN = "visibility timeout expired on the final delivery (moved by the SQS redrive policy)"
 _LOST = {"ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidReceiptHandle"}
@@ -396,7 +396,8 @@ class SqsQueue:
             attrs = m.get("Attributes", {})
             count = int(attrs.get("ApproximateReceiveCount", "1"))
             handle = m["ReceiptHandle"]
-            self._hold(handle, _Held(m["Body"], attrs.get("SentTimestamp", "")))
+            if count >= q.max_receives:  # only a final delivery's nack copies it into the DLQ
+                self._hold(handle, _Held(m["Body"], attrs.get("SentTimestamp", "")))
             out.append(Message(_decode(m["Body"]), receipt(q.physical, count, handle), count))
         if early:
             self._hop(q, early)
