@@ -320,6 +320,31 @@ def test_receipts_from_other_drivers_are_refused_or_ignored(drv: SqsQueue) -> No
     assert drv.ack(q, "other-queue:1:handle") is False
 
 
+def test_a_receipt_settles_nothing_through_another_queue_and_makes_no_request(
+    drv: SqsQueue,
+) -> None:
+    """The driver keeps a receipt to its own queue: through another queue's name nothing is
+    sent to SQS for it (not left to SQS to refuse a handle of another queue). A receipt forged
+    for this queue (its name right, its handle or delivery count made up) is one SQS refuses."""
+    q, other = f"q_{uuid.uuid4().hex[:8]}", f"q_{uuid.uuid4().hex[:8]}"
+    drv.publish(q, wake())
+    [msg] = drv.receive(q, 1, 30)
+    drv.resolve(other)
+    settles = [_calls(drv, op) for op in ("DeleteMessageBatch", "ChangeMessageVisibility")]
+    assert drv.ack(other, msg.receipt) is False
+    assert drv.ack_many(other, [msg.receipt, msg.receipt]) == 0
+    assert drv.extend_visibility(other, msg.receipt, 30) is False
+    assert drv.nack(other, msg.receipt, "not mine") is False
+    assert drv.receive(other, 10, 30, ack=[msg.receipt]) == []
+    assert settles == [[], []]
+    for count in (1, MAX_ATTEMPTS, 999_999_999):
+        forged = sqs.receipt(drv.physical(q), count, "forged" * 170)
+        assert drv.ack(q, forged) is False
+        assert drv.extend_visibility(q, forged, 30) is False
+        assert drv.nack(q, forged, "forged") is False
+    assert drv.ack(q, msg.receipt)
+
+
 def test_the_outbox_publishes_task_wakeups_to_sqs(
     settings: Settings, dsn: str, s3_endpoint: str
 ) -> None:
