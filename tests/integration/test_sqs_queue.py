@@ -345,6 +345,22 @@ def test_a_receipt_settles_nothing_through_another_queue_and_makes_no_request(
     assert drv.ack(q, msg.receipt)
 
 
+def test_a_queue_is_looked_up_once_per_driver(drv: SqsQueue) -> None:
+    """Its URL, DLQ and redrive policy are read on first use only: publishing, receiving and
+    settling after that make no lookup."""
+    q = f"q_{uuid.uuid4().hex[:8]}"
+    drv.publish(q, wake())
+    lookups = [_calls(drv, op) for op in ("GetQueueUrl", "GetQueueAttributes", "CreateQueue")]
+    drv.publish_many(q, [wake(), wake()])
+    first, second, third = drv.receive(q, 10, 30)
+    assert drv.extend_visibility(q, first.receipt, 30)
+    assert drv.nack(q, second.receipt, "again", delay_seconds=30)
+    assert drv.ack(q, third.receipt)
+    assert drv.receive(q, 10, 30, ack=[first.receipt]) == []
+    assert drv.dead_letters(q) == []
+    assert lookups == [[], [], []]
+
+
 def test_the_outbox_publishes_task_wakeups_to_sqs(
     settings: Settings, dsn: str, s3_endpoint: str
 ) -> None:
