@@ -16,7 +16,7 @@ from tests.support.queue_conformance import QueueDriverConformance, wake
 from trace_platform.config import Profile, QueueBackend, Settings
 from trace_platform.queue import make_driver, sqs
 from trace_platform.queue.driver import QueueDriver
-from trace_platform.queue.payloads import PayloadError
+from trace_platform.queue.payloads import PayloadError, TaskWakeup
 from trace_platform.queue.sqs import REDRIVEN, SqsError, SqsQueue
 
 MAX_ATTEMPTS = 3
@@ -198,6 +198,34 @@ def test_the_256_kib_limit_is_refused_before_sending_naming_queue_and_size(
     # What SQS itself would refuse: a body over the queue's MaximumMessageSize.
     with pytest.raises(Exception, match="shorter than 262144"):
         drv.client.send_message(QueueUrl=drv.resolve(q).url, MessageBody="x" * (256 * 1024 + 1))
+
+
+def _wakeup_of(body_bytes: int) -> TaskWakeup:
+    """A valid wake-up whose JSON is `body_bytes` long: start_day is any integer, so its digits
+    make a body as big as one likes (payloads.encode sizes only a dict, before validating)."""
+    short = len(TaskWakeup(task_id=uuid.uuid4(), start_day=0).model_dump_json())
+    return TaskWakeup(task_id=uuid.uuid4(), start_day=10 ** (body_bytes - short))
+
+
+def test_the_limit_counts_the_encoded_body_and_its_attributes(drv: SqsQueue) -> None:
+    """The driver's own check, past payloads': the encoded body, plus the attribute a delay
+    over SQS's 900 s adds (SQS counts attributes in a message's size), under 256 KiB."""
+    q = f"q_{uuid.uuid4().hex[:8]}"
+    assert len(_wakeup_of(1000).model_dump_json()) == 1000
+    sends = _calls(drv, "SendMessageBatch")
+    for payload, delay in [(_wakeup_of(256 * 1024 + 1), 0), (_wakeup_of(256 * 1024 - 8), 901)]:
+        with pytest.raises(PayloadError, match=rf"queue {q}: a message of 26\d{{4}} bytes"):
+            drv.publish(q, payload, delay_seconds=delay)
+    assert sends == []
+    drv.publish(q, _wakeup_of(256 * 1024 - 8))  # without the attribute it fits
+    assert [len(e["MessageBody"]) for c in sends for e in c["Entries"]] == [256 * 1024 - 8]
+
+
+def test_a_batch_is_cut_at_256_kib_of_bodies(drv: SqsQueue) -> None:
+    q = f"q_{uuid.uuid4().hex[:8]}"
+    sends = _calls(drv, "SendMessageBatch")
+    drv.publish_many(q, [_wakeup_of(100_000) for _ in range(3)] + [wake()])
+    assert [len(c["Entries"]) for c in sends] == [2, 2]
 
 
 def test_visibility_extended_past_the_original_timeout(drv: SqsQueue) -> None:
