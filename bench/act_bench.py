@@ -393,10 +393,24 @@ def expected_alerts(svc: Services, tasks: list[uuid.UUID], k: int) -> dict[str, 
 
 
 def latency_round(svc: Services, recv: TimedReceiver, k: int) -> uuid.UUID:
-    """One run of the rules job, waited for until its K alerts arrived."""
+    """One run of the rules job, waited for until its K alerts arrived; refused at once, with
+    its error, if the run failed (its status looked at once a second, not at every poll)."""
     want = len(recv.first) + k
     (task,) = svc.control.trigger(admin(svc), "act_latency")["tasks"]
-    until(lambda: len(recv.first) >= want, 300, f"{k} alerts received")
+    looked = time.monotonic()
+
+    def received() -> bool:
+        nonlocal looked
+        if len(recv.first) >= want:
+            return True
+        if time.monotonic() - looked >= 1.0:
+            looked = time.monotonic()
+            view = svc.dispatcher.get_task(uuid.UUID(str(task)))
+            if view.status in ("failed", "canceled"):
+                raise refuse(f"the rules' run {task} {view.status}: {view.last_error}")
+        return False
+
+    until(received, 300, f"{k} alerts received")
     return task
 
 
