@@ -56,3 +56,17 @@ def test_wakeups_and_lease_refs_of_older_versions_still_read() -> None:
     }
     ClaimRequest(task_id=task, worker_id="w", start_day=9)
     LeaseRef(task_id=task, attempt=1, lease_token=uuid.uuid4(), start_day=9)
+
+
+def test_every_kind_of_input_is_sized_as_encoded() -> None:
+    """A model's fields are unbounded (an integer's digits): its JSON is sized too, so pgqueue
+    refuses what SQS would; JSON text is sized before it is parsed."""
+    over = payloads.MAX_PAYLOAD_BYTES + 1
+    model = payloads.TaskWakeup(task_id=uuid.uuid4(), start_day=10**over)
+    with pytest.raises(payloads.PayloadError, match=r"payload is \d+ bytes"):
+        payloads.encode(model)
+    with pytest.raises(payloads.PayloadError, match=r"payload is \d+ bytes"):
+        payloads.encode(" " * over + "{}")
+    digits = {"kind": "task_wakeup", "task_id": str(uuid.uuid4()), "start_day": 10**5000}
+    with pytest.raises(payloads.PayloadError, match="cannot be encoded"):
+        payloads.encode(digits)

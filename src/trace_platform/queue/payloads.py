@@ -45,8 +45,10 @@ class PayloadError(ValueError):
 
 
 def encode(payload: Any) -> str:
-    """Validates a payload (model, dict or JSON text) and returns its compact JSON."""
+    """Validates a payload (model, dict or JSON text) and returns its compact JSON, refused
+    when that JSON (what every driver sends) is over MAX_PAYLOAD_BYTES."""
     if isinstance(payload, str):
+        _check_size(len(payload.encode()))  # before parsing it
         try:
             payload = json.loads(payload)
         except json.JSONDecodeError as e:
@@ -54,14 +56,23 @@ def encode(payload: Any) -> str:
     if isinstance(payload, TaskWakeup | BufferRecord | Delivery):
         model = payload
     else:
-        _check_size(len(json.dumps(payload, separators=(",", ":"), default=str)))
+        try:
+            # A dict sized before validating it; json.dumps' ValueError: an integer of more
+            # digits than Python converts.
+            _check_size(len(json.dumps(payload, separators=(",", ":"), default=str)))
+        except ValueError as e:
+            if isinstance(e, PayloadError):
+                raise
+            raise PayloadError(f"queue payload cannot be encoded: {e}") from None
         try:
             model = _ADAPTER.validate_python(payload)
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "payload"
             raise PayloadError(f"invalid queue payload at {where}: {first['msg']}") from None
-    return model.model_dump_json(exclude_none=True)
+    body = model.model_dump_json(exclude_none=True)
+    _check_size(len(body.encode()))  # a model's fields (an integer's digits) are unbounded
+    return body
 
 
 def _check_size(n: int) -> None:
