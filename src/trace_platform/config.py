@@ -47,6 +47,9 @@ class Settings(BaseSettings):
 
     queue_driver: QueueBackend | None = None
     task_queue: str = "tasks"
+    # Tasks of runtime `lambda` are woken on this queue, which only the Lambda invoker takes
+    # (`trace lambda-invoker`, docs/lambda.md): no platform worker ever claims one.
+    lambda_queue: str = "lambda"
     queue_max_attempts: int = 20
     queue_poll_seconds: float = 1.0
     # The sqs driver (queue/sqs.py). A queue is the SQS queue `sqs_queue_prefix` + its name
@@ -62,6 +65,19 @@ class Settings(BaseSettings):
     sqs_create_queues: bool | None = None
     sqs_access_key_id: str | None = None  # else boto3's chain (instance role, AWS_* env)
     sqs_secret_access_key: SecretStr | None = None
+
+    # The lambda runtime (docs/lambda.md). The invoker claims each lambda task as a worker does
+    # and invokes the handler (trace_platform.aws.lambda_handler) with its payload: `local`
+    # (Lite) runs it in a sandboxed subprocess killed after lambda_timeout_seconds; `aws` calls
+    # Lambda's Invoke on lambda_function (RequestResponse, no SDK retries: retries are the
+    # Dispatcher's), its read timeout above lambda_timeout_seconds, which must be at least the
+    # function's own timeout. lambda_concurrency: invocations in flight per invoker.
+    lambda_invoker: Literal["local", "aws"] = "local"
+    lambda_function: str = "trace-operator"
+    lambda_timeout_seconds: float = Field(default=900.0, gt=0, le=900)
+    lambda_concurrency: int = Field(default=4, ge=1, le=256)
+    lambda_region: str = "us-east-1"
+    lambda_endpoint_url: str | None = None  # moto, LocalStack, a VPC endpoint
 
     # local[*] (default), or a Spark Connect endpoint sc://host:port of a cluster
     # (docs/spark-cluster.md).

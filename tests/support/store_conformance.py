@@ -183,6 +183,24 @@ class StateStoreConformance:
         assert d.get_task(buffered.task_id).status == "buffered"
         assert [t for t, _ in woken(d)] == [ref.task_id]  # a buffered task waits unwoken
 
+    def test_a_lambda_task_is_woken_on_the_lambda_queue_alone(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """Its wake-ups, the first and a retry's, go to the queue only the Lambda invoker
+        reads (docs/lambda.md): no platform worker is ever woken for it."""
+        lam = d.create_task(spec(runtime="lambda", max_attempts=3)).task_id
+        box = d.create_task(spec(max_attempts=3)).task_id
+
+        def queues() -> dict[UUID, str]:
+            up = RecordingDriver()
+            OutboxPublisher(d.store, up).drain()  # type: ignore[arg-type]
+            return {UUID(str(b["task_id"])): q for q, b, _ in up.sent}
+
+        assert queues() == {lam: "lambda", box: "tasks"}
+        for task_id in (lam, box):
+            _reaped(d, harness, claim(d, task_id))  # retried: woken again
+        assert queues() == {lam: "lambda", box: "tasks"}
+
     def test_publisher_sends_each_wakeup_once_and_keeps_them_when_the_queue_is_down(
         self, d: Dispatcher
     ) -> None:

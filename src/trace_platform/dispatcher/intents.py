@@ -26,14 +26,21 @@ class Intents:
         self.store = store
         self.settings = settings
 
+    def queue_for(self, runtime: str) -> str:
+        """The queue a task of `runtime` is woken on: a lambda task's only the Lambda invoker
+        takes (docs/lambda.md), so no platform worker ever claims one."""
+        return self.settings.lambda_queue if runtime == "lambda" else self.settings.task_queue
+
     def wake(self, tx: StoreTx | Any, task_id: UUID, delay: float = 0) -> None:
-        """An outbox row in the caller's transaction: the task's wake-up, after `delay`.
-        (`tx` may be a connection a caller outside the dispatcher holds.)"""
+        """An outbox row in the caller's transaction: the task's wake-up, after `delay`, on its
+        runtime's queue. (`tx` may be a connection a caller outside the dispatcher holds.)"""
         payload = _wakeup(task_id)
         # Never past what a spec may ask for (settings are not bounded): the column is an INT.
         seconds = min(math.ceil(delay), MAX_BACKOFF_SECONDS)
-        self.store.adopt(tx).insert_outbox(
-            Wakeup(queue=self.settings.task_queue, payload=payload, delay=seconds)
+        self.store.adopt(tx).insert_task_wakeup(
+            task_id,
+            Wakeup(queue=self.settings.task_queue, payload=payload, delay=seconds),
+            {"lambda": self.settings.lambda_queue},
         )
 
     def create_task(
@@ -53,13 +60,14 @@ class Intents:
             if len(json.dumps(spec.config, default=str)) > MAX_CONFIG_BYTES:
                 raise Invalid(f"task config is larger than {MAX_CONFIG_BYTES} bytes")
         tasks = [self._new_task(uuid.uuid4(), spec, status) for spec, status in specs]
-        queue = self.settings.task_queue
 
         def write(t: StoreTx) -> list[TaskRef]:
             days = t.insert_tasks(tasks)
             t.insert_outbox_many(
                 [
-                    Wakeup(queue=queue, payload=_wakeup(task.task_id), delay=0)
+                    Wakeup(
+                        queue=self.queue_for(task.runtime), payload=_wakeup(task.task_id), delay=0
+                    )
                     for task in tasks
                     if task.status == "queued"
                 ]

@@ -51,6 +51,16 @@ ORDER BY w.n;
 INSERT INTO outbox (queue_name, payload, delay_seconds)
 VALUES (%(queue)s, %(payload)s, %(delay)s);
 
+-- name: insert_task_wakeup
+-- A task's wake-up on the queue of its runtime (`queues`: runtime -> queue name, any other
+-- runtime's on `queue`): a lambda task's only the Lambda invoker takes. Its registry row is read
+-- by key, the status row (hash-partitioned by task_id) giving the start_day that prunes it.
+INSERT INTO outbox (queue_name, payload, delay_seconds)
+SELECT coalesce(%(queues)s::jsonb ->> r.runtime, %(queue)s), %(payload)s, %(delay)s
+FROM task_status s
+JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+WHERE s.task_id = %(task_id)s;
+
 -- name: finish_attempt
 UPDATE task_attempts
 SET finished_at = coalesce(finished_at, now()),

@@ -187,6 +187,18 @@ class PostgresTx:
             {"queue": w.queue, "payload": Jsonb(w.payload, dumps=lambda s: s), "delay": w.delay},
         )
 
+    def insert_task_wakeup(self, task_id: UUID, w: Wakeup, by_runtime: dict[str, str]) -> None:
+        self.conn.execute(
+            _Q.insert_task_wakeup,
+            {
+                "task_id": task_id,
+                "queues": Jsonb(by_runtime),
+                "queue": w.queue,
+                "payload": Jsonb(w.payload, dumps=lambda s: s),
+                "delay": w.delay,
+            },
+        )
+
     def insert_outbox_many(self, ws: list[Wakeup]) -> None:
         if ws:
             self.conn.execute(

@@ -144,6 +144,11 @@ class StoreTx(Protocol):
         """`insert_outbox` for many, in one statement, in order."""
         ...
 
+    def insert_task_wakeup(self, task_id: UUID, w: Wakeup, by_runtime: dict[str, str]) -> None:
+        """`w`, the wake-up of task `task_id`, on the queue `by_runtime` names for the task's
+        runtime (any other runtime's: `w.queue`)."""
+        ...
+
     def claim_pending(self, limit: int) -> list[Row]:
         """Unsent outbox rows, oldest first (locked, skipping locked)."""
         ...

@@ -4,7 +4,9 @@ and `outbox.sql` (the relay's) do."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
+from uuid import UUID
 
 from trace_platform.store.tasks.memory.tables import _limit, _lt
 from trace_platform.store.tasks.memory.tx_base import TxBase
@@ -18,6 +20,13 @@ class OutboxCalls(TxBase):
     def insert_outbox_many(self, ws: list[Wakeup]) -> None:
         for w in ws:
             self.insert_outbox(w)
+
+    def insert_task_wakeup(self, task_id: UUID, w: Wakeup, by_runtime: dict[str, str]) -> None:
+        s = self._t.task_status.get(task_id)
+        r = self._t.task_registry.get(task_id)
+        if s is None or r is None or r["start_day"] != s["start_day"]:
+            return  # the SQL's join finds no row: nothing is written
+        self.insert_outbox(replace(w, queue=by_runtime.get(r["runtime"], w.queue)))
 
     def insert_outbox(self, w: Wakeup) -> None:
         json.loads(w.payload)  # the jsonb column refuses text that is not JSON
