@@ -30,6 +30,11 @@ class ObjectStoreBackend(StrEnum):
     s3 = "s3"
 
 
+# A host name or IPv4 address as a worker advertises it (TRACE_WORKER_HOST): the first part of
+# its id, host:pid:nonce, so no colon.
+HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRACE_", env_file=None, extra="ignore")
 
@@ -132,6 +137,21 @@ class Settings(BaseSettings):
     # the API's own route whenever the listener cannot be reached. Lite sets both.
     exchange_port: int | None = Field(default=None, ge=1, le=65535)
     exchange_url: str | None = None
+    # TLS (docs/tls.md). api_tls_cert/api_tls_key (PEM): the API and its exchange listener
+    # serve https with them. api_ca_bundle (PEM): the CAs a worker trusts for the API and the
+    # listener (default: certifi's). A worker refuses an http:// API or exchange URL that is
+    # not loopback (its lease tokens and the internal token would cross the network in clear)
+    # unless api_insecure_http is set: only for a private network (deploy/docker-compose.yml).
+    api_tls_cert: Path | None = None
+    api_tls_key: Path | None = None
+    api_ca_bundle: Path | None = None
+    api_insecure_http: bool = False
+    # The worker registry (docs/workers.md): a worker beats every worker_beat_seconds on a
+    # thread of its own; one silent for three beats is declared dead by the reaper and its
+    # running attempts are retried at once. worker_host: the host a worker advertises (its id
+    # is host:pid:nonce); default its hostname.
+    worker_beat_seconds: float = Field(default=5.0, ge=0.05, le=3600)
+    worker_host: str | None = Field(default=None, pattern=HOST_NAME)
     internal_token: SecretStr | None = None
     # required: every user-facing call needs an API key; permissive (Lite only): calls without
     # a key act as the Lite admin. Endpoint shapes are the same either way.
@@ -264,6 +284,8 @@ class Settings(BaseSettings):
             raise ValueError(
                 "TRACE_STATE_DSN is required in the aws profile (no embedded Postgres)"
             )
+        if (self.api_tls_cert is None) != (self.api_tls_key is None):
+            raise ValueError("TRACE_API_TLS_CERT and TRACE_API_TLS_KEY go together: set both")
         if self.profile is Profile.aws and self.operator_registry == "testing":
             raise ValueError("the aws profile cannot load the test operators")
         return self
@@ -274,7 +296,8 @@ class Settings(BaseSettings):
 
     @property
     def resolved_api_url(self) -> str:
-        return self.api_url or f"http://{self.api_host}:{self.api_port}"
+        scheme = "https" if self.api_tls_cert is not None else "http"
+        return self.api_url or f"{scheme}://{self.api_host}:{self.api_port}"
 
 
 _DSN_PASSWORD = re.compile(r"(password=|://[^:/@]+:)([^@\s]+)")

@@ -23,6 +23,7 @@ from trace_platform.api.routes import (
     runs,
     secrets,
     tasks,
+    workers,
 )
 from trace_platform.services import Services
 
@@ -54,6 +55,6 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
-    for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery):
+    for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery, workers):
         app.include_router(routes.router(services, actor))
     return app

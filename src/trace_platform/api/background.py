@@ -19,6 +19,7 @@ from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.objectstore import make_store
 from trace_platform.registry.collector import Collector, run_collector
 from trace_platform.services import Services
+from trace_platform.tls import server_context
 from trace_platform.triggers.cron import run_scheduler
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ def exchange_listener(services: Services) -> ExchangeListener | None:
         return None
     token = services.internal_token or ""
     try:
-        listener = ExchangeListener(services.dispatcher, token, s.api_host, s.exchange_port)
+        listener = ExchangeListener(
+            services.dispatcher, token, s.api_host, s.exchange_port, server_context(s)
+        )
     except OSError as e:  # an optimisation, never a dependency: the API serves on without it
         log.warning(
             "the exchange listener cannot listen on %s:%d (%s); workers use the API's route",

@@ -23,8 +23,9 @@ carry the token takes one of MAX_CONNECTIONS places (over them: 503), keeps it w
 and is closed after IDLE_SECONDS without a request; its body must arrive at
 BODY_BYTES_PER_SECOND (after BODY_SECONDS of grace), the whole request within REQUEST_SECONDS.
 
-Plain HTTP, for workers on the same host or a private network: the token travels in it, as
-it does to an `http://` API. A worker falls back to the API's route whenever this listener
+HTTPS with the API's certificate when it has one (TRACE_API_TLS_CERT, docs/tls.md); else plain
+HTTP, for workers on the same host or a private network: the token travels in it, as it does
+to an `http://` API. A worker falls back to the API's route whenever this listener
 cannot be reached, so it is an optimisation, never a dependency."""
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import logging
 import secrets
 import socket
 import socketserver
+import ssl
 import threading
 import time
 import uuid
@@ -377,8 +379,15 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], dispatcher: Dispatcher, token: str) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        dispatcher: Dispatcher,
+        token: str,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
+        self.tls = tls
         self.token = token.encode()
         self.answered = 0  # exchanges answered 200
         # Every connection being served, and for one with a request in (or a new one), its
@@ -404,6 +413,14 @@ class _Server(ThreadingHTTPServer):
         # HTTPServer's also looks the host's name up (getfqdn): a DNS wait for nothing here.
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, addr = super().get_request()
+        if self.tls is not None:
+            # The handshake is made by the connection's own thread, at its first read, within
+            # its first headers' time: a client that never finishes it holds up no other.
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, addr
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that reset mid-request: nothing to print a traceback about.
@@ -521,16 +538,26 @@ class _Server(ThreadingHTTPServer):
 
 def _end(conn: socket.socket) -> None:
     with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RDWR)
+        # The socket's own shutdown, also under TLS: SSLSocket.shutdown would drop its TLS
+        # state under the thread that may be reading it.
+        socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
 
 class ExchangeListener:
     """`POST /internal/exchange` on `host:port` (port 0: any free one), served until `stop`."""
 
-    def __init__(self, dispatcher: Dispatcher, token: str, host: str, port: int) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        token: str,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """`tls`: served over TLS with it (trace_platform.tls.server_context), else plain."""
         if not token:
             raise RuntimeError("the exchange listener needs the internal token")
-        self.server = _Server((host, port), dispatcher, token)
+        self.server = _Server((host, port), dispatcher, token, tls)
         self.thread = threading.Thread(
             target=self.server.serve_forever, name="exchange-listener", daemon=True
         )

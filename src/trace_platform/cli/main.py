@@ -5,7 +5,9 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
+import re
 import signal
+import socket
 import threading
 import time
 from typing import Annotated, Any
@@ -34,7 +36,8 @@ from trace_platform.cli.query import query
 from trace_platform.cli.safe_text import safe
 from trace_platform.cli.sink import buffers_app, sink
 from trace_platform.cli.verify import verify
-from trace_platform.config import Settings, get_settings, shown
+from trace_platform.cli.workers import workers_app
+from trace_platform.config import HOST_NAME, Settings, get_settings, shown
 from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
@@ -62,6 +65,7 @@ app.command("sink")(sink)
 app.add_typer(destinations_app, name="destinations")
 app.add_typer(deliveries_app, name="deliveries")
 app.add_typer(alerts_app, name="alerts")
+app.add_typer(workers_app, name="workers")
 app.command("delivery")(delivery)
 app.command("query")(query)
 app.command("verify")(verify)
@@ -176,14 +180,20 @@ def serve_api(
 
     from trace_platform.api.app import create_app
     from trace_platform.services import Services
+    from trace_platform.tls import uvicorn_tls
 
     settings = get_settings()
+    try:
+        tls = uvicorn_tls(settings)  # https with TRACE_API_TLS_CERT/KEY (docs/tls.md)
+    except ValueError as e:
+        fail(str(e))
     services = Services.build(settings)
     uvicorn.run(
         create_app(services, background=background),
         host=settings.api_host,
         port=port or settings.api_port,
         log_level="info",
+        **tls,
     )
 
 
@@ -215,8 +225,10 @@ def worker(
     from trace_platform.objectstore import make_store
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import SandboxUnavailable, resolve
+    from trace_platform.tls import check_worker_url, client_context
     from trace_platform.worker.client import DispatcherClient
     from trace_platform.worker.held_acks import HeldAcks
+    from trace_platform.worker.membership import Membership
     from trace_platform.worker.reactor import Reactor, loop_client
     from trace_platform.worker.task_network import platform_ports
     from trace_platform.worker.wrapper import Wrapper
@@ -226,6 +238,19 @@ def worker(
     # SIGUSR1: every thread's stack to the log (a worker slow to exit can be asked where it is).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     settings = get_settings()
+    url = api_url or settings.resolved_api_url
+    exchange = exchange_url or settings.exchange_url
+    host = settings.worker_host or socket.gethostname()
+    # Before anything starts: how it reaches the API, and what it calls itself.
+    try:
+        check_worker_url(url, settings, "the API URL")
+        if exchange:
+            check_worker_url(exchange, settings, "the exchange URL (TRACE_EXCHANGE_URL)")
+        tls = client_context(settings.api_ca_bundle)
+    except ValueError as e:
+        fail(str(e))
+    if not re.match(HOST_NAME, host):
+        fail(f"this host's name {host!r} is not one a worker may advertise: set TRACE_WORKER_HOST")
     try:
         policy = resolve(settings)
     except SandboxUnavailable as e:
@@ -241,14 +266,25 @@ def worker(
             f"no internal token: set TRACE_INTERNAL_TOKEN or start the API once (Lite writes "
             f"{internal_token_file(settings)})"
         )
-    url = api_url or settings.resolved_api_url
-    exchange = exchange_url or settings.exchange_url
     client = DispatcherClient(
-        url, internal_token=token, wrappers=concurrency, exchange_url=exchange
+        url, internal_token=token, wrappers=concurrency, exchange_url=exchange, tls=tls
     )
     store = make_store(settings)
     store.ensure_bucket()
     stop, abort = _drain_on_signals(settings.worker_drain_seconds)
+
+    def declared_dead(why: str) -> None:  # its attempts were ended: stop at once
+        stop.set()
+        abort.set()
+
+    # Registered in the worker registry, beating on its own thread (docs/workers.md).
+    member = Membership(
+        client,
+        host=host,
+        slots=concurrency,
+        beat_seconds=settings.worker_beat_seconds,
+        on_dead=declared_dead,
+    ).start()
     # One for all wrappers: their wake-ups come in one receive, which acks what it holds.
     wait_seconds = min(2.0, settings.queue_poll_seconds * 5)
     acks = HeldAcks(driver, settings.task_queue)
@@ -267,15 +303,21 @@ def worker(
             extra_binds=settings.sandbox_extra_binds,
             wait_seconds=wait_seconds,
             acks=acks,
+            # Every wrapper claims as the worker (the registry's id); each has its own hosts.
+            worker_id=member.worker_id,
+            host_name=f"{member.worker_id}-{i}",
         )
-        for _ in range(concurrency)
+        for i in range(concurrency)
     ]
     # One thread drives them all (worker/reactor.py): this one, where signals are handled.
-    own = loop_client(url, token, exchange)
+    own = loop_client(url, token, exchange, tls)
     Reactor(wrappers, own).run(stop, max_tasks, abort)
+    member.stop()
     own.close()
     client.close()
     driver.close()
+    if member.dead is not None:
+        fail(f"worker {member.worker_id} was declared dead: {member.dead}")
 
 
 @app.command("scheduler")

@@ -615,23 +615,44 @@ class Lifecycle:
         with self.store.transaction() as tx:
             rows = tx.expired_leases(limit)
             for st in rows:
-                outcome = "timed_out" if st["timed_out"] else "lease_expired"
-                error = (
+                self._end_lapsed(
+                    tx,
+                    st,
                     f"attempt {st['attempt']} exceeded its timeout"
                     if st["timed_out"]
-                    else f"attempt {st['attempt']} lost its lease (missed heartbeats)"
+                    else f"attempt {st['attempt']} lost its lease (missed heartbeats)",
                 )
-                _finish_attempt(tx, st, st["attempt"], outcome, error)
-                self.slots.release(tx, st["task_id"])
-                if st["cancel_requested"]:
-                    tx.set_terminal(st["task_id"], "canceled", error)
-                elif state.tries_left(tx, st, st["attempt"]):
-                    # Attempts lost to a state race are not tries, here as on completion. A
-                    # lost lease is its worker's failure, not the task's: retried at once.
-                    self._schedule_retry(tx, st, error, None if st["timed_out"] else 0.0)
-                else:
-                    tx.set_terminal(st["task_id"], "failed", error)
         return len(rows)
+
+    def fail_holders(self, tx: StoreTx, dead: dict[str, str]) -> int:
+        """Ends, as a lapsed lease is ended, every running attempt of the workers in `dead`
+        (worker id -> why the registry declared it dead), inside the caller's transaction (the
+        one that declared them). Their lease tokens are cleared first: nothing those workers
+        send for these attempts lands again (dispatcher/fleet.py)."""
+        rows = tx.revoke_worker_leases(sorted(dead))
+        for st in rows:
+            why = dead[st["worker_id"]]
+            self._end_lapsed(
+                tx,
+                st,
+                f"attempt {st['attempt']} lost its worker {st['worker_id']}, declared dead: {why}",
+            )
+        return len(rows)
+
+    def _end_lapsed(self, tx: StoreTx, st: dict[str, Any], error: str) -> None:
+        """The reaper's ending of an attempt (`expired_leases`' row `st`): retried by the task's
+        own policy, or ended failed (canceled, if that was asked)."""
+        outcome = "timed_out" if st["timed_out"] else "lease_expired"
+        _finish_attempt(tx, st, st["attempt"], outcome, error)
+        self.slots.release(tx, st["task_id"])
+        if st["cancel_requested"]:
+            tx.set_terminal(st["task_id"], "canceled", error)
+        elif state.tries_left(tx, st, st["attempt"]):
+            # Attempts lost to a state race are not tries, here as on completion. A lost
+            # lease is its worker's failure, not the task's: retried at once.
+            self._schedule_retry(tx, st, error, None if st["timed_out"] else 0.0)
+        else:
+            tx.set_terminal(st["task_id"], "failed", error)
 
     # -- cancel --------------------------------------------------------------------------
     def cancel(self, task_id: UUID) -> CancelResponse:

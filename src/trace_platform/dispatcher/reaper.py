@@ -7,6 +7,7 @@ import threading
 import time
 
 from trace_platform.dispatcher.core import Dispatcher
+from trace_platform.dispatcher.fleet import WorkerRegistry
 
 log = logging.getLogger(__name__)
 _PARTITIONS_EVERY = 6 * 3600.0
@@ -17,12 +18,19 @@ def ensure_partitions(dispatcher: Dispatcher) -> int:
 
 
 def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 1.0) -> None:
+    """Each tick: workers silent too long declared dead and their attempts ended (the
+    registry's), then lapsed leases and deadlines (the lifecycle's), then stranded wake-ups."""
     last_partitions = 0.0
+    registry = WorkerRegistry.of(dispatcher)
     while not stop.is_set():
         try:
             if time.monotonic() - last_partitions > _PARTITIONS_EVERY:
                 ensure_partitions(dispatcher)
+                if registry is not None:
+                    registry.prune()
                 last_partitions = time.monotonic()
+            if registry is not None:
+                registry.reap_dead()
             while dispatcher.reap() > 0:
                 pass
             dispatcher.rewake(dispatcher.settings.rewake_after_seconds)

@@ -18,6 +18,7 @@ from trace_platform.api.app import create_app
 from trace_platform.config import Settings
 from trace_platform.db.embedded import free_port
 from trace_platform.services import Services
+from trace_platform.tls import uvicorn_tls
 
 
 class ApiServer:
@@ -26,13 +27,15 @@ class ApiServer:
     def __init__(
         self, services: Services, host: str, port: int, *, background: bool = True
     ) -> None:
-        self.url = f"http://{host}:{port}"
+        tls = uvicorn_tls(services.settings)  # https with TRACE_API_TLS_CERT (docs/tls.md)
+        self.url = f"{'https' if tls else 'http'}://{host}:{port}"
         self.app = create_app(services, background=background)
         config = uvicorn.Config(
             self.app,
             host=host,
             port=port,
             log_level="warning",
+            **tls,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="api", daemon=True)
@@ -120,7 +123,8 @@ class LiteStack:
 
     @property
     def exchange_url(self) -> str:
-        return f"http://{self.settings.api_host}:{self.settings.exchange_port}"
+        scheme = "https" if self.settings.api_tls_cert is not None else "http"
+        return f"{scheme}://{self.settings.api_host}:{self.settings.exchange_port}"
 
     def start(self) -> LiteStack:
         self.api.start()

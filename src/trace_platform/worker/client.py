@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -44,6 +45,7 @@ from trace_platform.contract import (
     TaskPayload,
     lease_params,
 )
+from trace_platform.contract_fleet import WorkerBeat, WorkerRef, WorkerRegistration
 from trace_platform.worker.batching import Batcher
 from trace_platform.worker.http import Response, Transport, TransportError, pool_size
 
@@ -86,17 +88,19 @@ class DispatcherClient:
         retries: int = 5,
         wrappers: int = 8,
         exchange_url: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """`wrappers`: how many wrappers share this client (sizes its connections);
         `exchange_url`: the API's exchange listener (api/exchange_listener.py), which then
         carries every claim and every batched completion, lone ones included, while it can
-        be reached (else the API's routes do)."""
+        be reached (else the API's routes do); `tls`: what an https API and listener are
+        verified with (trace_platform.tls.client_context; default certifi's CAs)."""
         headers = {"Content-Type": "application/json"}
         if internal_token:
             headers["X-Internal-Token"] = internal_token
-        self.http = Transport(base_url, headers, timeout, pool_size(wrappers))
+        self.http = Transport(base_url, headers, timeout, pool_size(wrappers), tls)
         # One batch is in flight at a time (the batcher's), so two connections are plenty.
-        self.listener = Transport(exchange_url, headers, timeout, 2) if exchange_url else None
+        self.listener = Transport(exchange_url, headers, timeout, 2, tls) if exchange_url else None
         self._listener_back_at = 0.0  # after a failure to reach it: when to try it again
         self._listener_failures = 0  # in a row
         self.retries = retries
@@ -397,6 +401,38 @@ class DispatcherClient:
             raise
         _check_answers(len(got.results), len(items))
         return [r.response if r.response is not None else _item_error(r.error) for r in got.results]
+
+    # -- the worker registry (dispatcher/fleet.py; worker/membership.py sends these) -------
+    def register_worker(self, body: WorkerRegistration, timeout: float) -> WorkerBeat:
+        return self._call(
+            "POST",
+            "/internal/workers/register",
+            WorkerBeat,
+            retries=0,
+            content=body.model_dump_json(),
+            timeout=timeout,
+        )
+
+    def worker_beat(self, worker_id: str, timeout: float) -> WorkerBeat:
+        """One try (the beat thread beats again at its next interval)."""
+        return self._call(
+            "POST",
+            "/internal/workers/beat",
+            WorkerBeat,
+            retries=0,
+            content=WorkerRef(worker_id=worker_id).model_dump_json(),
+            timeout=timeout,
+        )
+
+    def worker_stopped(self, worker_id: str, timeout: float) -> WorkerBeat:
+        return self._call(
+            "POST",
+            "/internal/workers/stop",
+            WorkerBeat,
+            retries=1,
+            content=WorkerRef(worker_id=worker_id).model_dump_json(),
+            timeout=timeout,
+        )
 
     def close(self) -> None:
         self.http.close()

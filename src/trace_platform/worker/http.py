@@ -7,10 +7,12 @@ task) httpx cost about 510 us of CPU per request on this 2-core machine, urllib3
 (refused, reset, timed out, a dropped keep-alive connection) is a `TransportError`: the
 caller's to retry, since every internal call is idempotent or fenced. The API is reached
 directly: proxy variables in the environment are not used for it (its requests carry the
-internal token), and an https URL is verified as the rest of Trace verifies (certifi's CAs)."""
+internal token), and an https URL is verified as the rest of Trace verifies (certifi's CAs),
+or with TRACE_API_CA_BUNDLE's (trace_platform/tls.py)."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -46,22 +48,28 @@ class Response:
 
 class Transport:
     def __init__(
-        self, base_url: str, headers: dict[str, str], timeout: float, connections: int
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        timeout: float,
+        connections: int,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """`tls`: what an https API is verified with (default: certifi's CAs)."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
             # Not echoed: it may hold a password.
             raise ValueError("the API URL must be http(s)://host[:port][/path], no credentials")
         self.prefix = parts.path.rstrip("/")  # a path the API is mounted under, if any
         self.headers = headers
-        tls = {"ssl_context": verified_tls()} if parts.scheme == "https" else {}
+        https = {"ssl_context": tls or verified_tls()} if parts.scheme == "https" else {}
         self.pool = urllib3.connection_from_url(
             f"{parts.scheme}://{parts.netloc}",
             maxsize=connections,
             block=False,
             retries=False,  # retried by the caller, which knows what is safe to retry
             timeout=urllib3.Timeout(timeout),
-            **tls,
+            **https,
         )
 
     def request(

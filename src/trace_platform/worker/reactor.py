@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import select
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -64,7 +65,12 @@ IDLE_MIN, IDLE_MAX = 0.005, 0.2
 MESSAGES_A_TURN = 64
 
 
-def loop_client(api_url: str, internal_token: str, exchange_url: str | None) -> DispatcherClient:
+def loop_client(
+    api_url: str,
+    internal_token: str,
+    exchange_url: str | None,
+    tls: ssl.SSLContext | None = None,
+) -> DispatcherClient:
     """The loop's client of the API (its threads keep the worker's, which retries)."""
     return DispatcherClient(
         api_url,
@@ -73,6 +79,7 @@ def loop_client(api_url: str, internal_token: str, exchange_url: str | None) -> 
         retries=0,
         wrappers=1,
         exchange_url=exchange_url,
+        tls=tls,
     )
 
 

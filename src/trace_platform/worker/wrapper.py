@@ -67,12 +67,15 @@ class Wrapper(TaskNetwork, Supervisor):
         extra_binds: list[Path] | None = None,
         acks: HeldAcks | None = None,
         settings: Settings | None = None,
+        host_name: str | None = None,
     ) -> None:
         """`host_env`: added to every host's allowlisted environment (Spark settings, the
         operator registry); `trusted_env`: in the task env of trusted platform operators only
         (a sink's data DSN); `platform_ports`: loopback ports no operator may reach (API,
         Postgres, object store endpoint); `acks`: the worker's shared `HeldAcks`; `settings`:
-        egress and resource limits (default: the process's)."""
+        egress and resource limits (default: the process's); `host_name`: its operator hosts'
+        name (default: from `worker_id`; the wrappers of one worker share its id, so each
+        needs its own)."""
         settings = settings or get_settings()
         self.driver = driver
         self.client = client
@@ -92,7 +95,7 @@ class Wrapper(TaskNetwork, Supervisor):
         parse_allow(self.egress_allow)  # a malformed entry stops the worker, not each task
         self.egress_max_urls = settings.egress_max_urls
         limits = resource_limits(settings)
-        safe_id = self.worker_id.replace(":", "_").replace("/", "_")
+        safe_id = (host_name or self.worker_id).replace(":", "_").replace("/", "_")
         self.host = OperatorHost(
             home,
             safe_id,

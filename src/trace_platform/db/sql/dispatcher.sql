@@ -207,6 +207,30 @@ ORDER BY x.n
 LIMIT %(limit)s
 FOR UPDATE OF s SKIP LOCKED;
 
+-- name: revoke_worker_leases
+-- The running attempts of workers the registry declared dead (`worker_ids`), locked in task
+-- order, their lease ended now and its token cleared, shaped as `expired_leases` rows (with the
+-- holder): the reaper ends each as it ends a lapsed lease. Without its token the attempt is
+-- fenced for good: a late heartbeat, event or completion from that worker lands nothing (a
+-- merely lapsed lease keeps its token, so its own late report may still land).
+WITH held AS (
+  SELECT s.task_id FROM task_status s
+  WHERE s.status = 'running' AND s.worker_id = ANY(%(worker_ids)s::text[])
+  ORDER BY s.task_id
+  FOR UPDATE
+), revoked AS (
+  UPDATE task_status s
+  SET lease_until = now(), lease_token = NULL, updated_at = now()
+  FROM held
+  WHERE s.task_id = held.task_id
+  RETURNING s.task_id, s.start_day, s.attempt, s.cancel_requested, s.worker_id
+)
+SELECT v.task_id, v.start_day, v.attempt, v.cancel_requested, false AS timed_out, v.worker_id,
+       r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds
+FROM revoked v
+JOIN task_registry r ON r.task_id = v.task_id AND r.start_day = v.start_day
+ORDER BY v.task_id;
+
 -- name: task_view
 SELECT r.task_id, r.start_day, r.org_id, r.dag_id, r.dag_version, r.job, r.operator, r.runtime,
        r.config, r.parent_task_id, r.input_event, r.input_versions, r.timeout_seconds,

@@ -167,6 +167,9 @@ class PostgresTx:
     def expired_leases(self, limit: int) -> list[Row]:
         return self._all(_Q.expired_leases, {"limit": limit})
 
+    def revoke_worker_leases(self, worker_ids: list[str]) -> list[Row]:
+        return self._all(_Q.revoke_worker_leases, {"worker_ids": worker_ids})
+
     def untried_attempts(self, key: TaskKey) -> int:
         row = self._one(_Q.untried_attempts, fields(key))
         return int(row["n"]) if row else 0

@@ -123,6 +123,12 @@ class StoreTx(Protocol):
         """Running attempts past their lease or deadline (locked, skipping locked ones)."""
         ...
 
+    def revoke_worker_leases(self, worker_ids: list[str]) -> list[Row]:
+        """The running attempts these (dead) workers hold, locked, their lease ended now and
+        its token cleared (so nothing of theirs is accepted again): `expired_leases` rows, each
+        with its `worker_id`."""
+        ...
+
     def untried_attempts(self, key: TaskKey) -> int:
         """Attempts that are not tries: `state_conflict` and `released`."""
         ...

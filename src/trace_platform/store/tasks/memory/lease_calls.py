@@ -214,6 +214,26 @@ class LeaseCalls(TxBase):
         ]
         return _limit(out, limit)
 
+    def revoke_worker_leases(self, worker_ids: list[str]) -> list[Row]:
+        held = set(worker_ids)
+        rows = sorted(
+            (
+                (s, r)
+                for s, r in self._joined()
+                if s["status"] == "running" and s["worker_id"] in held
+            ),
+            key=lambda sr: sr[0]["task_id"],
+        )
+        out = []
+        for s, r in rows:
+            s.update(lease_until=self.now, lease_token=None, updated_at=self.now)
+            out.append(
+                _pick(s, ("task_id", "start_day", "attempt", "cancel_requested", "worker_id"))
+                | {"timed_out": False}
+                | _pick(r, ("max_attempts", "retry_backoff_seconds", "retry_backoff_max_seconds"))
+            )
+        return out
+
     def untried_attempts(self, key: TaskKey) -> int:
         return sum(
             1
