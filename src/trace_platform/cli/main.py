@@ -31,6 +31,7 @@ from trace_platform.cli.control import (
 )
 from trace_platform.cli.delivery import alerts_app, deliveries_app, delivery, destinations_app
 from trace_platform.cli.devnet import devnet_app
+from trace_platform.cli.lambda_invoker import lambda_invoker
 from trace_platform.cli.names import names_app
 from trace_platform.cli.query import query
 from trace_platform.cli.safe_text import safe
@@ -69,6 +70,7 @@ app.add_typer(workers_app, name="workers")
 app.command("delivery")(delivery)
 app.command("query")(query)
 app.command("verify")(verify)
+app.command("lambda-invoker")(lambda_invoker)
 
 console = Console()
 

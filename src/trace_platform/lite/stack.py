@@ -100,6 +100,7 @@ class LiteStack:
         worker_concurrency: int = 1,
         sinks: int = 1,
         deliverers: int = 1,
+        lambda_invokers: int = 1,
     ) -> None:
         if settings.exchange_port is None:  # the workers' exchange on its own listener
             settings = settings.model_copy(update={"exchange_port": free_port()})
@@ -112,6 +113,9 @@ class LiteStack:
         # The trusted loaders of buffered datasets (`trace sink`) and the Delivery Services
         # (`trace delivery`: alerts' webhooks), as processes of their own.
         self.daemon_counts = {"sink": sinks, "delivery": deliverers}
+        # The lambda runtime's invokers (`trace lambda-invoker`, docs/lambda.md): Lite's runs
+        # the handler in a sandboxed subprocess, so a lambda job needs no configuration.
+        self.lambda_invokers = lambda_invokers
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.worker_env = worker_env or {}
         self.worker_concurrency = worker_concurrency
@@ -134,6 +138,11 @@ class LiteStack:
             for i in range(n):
                 argv = [sys.executable, "-m", "trace_platform.cli.main", command]
                 self.daemons.append(self._spawn(f"{command}-{i}", argv, self._env()))
+        for i in range(self.lambda_invokers):
+            argv = [sys.executable, "-m", "trace_platform.cli.main", "lambda-invoker"]
+            argv += ["--api-url", self.url]
+            env = self._env({"TRACE_LAMBDA_QUEUE": self.settings.lambda_queue})
+            self.daemons.append(self._spawn(f"lambda-invoker-{i}", argv, env))
         return self
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -192,11 +192,13 @@ def host_command(
     trace_home: Path,
     extra_binds: list[Path],
     limits: dict[str, Any] | None = None,
+    module: str = "trace_platform.worker.host_main",
 ) -> tuple[list[str], dict[str, str]]:
     """The host's argv and the extra env that carries the sandbox plan to `enter.py` (in the
     environment of its root-owned PID 1, which the sandbox cannot read; not on argv, which
-    /proc shows to anyone). `limits`: see `resource_limits`."""
-    host = [sys.executable, "-m", "trace_platform.worker.host_main"]
+    /proc shows to anyone). `limits`: see `resource_limits`; `module`: the program the
+    sandbox runs (the Lambda invoker's runs `trace_platform.aws.lambda_local`)."""
+    host = [sys.executable, "-m", module]
     if not hd.policy.isolated:
         return host, {}
     hide = [str(p) for p in (_project_root(), trace_home.resolve()) if p is not None]

@@ -4,11 +4,12 @@ and the run its operator host is handed."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from trace_platform.contract import Claim, TaskPayload
 from trace_platform.queue.driver import Message
@@ -18,6 +19,9 @@ from trace_platform.sandbox.tcp_forward import TcpForward
 from trace_platform.worker.client import DispatcherClient, transient
 from trace_platform.worker.operator_host import OperatorHost
 from trace_platform.worker.store_proxy import ScopedStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LeaseClock:
@@ -35,6 +39,19 @@ class LeaseClock:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+def within_lease(clock: LeaseClock | None, what: str, call: Callable[[], T]) -> T:
+    """`call`, tried again while the API is away and `clock` still runs: the lease (an outage
+    shorter than the lease costs the attempt nothing), or a claim's retry budget."""
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if clock is None or not transient(e) or clock.left() <= 1.0:
+                raise
+            log.warning("%s failed (%s); retrying, %.0fs left", what, e, clock.left())
+            time.sleep(min(1.0, clock.left() / 4))
 
 
 def beat_every(claim: Claim, visibility: float) -> float:

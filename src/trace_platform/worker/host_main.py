@@ -102,7 +102,7 @@ def run_one(
     )
     clean = True
     try:
-        outcome = _run(ctx, task)
+        outcome = run_operator(ctx, task)
     finally:
         try:
             # Before the outcome is sent: the wrapper closes the task's gateways and forwards
@@ -154,8 +154,9 @@ def _restore_environ(
 _resolved: dict[str, Operator] = {}
 
 
-def _run(ctx: OperatorContext, task: TaskPayload) -> dict[str, Any]:
-    """The attempt's outcome message: done (with its result) or failed."""
+def run_operator(ctx: OperatorContext, task: TaskPayload) -> dict[str, Any]:
+    """The attempt's outcome message: done (with its result) or failed (the Lambda handler's
+    too: trace_platform.aws.lambda_handler)."""
     try:
         fn = _resolved.get(task.operator)
         if fn is None:

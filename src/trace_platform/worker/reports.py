@@ -18,8 +18,8 @@ from trace_platform.contract import (
     TaskPayload,
     progress_size,
 )
-from trace_platform.worker.attempt import Running
-from trace_platform.worker.client import ApiError
+from trace_platform.worker.attempt import LeaseClock, Running, within_lease
+from trace_platform.worker.client import ApiError, DispatcherClient
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,27 @@ def refused_report(claim: Claim, outcome: str, e: ApiError | ValueError) -> dict
     if outcome == "succeeded":
         return {"error": f"completion invalid: {e}", "retryable": False}
     return None
+
+
+def send_report(
+    client: DispatcherClient,
+    claim: Claim,
+    outcome: str,
+    clock: LeaseClock | None = None,
+    **kw: Any,
+) -> None:
+    """The attempt's report (attempt-fenced), tried again while the API is away and `clock`
+    runs; a refused one followed by the failure `refused_report` says (the worker wrapper's and
+    the Lambda invoker's)."""
+    kw = clean_report(kw)
+    try:
+        res = within_lease(clock, "completion", lambda: client.complete(claim, outcome, **kw))
+    except (ApiError, ValueError) as e:
+        follow = refused_report(claim, outcome, e)
+        if follow is not None:
+            send_report(client, claim, "failed", **follow)
+        return
+    reported(claim, res)
 
 
 def final_report(out: dict[str, Any], task: TaskPayload) -> tuple[str, dict[str, Any]]:

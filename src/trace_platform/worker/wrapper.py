@@ -16,11 +16,10 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from trace_platform.config import Settings, get_settings
 from trace_platform.contract import Claim, TaskPayload
@@ -32,17 +31,22 @@ from trace_platform.sandbox import Policy
 from trace_platform.sandbox.gateway import EgressRefused, Gateways, parse_allow
 from trace_platform.sandbox.hostdir import TaskDirs, resource_limits
 from trace_platform.sandbox.tcp_forward import TcpForward
-from trace_platform.worker.attempt import LeaseClock, Running, SetupBeats, run_message
-from trace_platform.worker.client import ApiError, DispatcherClient, transient
+from trace_platform.worker.attempt import (
+    LeaseClock,
+    Running,
+    SetupBeats,
+    run_message,
+    within_lease,
+)
+from trace_platform.worker.client import ApiError, DispatcherClient
 from trace_platform.worker.held_acks import HeldAcks
 from trace_platform.worker.operator_host import OperatorHost
-from trace_platform.worker.reports import clean_report, refused_report, reported
+from trace_platform.worker.reports import send_report
 from trace_platform.worker.store_proxy import ScopedStore
 from trace_platform.worker.supervisor import Supervisor
 from trace_platform.worker.task_network import DEVNET, TaskNetwork, task_urls, tcp_address
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 # How long a host running for its tenant may take to read a task's start (`start_ready`): an
 # idle host reads at once, and one that does not is restarted.
 START_SEND_SECONDS = 5.0
@@ -177,33 +181,12 @@ class Wrapper(TaskNetwork, Supervisor):
         except Exception as e:
             log.warning("could not extend the wake-up's visibility: %s", e)
 
-    @staticmethod
-    def _within_lease(clock: LeaseClock | None, what: str, call: Callable[[], T]) -> T:
-        """`call`, tried again while the API is away and `clock` still runs: the lease (an
-        outage shorter than the lease costs the attempt nothing), or a claim's retry budget."""
-        while True:
-            try:
-                return call()
-            except Exception as e:
-                if clock is None or not transient(e) or clock.left() <= 1.0:
-                    raise
-                log.warning("%s failed (%s); retrying, %.0fs left", what, e, clock.left())
-                time.sleep(min(1.0, clock.left() / 4))
+    _within_lease = staticmethod(within_lease)
 
     def _report(
         self, claim: Claim, outcome: str, clock: LeaseClock | None = None, **kw: Any
     ) -> None:
-        kw = clean_report(kw)
-        try:
-            res = self._within_lease(
-                clock, "completion", lambda: self.client.complete(claim, outcome, **kw)
-            )
-        except (ApiError, ValueError) as e:
-            follow = refused_report(claim, outcome, e)
-            if follow is not None:
-                self._report(claim, "failed", **follow)
-            return
-        reported(claim, res)
+        send_report(self.client, claim, outcome, clock, **kw)
 
     def run_claimed(
         self, claim: Claim, msg: Message, stop: threading.Event, after: Running | None = None
