@@ -316,7 +316,6 @@ def test_the_aws_invoker_calls_invoke_synchronously_without_retries(
     assert call["body"] == event
 
 
-
 def test_garbage_from_the_function_is_retried_until_a_valid_answer(
     services: Services,
     s3_endpoint: str,
@@ -404,3 +403,42 @@ def test_a_lite_stack_runs_a_lambda_job_with_no_configuration(settings: Settings
         )
         rule = [r for r in rows if r["job"] == "rule"]
         assert rule and all(r["worker_id"].startswith("lambda:") for r in rule), rows
+
+
+# -- the handler a user deploys ------------------------------------------------------------
+def test_the_deployed_handler_runs_the_operator_on_its_store_held_to_the_task(
+    services: Services, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`handler(event, context)` as Lambda calls it: its store from the function's environment
+    (here Lite's directory), the operator's batch written below the attempt's own buffer prefix
+    and returned for the invoker to publish; a key outside the task's scope is refused, and an
+    event that is no Trace task fails for good without running anything."""
+    from trace_platform.aws.lambda_handler import LambdaEvent, handler
+    from trace_platform.aws.task_store import TaskStore
+    from trace_platform.config import get_settings
+    from trace_platform.layout import buffer_prefix
+    from trace_platform.worker.store_proxy import StoreAccessDenied
+
+    monkeypatch.setenv("TRACE_HOME", str(settings.home))
+    monkeypatch.setenv("TRACE_OPERATOR_REGISTRY", "testing")
+    get_settings.cache_clear()
+    try:
+        payload = claimed_payload(services, uuid.uuid4()).model_copy(
+            update={"operator": "publish_rows", "config": {"dataset": "d", "batches": [[{"a": 1}]]}}
+        )
+        event = LambdaEvent(task=payload).model_dump(mode="json")
+        result = handler(event, None)
+    finally:
+        get_settings.cache_clear()
+    assert result["outcome"] == "succeeded", result
+    (batch,) = result["buffers"]
+    prefix = buffer_prefix(payload.org_id, payload.task_id, payload.attempt)
+    assert batch["dataset"] == "d" and batch["location"].startswith(prefix)
+    store = make_store(settings)
+    assert store.get(batch["location"]) == b'{"a":1}\n'
+    scoped = TaskStore(store, payload, settings.home)
+    with pytest.raises(StoreAccessDenied):
+        scoped.put(f"org/{payload.org_id}/buffers/task={uuid.uuid4()}/x.jsonl", b"{}")
+    refused = handler({"task": "no"}, None)
+    assert refused["outcome"] == "failed" and refused["retryable"] is False
+    assert "not a Trace task event" in refused["error"]

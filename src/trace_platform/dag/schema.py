@@ -129,7 +129,8 @@ class JobSpec(_Strict):
     runtime: str = Field(
         default="ecs_platform",
         pattern=RUNTIME_RE,
-        description="where it runs: `ecs_platform` (a platform worker) is what runs today",
+        description="where it runs: `ecs_platform` (a platform worker), or `lambda` (the Lambda "
+        "invoker invokes the function with the task's payload: see the Lambda runtime page)",
     )
     config: dict[str, Any] = Field(
         default_factory=dict,
