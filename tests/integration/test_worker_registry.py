@@ -38,15 +38,16 @@ def silence(dsn: str, worker_id: str, seconds: float) -> None:
     """The worker's last beat `seconds` ago (as if it had been silent that long)."""
     with psycopg.connect(dsn) as conn:
         conn.execute(
-            "UPDATE workers SET last_beat = now() - make_interval(secs => %s) "
-            "WHERE worker_id = %s",
+            "UPDATE workers SET last_beat = now() - make_interval(secs => %s) WHERE worker_id = %s",
             (seconds, worker_id),
         )
 
 
 def state(dsn: str, worker_id: str) -> str | None:
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT state FROM workers WHERE worker_id = %s", (worker_id,)).fetchone()
+        row = conn.execute(
+            "SELECT state FROM workers WHERE worker_id = %s", (worker_id,)
+        ).fetchone()
     return row[0] if row else None
 
 
@@ -117,9 +118,7 @@ def test_bad_beats_and_callers_without_the_token_are_refused(api: httpx.Client) 
         headers={"Content-Type": "application/json"},
     )
     assert huge.status_code in (413, 422)
-    bare = httpx.post(
-        f"{api.base_url}/internal/workers/register", json=registration(), timeout=10
-    )
+    bare = httpx.post(f"{api.base_url}/internal/workers/register", json=registration(), timeout=10)
     assert bare.status_code == 401
 
 
@@ -177,7 +176,9 @@ def test_a_silent_worker_is_declared_dead_and_its_attempts_retried_and_fenced(
     assert registry.reap_dead() == 0
     services.dispatcher.store  # noqa: B018 - the same store the reaper used
     with psycopg.connect(dsn) as conn:
-        conn.execute("UPDATE task_status SET next_attempt_at = now() WHERE task_id = %s", (ref.task_id,))
+        conn.execute(
+            "UPDATE task_status SET next_attempt_at = now() WHERE task_id = %s", (ref.task_id,)
+        )
     retry = services.dispatcher.claim(
         ClaimRequest(task_id=ref.task_id, worker_id=alive["worker_id"])
     )
