@@ -62,12 +62,14 @@ class Settings(BaseSettings):
     # queue of that name + "-dlq" named by its RedrivePolicy (maxReceiveCount =
     # queue_max_attempts); or a queue named in sqs_queue_urls ('{"tasks": "https://..."}'),
     # whose own RedrivePolicy names its DLQ. Queues are created on first use when
-    # sqs_create_queues is on (the default in lite), else looked up and refused if missing.
+    # sqs_create_queues is on (the default: a buffered dataset's queue is made at its first
+    # use, so the aws profile needs sqs:CreateQueue on the prefix's queues, docs/aws.md), else
+    # looked up and refused if missing.
     sqs_region: str = "us-east-1"
     sqs_endpoint_url: str | None = None  # moto, LocalStack, a VPC endpoint
     sqs_queue_prefix: str = Field(default="trace-", pattern=r"^[A-Za-z0-9_-]{0,40}$")
     sqs_queue_urls: dict[str, str] = Field(default_factory=dict)
-    sqs_create_queues: bool | None = None
+    sqs_create_queues: bool = True
     sqs_access_key_id: str | None = None  # else boto3's chain (instance role, AWS_* env)
     sqs_secret_access_key: SecretStr | None = None
 
@@ -274,8 +276,8 @@ class Settings(BaseSettings):
             self.queue_driver = (
                 QueueBackend.sqs if self.profile is Profile.aws else QueueBackend.pgqueue
             )
-        if self.sqs_create_queues is None:
-            self.sqs_create_queues = self.profile is Profile.lite
+        if self.profile is Profile.aws and "object_store" not in self.model_fields_set:
+            self.object_store = ObjectStoreBackend.s3
         if self.pg_data_dir is None:
             self.pg_data_dir = self.home / "pg"
         if self.object_store_root is None:
@@ -322,6 +324,35 @@ def shown(settings: Settings) -> dict[str, Any]:
     out["embedded_postgres"] = settings.uses_embedded_postgres
     out["api_url"] = settings.resolved_api_url
     return out
+
+
+def adapter_env(settings: Settings) -> dict[str, str]:
+    """The profile and queue adapter of `settings` as TRACE_* variables, for the processes one
+    stack starts (workers, sinks, Delivery Services): a process on another queue or profile
+    than its Dispatcher's would never see a wake-up. The object store's: objectstore.store_env."""
+    env = {
+        "TRACE_PROFILE": settings.profile.value,
+        "TRACE_QUEUE_DRIVER": settings.queue_driver.value if settings.queue_driver else "",
+        "TRACE_TASK_QUEUE": settings.task_queue,
+        "TRACE_QUEUE_MAX_ATTEMPTS": str(settings.queue_max_attempts),
+        "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
+    }
+    if settings.queue_driver is QueueBackend.sqs:
+        env |= {
+            "TRACE_SQS_REGION": settings.sqs_region,
+            "TRACE_SQS_QUEUE_PREFIX": settings.sqs_queue_prefix,
+            "TRACE_SQS_QUEUE_URLS": json.dumps(settings.sqs_queue_urls),
+            "TRACE_SQS_CREATE_QUEUES": str(settings.sqs_create_queues).lower(),
+        }
+        if settings.sqs_endpoint_url:
+            env["TRACE_SQS_ENDPOINT_URL"] = settings.sqs_endpoint_url
+        if settings.sqs_access_key_id:
+            env["TRACE_SQS_ACCESS_KEY_ID"] = settings.sqs_access_key_id
+        if settings.sqs_secret_access_key:
+            env["TRACE_SQS_SECRET_ACCESS_KEY"] = settings.sqs_secret_access_key.get_secret_value()
+    if settings.internal_token is not None:  # the aws profile's (Lite's is a file under home)
+        env["TRACE_INTERNAL_TOKEN"] = settings.internal_token.get_secret_value()
+    return {k: v for k, v in env.items() if v}
 
 
 @lru_cache(maxsize=1)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.queue_conformance import QueueDriverConformance, wake
-from trace_platform.config import Profile, QueueBackend, Settings
+from trace_platform.config import ObjectStoreBackend, Profile, QueueBackend, Settings
 from trace_platform.queue import make_driver, sqs
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.queue.payloads import PayloadError, TaskWakeup
@@ -115,13 +115,24 @@ def _calls(drv: SqsQueue, operation: str) -> list[dict[str, Any]]:
     return seen
 
 
-def test_settings_pick_sqs_and_create_queues_only_in_lite(s3_endpoint: str) -> None:
+def test_settings_of_the_aws_profile(s3_endpoint: str) -> None:
+    """The aws profile's adapters: SQS and S3, queues created on first use (a buffered dataset's
+    queue is made at its first deploy) unless turned off; Lite keeps pgqueue and a directory."""
     aws = Settings(
         profile=Profile.aws, state_dsn="postgresql://x@h/x", operator_registry="production"
     )
-    assert aws.queue_driver is QueueBackend.sqs and aws.sqs_create_queues is False
-    lite = Settings(queue_driver=QueueBackend.sqs)
-    assert lite.sqs_create_queues is True
+    assert aws.queue_driver is QueueBackend.sqs and aws.sqs_create_queues is True
+    assert aws.object_store is ObjectStoreBackend.s3
+    lite = Settings()
+    assert lite.queue_driver is QueueBackend.pgqueue
+    assert lite.object_store is ObjectStoreBackend.local
+    pinned = Settings(
+        profile=Profile.aws,
+        state_dsn="postgresql://x@h/x",
+        sqs_create_queues=False,
+        object_store=ObjectStoreBackend.local,
+    )
+    assert pinned.sqs_create_queues is False and pinned.object_store is ObjectStoreBackend.local
     with pytest.raises(ValueError, match="sqs_queue_prefix"):
         Settings(sqs_queue_prefix="bad prefix!")
 

@@ -15,8 +15,9 @@ import httpx
 import uvicorn
 
 from trace_platform.api.app import create_app
-from trace_platform.config import Settings
+from trace_platform.config import Settings, adapter_env
 from trace_platform.db.embedded import free_port
+from trace_platform.objectstore import store_env
 from trace_platform.services import Services
 from trace_platform.tls import uvicorn_tls
 
@@ -146,9 +147,12 @@ class LiteStack:
         return self
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """A process of the stack's environment: this one's, the stack's database and home."""
+        """A process of the stack's environment: this one's, the stack's adapters (profile,
+        queue, object store), its database and home."""
         return {
             **os.environ,
+            **adapter_env(self.settings),
+            **store_env(self.settings),
             "TRACE_STATE_DSN": self.services.dsn,
             "TRACE_HOME": str(self.settings.home),
             **self.worker_env,
