@@ -24,24 +24,26 @@ from trace_platform.services import Services
 
 
 def router(services: Services, actor: ActorDependency) -> APIRouter:
-    registry = WorkerRegistry(services.dispatcher)
+    def registry() -> WorkerRegistry:  # per call: the router only closes over `services`
+        return WorkerRegistry(services.dispatcher)
+
     r = trace_router()
 
     @r.post("/internal/workers/register")
     def register(body: WorkerRegistration) -> WorkerBeat:
         """A worker starting (or registering again after its answer was lost): 409 for an id
         declared dead, stopped, or registered by another host or pid."""
-        return registry.register(body)
+        return registry().register(body)
 
     @r.post("/internal/workers/beat")
     def beat(body: WorkerRef) -> WorkerBeat:
         """The worker's own heartbeat: 404 if not registered, 409 once declared dead."""
-        return registry.beat(body.worker_id)
+        return registry().beat(body.worker_id)
 
     @r.post("/internal/workers/stop")
     def stop(body: WorkerRef) -> WorkerBeat:
         """A clean exit: the worker is listed `stopped`."""
-        return registry.stop(body.worker_id)
+        return registry().stop(body.worker_id)
 
     @r.get("/v1/workers")
     def workers(
