@@ -22,6 +22,13 @@ INLINE_SQL_ALLOWED = ("store/", "db/", "query/", "operators/hot_window.py")
 # lifecycle does, so the aws profile swaps adapters and never the code that uses them.
 AWS_SDK_USERS = ("queue/sqs.py", "objectstore/s3.py", "aws/")
 AWS_SDK = ("boto3", "botocore", "aiobotocore", "s3transfer")
+# The Lambda entry handlers are outer shells, as the CLI is: they call the core, and nothing
+# outside aws/ calls them (the core must run the same with or without them).
+AWS_ENTRIES = (
+    "trace_platform.aws.eventbridge",
+    "trace_platform.aws.apigateway",
+    "trace_platform.aws.container",
+)
 # A queue driver is chosen by queue.make_driver only: everyone else holds a QueueDriver.
 QUEUE_DRIVERS = ("trace_platform.queue.pgqueue", "trace_platform.queue.sqs")
 _STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|LOCK|CREATE)\b", re.IGNORECASE)
@@ -232,6 +239,17 @@ def test_only_the_aws_adapters_import_the_aws_sdk() -> None:
             if sdk:
                 offenders.append(f"{name}:{node.lineno} imports {sorted(sdk)[0]}")
     assert offenders == [], f"the AWS SDK imported outside the AWS adapters: {offenders}"
+
+
+def test_nothing_outside_aws_imports_the_entry_handlers() -> None:
+    offenders = []
+    for name, tree in _modules().items():
+        if name.startswith("aws/"):
+            continue
+        for node in _executed_imports(tree):
+            if any(m == e or m.startswith(e + ".") for m in _imported(node) for e in AWS_ENTRIES):
+                offenders.append(f"{name}:{node.lineno}")
+    assert offenders == [], f"an AWS entry handler imported outside aws/: {offenders}"
 
 
 def test_only_make_driver_picks_a_queue_driver() -> None:

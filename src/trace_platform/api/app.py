@@ -44,10 +44,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     # Outermost first: anything unexpected is a logged 500 in Trace's shape; /internal/*
     # without the token is refused unread (the only check of it); bodies are counted as they stream (413 at the
     # limit). Every other error is mapped by install_error_handlers.
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-    app.add_middleware(InternalToken, token=token)
-    app.add_middleware(LastResort)
-    install_error_handlers(app)
+    _guard(app, token)
 
     # internal: the worker wrapper only (the InternalToken middleware); first, as the most
     # called (routes are matched in order)
@@ -58,3 +55,24 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery, workers):
         app.include_router(routes.router(services, actor))
     return app
+
+
+def create_hooks_app(services: Services) -> FastAPI:
+    """The named webhooks alone (`POST /v1/hooks/{dag}/{trigger}`), behind the same checks,
+    users and error answers as in `create_app`: what the API Gateway entry serves
+    (aws/apigateway.py). No other route, no OpenAPI pages, no background loops."""
+    app = FastAPI(title="Trace webhooks", openapi_url=None, docs_url=None, redoc_url=None)
+    app.router.route_class = TraceRoute
+    _guard(app, None)
+    app.include_router(dags.hooks_router(services, actor_dependency(services)))
+    return app
+
+
+def _guard(app: FastAPI, token: str | None) -> None:
+    """Every app's middleware (outermost last) and error handlers; /internal/* is guarded by
+    `token` where the app serves it."""
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    if token is not None:
+        app.add_middleware(InternalToken, token=token)
+    app.add_middleware(LastResort)
+    install_error_handlers(app)

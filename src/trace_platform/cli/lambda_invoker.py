@@ -24,14 +24,13 @@ def lambda_invoker(
     under way are waited for and reported."""
     from trace_platform.aws.invokers import make_invoker
     from trace_platform.aws.lambda_runner import LambdaRunner
-    from trace_platform.cli.main import operator_host_env
     from trace_platform.config import get_settings
     from trace_platform.db.pool import state_dsn
     from trace_platform.lite.bootstrap import internal_token, internal_token_file
     from trace_platform.objectstore import make_store
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import Policy, SandboxUnavailable, resolve
-    from trace_platform.sandbox.hostdir import resource_limits
+    from trace_platform.sandbox.hostdir import operator_host_env, resource_limits
     from trace_platform.worker.client import DispatcherClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -44,6 +44,7 @@ from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
 from trace_platform.db.pool import embedded_cluster, make_pool, sink_dsn, state_dsn
 from trace_platform.dispatcher.models import TaskView
+from trace_platform.sandbox.hostdir import operator_host_env
 
 app = typer.Typer(
     help="Trace: a Postgres-centred data platform for chain data.", no_args_is_help=True
@@ -197,17 +198,6 @@ def serve_api(
         log_level="info",
         **tls,
     )
-
-
-def operator_host_env(settings: Settings) -> dict[str, str]:
-    """What a worker's operator hosts learn of its settings (their environment is otherwise an
-    allowlist: sandbox/hostdir.host_env)."""
-    return {
-        "TRACE_SPARK_MASTER": settings.spark_master,
-        "TRACE_SPARK_CONF": json.dumps(settings.spark_conf),
-        "TRACE_SPARK_JIT": settings.spark_jit,
-        "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
-    }
 
 
 @app.command("worker")

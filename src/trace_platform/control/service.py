@@ -60,6 +60,16 @@ MAX_SECRET_BYTES = 16 * 1024  # keys, tokens, URLs; not files
 MAX_ROLES = 100  # given in one call (a secret's use_roles, roles added to a dataset)
 
 
+def check_trigger_config(config: dict[str, Any]) -> None:
+    """A run's config is at most MAX_TRIGGER_CONFIG_BYTES (as JSON), whoever fires it."""
+    size = len(json.dumps(config, default=str))
+    if size > MAX_TRIGGER_CONFIG_BYTES:
+        raise Invalid(
+            f"trigger config is {size} bytes; the limit is {MAX_TRIGGER_CONFIG_BYTES} "
+            "(pass large inputs as datasets, not in the run's config)"
+        )
+
+
 def _check_roles(roles: list[str]) -> None:
     if len(roles) > MAX_ROLES:
         raise Invalid(f"at most {MAX_ROLES} roles at once; {len(roles)} given")
@@ -157,12 +167,7 @@ class ControlPlane:
         config: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Durable intent (the firing and its source tasks) + outbox, in one transaction."""
-        size = len(json.dumps(config or {}, default=str))
-        if size > MAX_TRIGGER_CONFIG_BYTES:
-            raise Invalid(
-                f"trigger config is {size} bytes; the limit is {MAX_TRIGGER_CONFIG_BYTES} "
-                "(pass large inputs as datasets, not in the run's config)"
-            )
+        check_trigger_config(config or {})
         with self.pool.connection() as conn, conn.transaction():
             dag = self._dag(conn, actor, dag_name)
             if not can_deploy(actor, dag):

@@ -147,6 +147,17 @@ def host_env(hd: HostDir, extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
+def operator_host_env(settings: Settings) -> dict[str, str]:
+    """What a worker's operator hosts (and the local Lambda invoker's sandboxes) learn of its
+    settings: their environment is otherwise an allowlist (`host_env`)."""
+    return {
+        "TRACE_SPARK_MASTER": settings.spark_master,
+        "TRACE_SPARK_CONF": json.dumps(settings.spark_conf),
+        "TRACE_SPARK_JIT": settings.spark_jit,
+        "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
+    }
+
+
 def _java_home() -> Path | None:
     if os.environ.get("JAVA_HOME"):
         return Path(os.environ["JAVA_HOME"]).resolve()

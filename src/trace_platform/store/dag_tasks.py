@@ -132,6 +132,14 @@ class DagTaskStore(Calls):
         """Whoever holds the row fires the tick; a second scheduler skips it rather than wait."""
         return self._run(_Q.cron_lock, {"dag_id": dag_id, "trigger": trigger})
 
+    def cron_lock_wait(self, *, dag_id: UUID, trigger: str) -> Cursor[Row]:
+        """An outside scheduler's tick waits for the row: skipping could drop a tick."""
+        return self._run(_Q.cron_lock_wait, {"dag_id": dag_id, "trigger": trigger})
+
+    def dag_in_org(self, *, org: str, dag: str) -> Cursor[Row]:
+        """A DAG by its org's name and its own (a caller with no user, such as a schedule)."""
+        return self._run(_Q.dag_in_org, {"org": org, "dag": dag})
+
     def cron_advance(self, *, fire_at: datetime, dag_id: UUID, trigger: str) -> Cursor[Row]:
         return self._run(
             _Q.cron_advance, {"fire_at": fire_at, "dag_id": dag_id, "trigger": trigger}

@@ -14,13 +14,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from croniter import croniter
+from psycopg import Connection
 
+from trace_platform.contract import TaskRef
+from trace_platform.control.service import check_trigger_config
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
+from trace_platform.errors import Conflict, Invalid, NotFound
 from trace_platform.store.dag_tasks import DagTaskStore
 from trace_platform.store.registry import RegistryStore
 
@@ -85,39 +90,134 @@ def _tick_one(dispatcher: Dispatcher, c: dict[str, Any], now: datetime) -> bool:
         row = DagTaskStore(conn).cron_lock(dag_id=c["dag_id"], trigger=c["trigger"]).fetchone()
         if row is None:
             return False  # another scheduler holds it right now
-        spec = (
-            RegistryStore(conn)
-            .dag_version(dag_id=row["dag_id"], version=row["active_version"])
-            .fetchone()
-        )
-        cron: dict[str, Any] | None = (
-            next((t for t in spec["spec"]["triggers"]["cron"] if t["name"] == c["trigger"]), None)
-            if spec
-            else None
-        )
+        cron = cron_trigger(conn, row, c["trigger"])
         if cron is None:
             return False  # the trigger was removed by a later deploy
-        ticks = due_ticks(cron["schedule"], row["last_fire_at"], now)
+        ticks = due_ticks(cron["schedule"], _utc(row["last_fire_at"]), now)
         if not ticks:
             return False
-        latest = ticks[-1]
-        config = {**cron.get("config", {}), "scheduled_for": latest.isoformat()}
-        if len(ticks) > 1:
-            config["skipped_ticks"] = len(ticks) - 1
-        run_id, specs = fire(
-            conn,
-            dag=row,
-            trigger=c["trigger"],
-            kind="cron",
-            fire_key=latest.isoformat(),
-            config=config,
-            fired_by=None,
+        _, refs = _fire_latest(dispatcher, conn, row, cron, ticks)
+        return bool(refs)
+
+
+def cron_trigger(conn: Connection[Any], dag: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The cron trigger `name` of the DAG's active version, or None if it declares none."""
+    spec = RegistryStore(conn).dag_version(dag_id=dag["dag_id"], version=dag["active_version"])
+    row = spec.fetchone()
+    triggers: list[dict[str, Any]] = row["spec"]["triggers"]["cron"] if row else []
+    return next((t for t in triggers if t["name"] == name), None)
+
+
+def _utc(at: datetime) -> datetime:
+    # Schedules are UTC (dag/schema.py), whatever time zone the database session answers in.
+    return at.astimezone(UTC)
+
+
+def _fire_latest(
+    dispatcher: Dispatcher,
+    conn: Connection[Any],
+    dag: dict[str, Any],
+    cron: dict[str, Any],
+    ticks: list[datetime],
+    config: dict[str, Any] | None = None,
+) -> tuple[UUID, list[TaskRef]]:
+    """Fires the latest of `ticks` (the earlier ones counted as skipped) and moves the trigger's
+    cursor to it, in the caller's transaction, which holds the trigger's cron_state row. The
+    fire key is the tick: a tick fires once, whoever delivers it and however often."""
+    latest = ticks[-1]
+    merged = {**cron.get("config", {}), **(config or {}), "scheduled_for": latest.isoformat()}
+    if len(ticks) > 1:
+        merged["skipped_ticks"] = len(ticks) - 1
+    run_id, specs = fire(
+        conn,
+        dag=dag,
+        trigger=cron["name"],
+        kind="cron",
+        fire_key=latest.isoformat(),
+        config=merged,
+        fired_by=None,
+    )
+    refs = dispatcher.create_tasks(list(specs), conn)
+    DagTaskStore(conn).cron_advance(dag_id=dag["dag_id"], trigger=cron["name"], fire_at=latest)
+    if specs:
+        log.info("cron %s/%s fired run %s for %s", dag["name"], cron["name"], run_id, latest)
+    return run_id, refs
+
+
+def on_schedule(schedule: str, at: datetime) -> datetime | None:
+    """`at` as a tick of `schedule` (in UTC; to the minute for a 5-field schedule, whose ticks
+    have no seconds, to the second for a 6-field one), or None when the schedule has no tick
+    then. The ticks are the scheduler's own (`due_ticks`)."""
+    at = _utc(at).replace(microsecond=0)
+    if len(schedule.split()) != 6:
+        at = at.replace(second=0)
+    return at if due_ticks(schedule, at - timedelta(seconds=1), at) == [at] else None
+
+
+# How far ahead of this clock an outside scheduler's tick may be (its clock and ours differ).
+EARLY_TICK = timedelta(minutes=5)
+
+
+def fire_scheduled(
+    dispatcher: Dispatcher,
+    *,
+    org: str,
+    dag: str,
+    trigger: str,
+    at: datetime,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One tick of a DAG's cron trigger delivered by an outside scheduler (EventBridge: see
+    aws/eventbridge.py), fired as `tick()` fires it: once per (trigger, tick), however often
+    it is delivered, and never for a tick at or before the trigger's last fire (the
+    scheduler's catch-up skips those too). A paused DAG's tick is skipped. Refused, with
+    nothing stored: an unknown org, DAG or cron trigger, an undeployed DAG, a time that is no
+    tick of the trigger's schedule, a tick in the future, a config over the trigger limit.
+
+    Returns the run (`run_id`, `created`: a new run was made, `tasks`) or why none was
+    (`skipped`)."""
+    if _utc(at) > datetime.now(UTC) + EARLY_TICK:
+        raise Invalid(
+            f"{at.isoformat()} is in the future: a schedule delivers a tick when it comes "
+            f"(at most {EARLY_TICK.seconds} s early, for clock skew)"
         )
-        dispatcher.create_tasks(list(specs), conn)
-        DagTaskStore(conn).cron_advance(dag_id=c["dag_id"], trigger=c["trigger"], fire_at=latest)
-        if specs:
-            log.info("cron %s/%s fired run %s for %s", row["name"], c["trigger"], run_id, latest)
-        return bool(specs)
+    if config:
+        check_trigger_config(config)
+    with dispatcher.pool.connection() as conn, conn.transaction():
+        found = DagTaskStore(conn).dag_in_org(org=org, dag=dag).fetchone()
+        if found is None:
+            raise NotFound(f"no DAG named '{dag}' in org '{org}'")
+        row = DagTaskStore(conn).cron_lock_wait(dag_id=found["dag_id"], trigger=trigger)
+        locked = row.fetchone()
+        cron = cron_trigger(conn, locked, trigger) if locked else None
+        if locked is None or locked["active_version"] is None or cron is None:
+            if found["active_version"] is None:
+                raise Conflict("not_deployed", f"DAG '{dag}' has no active version")
+            raise NotFound(f"DAG '{dag}' has no cron trigger '{trigger}'")
+        tick = on_schedule(cron["schedule"], at)
+        if tick is None:
+            raise Invalid(
+                f"{at.isoformat()} is not a tick of trigger '{trigger}' of DAG '{dag}' (schedule "
+                f"'{cron['schedule']}', UTC): the schedule that delivers it must fire when the "
+                "trigger does"
+            )
+        key = {"dag_id": locked["dag_id"], "trigger": trigger}
+        done = DagTaskStore(conn).fire_by_key(**key, fire_key=tick.isoformat()).fetchone()
+        if done is not None:
+            return {"run_id": done["run_id"], "created": False, "tasks": []}
+        last = _utc(locked["last_fire_at"])
+        if locked["paused"]:
+            return {"run_id": None, "created": False, "tasks": [], "skipped": "the DAG is paused"}
+        if tick <= last:
+            return {
+                "run_id": None,
+                "created": False,
+                "tasks": [],
+                "skipped": f"the trigger last fired for {last.isoformat()}, at or after this tick",
+            }
+        ticks = due_ticks(cron["schedule"], last, tick)
+        run_id, refs = _fire_latest(dispatcher, conn, locked, cron, ticks, config)
+    return {"run_id": run_id, "created": bool(refs), "tasks": [r.task_id for r in refs]}
 
 
 def run_scheduler(dispatcher: Dispatcher, stop: threading.Event, interval: float = 1.0) -> None:

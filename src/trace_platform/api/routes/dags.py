@@ -11,6 +11,7 @@ from trace_platform.api.auth import ActorDependency
 from trace_platform.api.bodies import BackfillBody, DeployBody, RollbackBody, TriggerBody
 from trace_platform.api.routes import trace_router
 from trace_platform.control.changes import plan_json
+from trace_platform.control.service import ControlPlane
 from trace_platform.identity import Actor
 from trace_platform.services import Services
 
@@ -94,6 +95,18 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
             user, name, fire_key=idempotency_key, config=body.config if body else None
         )
 
+    _webhook(r, cp, actor)
+    return r
+
+
+def hooks_router(services: Services, actor: ActorDependency) -> APIRouter:
+    """The named webhook's route alone: what the API Gateway entry serves (aws/apigateway.py)."""
+    r = trace_router()
+    _webhook(r, services.control, actor)
+    return r
+
+
+def _webhook(r: APIRouter, cp: ControlPlane, actor: ActorDependency) -> None:
     @r.post("/v1/hooks/{dag}/{trigger}", status_code=201)
     def webhook(
         dag: str,
@@ -106,5 +119,3 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
         return cp.trigger(
             user, dag, trigger=trigger, kind="webhook", fire_key=idempotency_key, config=body or {}
         )
-
-    return r

@@ -156,6 +156,18 @@ FROM cron_state cs JOIN dags d ON d.dag_id = cs.dag_id
 WHERE cs.dag_id = %(dag_id)s AND cs.trigger = %(trigger)s
 FOR UPDATE OF cs SKIP LOCKED;
 
+-- name: cron_lock_wait
+-- An outside scheduler's tick (EventBridge, triggers/cron.py fire_scheduled) waits for the row:
+-- skipping it could drop a tick no one else is firing.
+SELECT cs.last_fire_at, d.*
+FROM cron_state cs JOIN dags d ON d.dag_id = cs.dag_id
+WHERE cs.dag_id = %(dag_id)s AND cs.trigger = %(trigger)s
+FOR UPDATE OF cs;
+
+-- name: dag_in_org
+SELECT d.* FROM dags d JOIN orgs o ON o.org_id = d.org_id
+WHERE o.name = %(org)s AND d.name = %(dag)s;
+
 -- name: cron_advance
 UPDATE cron_state SET last_fire_at = %(fire_at)s
 WHERE dag_id = %(dag_id)s AND trigger = %(trigger)s;
