@@ -46,17 +46,26 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def _ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+) -> x509.CertificateBuilder:
+    """A certificate of `key` for `subject`, valid for a day (from five minutes ago)."""
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
+    return (
         x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn))
+        .subject_name(subject)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
+    )
+
+
+def _ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _builder(_name(cn), _name(cn), key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -87,15 +96,8 @@ def certs(tmp_path: Path) -> Certs:
     ca_key, ca = _ca("trace test CA")
     _, rogue = _ca("someone else's CA")
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("trace api"))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        _builder(_name("trace api"), ca.subject, key)
         .add_extension(
             x509.SubjectAlternativeName(
                 [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]

@@ -468,6 +468,30 @@ class StateStoreConformance:
         assert (ref.task_id, 0) in woken(d)
         assert claim(d, ref.task_id).attempt == 2  # no backoff: the worker failed, not the task
 
+    def test_a_dead_workers_attempts_end_at_once_retried_and_fenced(self, d: Dispatcher) -> None:
+        """The registry declared worker `dead` dead (dispatcher/fleet.py): its running attempts
+        end as a lapsed lease does, whatever their leases say, and nothing it sends for them
+        lands again; another worker's attempt runs on."""
+        mine, other = (d.create_task(spec(max_attempts=2)).task_id for _ in range(2))
+        c = claim(d, mine, worker="dead")
+        kept = claim(d, other, worker="alive")
+        with d.store.transaction() as tx:
+            assert d.fail_holders(tx, {"dead": "no beat for 9 s"}) == 1
+        view = d.get_task(mine)
+        assert view.status == "queued" and view.attempts[0].outcome == "lease_expired"
+        assert "lost its worker dead, declared dead: no beat for 9 s" in (view.last_error or "")
+        assert d.get_task(other).status == "running"
+        for late in ("succeeded", "failed"):  # a lapsed lease's own late report would land
+            with pytest.raises(Conflict, match="lease token does not hold"):
+                complete(d, c, late)
+        with pytest.raises(Conflict):
+            d.heartbeat(HeartbeatRequest(**lease(c)))
+        assert d.get_task(mine).status == "queued"
+        with d.store.transaction() as tx:  # nothing of it is left to end
+            assert d.fail_holders(tx, {"dead": "again"}) == 0
+        assert claim(d, mine).attempt == 2  # retried at once, by the task's own policy
+        assert complete(d, kept).status == "succeeded"
+
     def test_a_passed_deadline_times_out_and_ends_the_budget(
         self, d: Dispatcher, harness: Harness
     ) -> None:

@@ -404,33 +404,22 @@ class DispatcherClient:
 
     # -- the worker registry (dispatcher/fleet.py; worker/membership.py sends these) -------
     def register_worker(self, body: WorkerRegistration, timeout: float) -> WorkerBeat:
+        return self._registry("register", body, timeout)
+
+    def worker_beat(self, worker_id: str, timeout: float) -> WorkerBeat:
+        return self._registry("beat", WorkerRef(worker_id=worker_id), timeout)
+
+    def worker_stopped(self, worker_id: str, timeout: float) -> WorkerBeat:
+        return self._registry("stop", WorkerRef(worker_id=worker_id), timeout)
+
+    def _registry(self, call: str, body: BaseModel, timeout: float) -> WorkerBeat:
+        """One try within `timeout`: the beat thread tries again at its next beat."""
         return self._call(
             "POST",
-            "/internal/workers/register",
+            f"/internal/workers/{call}",
             WorkerBeat,
             retries=0,
             content=body.model_dump_json(),
-            timeout=timeout,
-        )
-
-    def worker_beat(self, worker_id: str, timeout: float) -> WorkerBeat:
-        """One try (the beat thread beats again at its next interval)."""
-        return self._call(
-            "POST",
-            "/internal/workers/beat",
-            WorkerBeat,
-            retries=0,
-            content=WorkerRef(worker_id=worker_id).model_dump_json(),
-            timeout=timeout,
-        )
-
-    def worker_stopped(self, worker_id: str, timeout: float) -> WorkerBeat:
-        return self._call(
-            "POST",
-            "/internal/workers/stop",
-            WorkerBeat,
-            retries=1,
-            content=WorkerRef(worker_id=worker_id).model_dump_json(),
             timeout=timeout,
         )
 
