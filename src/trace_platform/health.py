@@ -14,14 +14,17 @@ check runs every few seconds in every container, so it should cost little CPU.
 from __future__ import annotations
 
 import socket
+import ssl
 import sys
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from pydantic import SecretStr
 
 from trace_platform.config import _DSN_PASSWORD, Settings
+from trace_platform.tls import client_context
 
 TIMEOUT = 5.0
 ROLES = ("api", "worker", "sink", "delivery", "scheduler")
@@ -34,10 +37,19 @@ def _local(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def _http_ok(url: str) -> Check:
+def _http_ok(url: str, ca_bundle: Path | None = None, *, verify: bool = True) -> Check:
+    """An https `url` is verified as a worker verifies the API (`ca_bundle`, else certifi's
+    CAs); without `verify`, only whether it answers."""
+
     def check() -> None:
+        tls = None
+        if url.startswith("https:"):
+            tls = client_context(ca_bundle)
+            if not verify:
+                tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
         # urlopen raises HTTPError for any status >= 400.
-        with urllib.request.urlopen(f"{url.rstrip('/')}/healthz", timeout=TIMEOUT) as r:
+        healthz = f"{url.rstrip('/')}/healthz"
+        with urllib.request.urlopen(healthz, timeout=TIMEOUT, context=tls) as r:
             if r.status != 200:
                 raise RuntimeError(f"{url}/healthz answered {r.status}")
 
@@ -85,13 +97,16 @@ def checks(role: str, settings: Settings) -> dict[str, Check]:
     """The named checks of `role`."""
     if role == "api":
         host = _local(settings.api_host)
-        out = {"api": _http_ok(f"http://{host}:{settings.api_port}")}
+        # Its own listener, on this host: whether it answers, not who it is (a certificate
+        # names the host workers use, which need not be this address).
+        scheme = "https" if settings.api_tls_cert is not None else "http"
+        out = {"api": _http_ok(f"{scheme}://{host}:{settings.api_port}", verify=False)}
         if settings.exchange_port is not None:
             out["exchange listener"] = _tcp(host, settings.exchange_port)
         return out
     out = {"state store": _state(settings)}
     if role == "worker":
-        out["api"] = _http_ok(settings.resolved_api_url)
+        out["api"] = _http_ok(settings.resolved_api_url, settings.api_ca_bundle)
         if settings.exchange_url:
             out["exchange listener"] = _url_tcp(settings.exchange_url)
         out["object store"] = _object_store(settings)

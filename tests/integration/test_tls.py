@@ -284,3 +284,23 @@ def test_a_worker_and_the_api_refuse_bad_tls_settings_at_start(tmp_path: Path) -
     assert bundle.returncode == 1 and "TRACE_API_CA_BUNDLE" in _said(bundle), _said(bundle)
     with pytest.raises(ValueError, match="go together"):
         Settings(api_tls_cert=missing)
+
+
+def test_health_checks_speak_https(https_api: Https, certs: Certs, settings: Settings) -> None:
+    """The API's check reaches its own https listener (whatever host its certificate names);
+    a worker's verifies the API as the worker does."""
+    from trace_platform.health import checks
+
+    port = int(https_api.server.url.rsplit(":", 1)[1])
+    s = settings.model_copy(
+        update={
+            "api_host": "127.0.0.1",
+            "api_port": port,
+            "api_tls_cert": certs.cert,
+            "api_tls_key": certs.key,
+        }
+    )
+    checks("api", s)["api"]()
+    checks("worker", s.model_copy(update={"api_ca_bundle": certs.ca}))["api"]()
+    with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+        checks("worker", s.model_copy(update={"api_ca_bundle": certs.rogue_ca}))["api"]()
