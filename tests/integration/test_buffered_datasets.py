@@ -19,6 +19,7 @@ import pytest
 from tests.support.buffers import batch_key, publish, sink, table_rows, write_lines
 from tests.support.dags import admin
 from tests.support.invariants import expire_lease
+from tests.support.queue_outage import AwayFirst
 from tests.support.wait import wait_for
 from trace_platform.contract import Claim, ClaimRequest
 from trace_platform.dag.validate import DagInvalid
@@ -321,6 +322,34 @@ def test_a_serving_sink_looks_again_soon_after_work_then_backs_off(deployed: Ser
         stop.set()
         serving.join(15)
     assert [r["dedupe_key"] for r in _rows(s)] == ["a", "b"]
+
+
+def test_a_serving_sink_outlives_a_queue_outage(deployed: Services) -> None:
+    """A queue that is away (SQS unreachable, throttled: QueueUnavailable) for the sink's first
+    receives does not end its loop: it waits and tries again, and lands the batch once the
+    queue is back."""
+    s = deployed
+    c = _claim(s, "alerts")
+    record = _publish(s, c, _write(s, c, [_row("a")]))
+    s.publisher.drain()
+    stop = threading.Event()
+    loader = _sink(s)
+    loader.driver = away = AwayFirst(loader.driver, failures=3)  # type: ignore[assignment]
+    serving = threading.Thread(target=loader.serve, args=(stop, 0.05), daemon=True)
+    serving.start()
+    try:
+        wait_for(
+            lambda: any(
+                r["record_id"] == record.record_id and r["status"] == "loaded" for r in _records(s)
+            ),
+            30,
+            "the batch loaded after the outage",
+        )
+        assert serving.is_alive() and away.refused == 3
+    finally:
+        stop.set()
+        serving.join(15)
+    assert [r["dedupe_key"] for r in _rows(s)] == ["a"]
 
 
 def test_the_collector_is_paused_while_a_batch_loads_and_back_after(

@@ -31,6 +31,7 @@ from tests.support.alerts import (
     route_tasks,
 )
 from tests.support.dags import admin, user
+from tests.support.queue_outage import AwayFirst
 from tests.support.receiver import Receiver
 from tests.support.wait import wait_for
 from trace_platform.db.embedded import free_port
@@ -415,3 +416,28 @@ def test_an_idle_service_sends_new_work_on_its_wake_up_not_its_next_poll(
         assert time.monotonic() - t0 < 15
     finally:
         recv.stop()
+
+
+def test_a_serving_service_outlives_a_queue_outage(
+    services: Services,
+    tmp_path: Path,
+    running: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The queue away for a service's first receives (QueueUnavailable: SQS unreachable or
+    throttled) does not end its loop: it tries again and sends the delivery once it is back."""
+    s, me = services, admin(services)
+    s.control.deploy(me, dag())
+    recv = Receiver(free_port(), None).start()
+    recv.secret = _control(s).add_destination(me, "ops", recv.url, allow_private=True)
+    away = AwayFirst(s.driver, failures=3)
+    monkeypatch.setattr(s.driver, "receive", away.receive)
+    try:
+        running(1)
+        wait_for(lambda: away.refused == 3, 15, "the service's receives during the outage")
+        _deliver(s, tmp_path, [alert("a", "warning", timedelta(minutes=1))])
+        (arrived,) = recv.wait(lambda a: len(a) >= 1, 15)
+    finally:
+        recv.stop()
+    assert arrived.verified
+    assert _by_status(s) == {"delivered": 1}

@@ -29,6 +29,7 @@ from trace_platform.delivery.signing import sealed_name
 from trace_platform.delivery.work import QUEUE
 from trace_platform.identity.vault import Vault
 from trace_platform.queue import QueueDriver
+from trace_platform.queue.driver import QueueUnavailable
 from trace_platform.store.deliveries import DeliveryStore
 
 log = logging.getLogger("trace.delivery")
@@ -73,7 +74,7 @@ class DeliveryService:
         while not stop.is_set():
             try:
                 handled = self.step(wait=idle)
-            except psycopg.OperationalError as e:  # the database is away: try again
+            except (psycopg.OperationalError, QueueUnavailable) as e:  # one is away: again
                 log.warning("delivery: %s; retrying", e)
                 stop.wait(self.s.delivery_poll_seconds)
                 handled = 0

@@ -22,7 +22,7 @@ from trace_platform.alerts.datasets import ALERT_EVENTS
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.objectstore import NoSuchKey, ObjectStore, ObjectStoreError
 from trace_platform.queue import QueueDriver
-from trace_platform.queue.driver import Message
+from trace_platform.queue.driver import Message, QueueUnavailable
 from trace_platform.queue.payloads import BufferRecord, PayloadError, decode
 from trace_platform.sink.batch import BatchRefused, checking, parse
 from trace_platform.store import sink as sink_sql
@@ -90,7 +90,7 @@ class Sink:
         while not stop.is_set():
             try:
                 handled = self.step()
-            except (psycopg.Error, ObjectStoreError) as e:  # the database or store is away
+            except (psycopg.Error, ObjectStoreError, QueueUnavailable) as e:  # one is away
                 log.warning("sink: %s; retrying", e)
                 self._close()
                 handled = 0
