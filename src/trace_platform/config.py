@@ -334,6 +334,7 @@ def adapter_env(settings: Settings) -> dict[str, str]:
         "TRACE_PROFILE": settings.profile.value,
         "TRACE_QUEUE_DRIVER": settings.queue_driver.value if settings.queue_driver else "",
         "TRACE_TASK_QUEUE": settings.task_queue,
+        "TRACE_LAMBDA_QUEUE": settings.lambda_queue,
         "TRACE_QUEUE_MAX_ATTEMPTS": str(settings.queue_max_attempts),
         "TRACE_OPERATOR_REGISTRY": settings.operator_registry,
     }

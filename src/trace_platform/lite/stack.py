@@ -142,8 +142,7 @@ class LiteStack:
         for i in range(self.lambda_invokers):
             argv = [sys.executable, "-m", "trace_platform.cli.main", "lambda-invoker"]
             argv += ["--api-url", self.url]
-            env = self._env({"TRACE_LAMBDA_QUEUE": self.settings.lambda_queue})
-            self.daemons.append(self._spawn(f"lambda-invoker-{i}", argv, env))
+            self.daemons.append(self._spawn(f"lambda-invoker-{i}", argv, self._env()))
         return self
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
