@@ -75,3 +75,12 @@ def check_worker_url(url: str, settings: Settings, what: str) -> None:
             "(TRACE_API_TLS_CERT/TRACE_API_TLS_KEY, docs/tls.md), or set "
             "TRACE_API_INSECURE_HTTP=true on a private network"
         )
+
+
+def worker_tls(settings: Settings, url: str, exchange: str | None = None) -> ssl.SSLContext:
+    """What a process that claims tasks (a worker, the Lambda invoker) verifies the API with,
+    once its URLs are checked: a ValueError names a plain-http URL to another host."""
+    check_worker_url(url, settings, "the API URL")
+    if exchange:
+        check_worker_url(exchange, settings, "the exchange URL (TRACE_EXCHANGE_URL)")
+    return client_context(settings.api_ca_bundle)

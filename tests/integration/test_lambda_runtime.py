@@ -147,7 +147,7 @@ def attempt_errors(services: Services, task_id: uuid.UUID) -> list[tuple[str, st
             " ORDER BY attempt",
             (task_id,),
         ).fetchall()
-    assert all(r["worker_id"].startswith("lambda:") for r in rows), rows  # the invoker's
+    assert all(r["worker_id"].startswith("lambda.") for r in rows), rows  # the invoker's
     return [(r["outcome"], r["error"] or "") for r in rows]
 
 
@@ -402,7 +402,13 @@ def test_a_lite_stack_runs_a_lambda_job_with_no_configuration(settings: Settings
             "the rows answer",
         )
         rule = [r for r in rows if r["job"] == "rule"]
-        assert rule and all(r["worker_id"].startswith("lambda:") for r in rule), rows
+        assert rule and all(r["worker_id"].startswith("lambda.") for r in rule), rows
+        # The invoker is in the worker registry like any worker, under the id it claims with.
+        with svc.pool.connection() as conn:
+            members = conn.execute("SELECT worker_id, state, slots FROM workers").fetchall()
+        invokers = [m for m in members if m["worker_id"].startswith("lambda.")]
+        assert [m["worker_id"] for m in invokers] == [rule[0]["worker_id"]], members
+        assert invokers[0]["state"] == "alive" and invokers[0]["slots"] >= 1
 
 
 # -- the handler a user deploys ------------------------------------------------------------

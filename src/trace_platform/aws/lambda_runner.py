@@ -16,10 +16,8 @@ earlier invocation's late answer lands nothing once a later attempt started."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,6 +30,7 @@ from trace_platform.queue import payloads
 from trace_platform.queue.driver import Message, QueueDriver
 from trace_platform.worker.attempt import LeaseClock, SetupBeats, within_lease
 from trace_platform.worker.client import ApiError, DispatcherClient
+from trace_platform.worker.membership import new_worker_id
 from trace_platform.worker.reports import gist, one_line, send_report
 
 log = logging.getLogger(__name__)
@@ -96,8 +95,8 @@ class LambdaRunner:
         self.concurrency = concurrency
         self.visibility = visibility_seconds
         self.wait_seconds = wait_seconds
-        host = socket.gethostname()
-        self.worker_id = worker_id or f"lambda:{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # The CLI passes its registry membership's id; "lambda." says what claimed a task.
+        self.worker_id = worker_id or new_worker_id(f"lambda.{socket.gethostname()}")
         self._free = threading.Semaphore(concurrency)
         self.invocations = 0  # started (tests and logs)
 

@@ -31,11 +31,19 @@ def lambda_invoker(
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import Policy, SandboxUnavailable, resolve
     from trace_platform.sandbox.hostdir import operator_host_env, resource_limits
+    from trace_platform.tls import worker_tls
     from trace_platform.worker.client import DispatcherClient
+    from trace_platform.worker.membership import Membership, advertised_host, new_worker_id
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = get_settings()
+    url = api_url or settings.resolved_api_url
+    try:  # before anything starts: how it reaches the API, and what it calls itself
+        tls = worker_tls(settings, url)
+        host = advertised_host(settings)
+    except ValueError as e:
+        fail(str(e))
     token = internal_token(settings)
     if token is None:
         fail(
@@ -59,12 +67,20 @@ def lambda_invoker(
     )
     n = concurrency or settings.lambda_concurrency
     driver = make_driver(settings, state_dsn(settings))
-    client = DispatcherClient(
-        api_url or settings.resolved_api_url, internal_token=token, wrappers=n
-    )
+    client = DispatcherClient(url, internal_token=token, wrappers=n, tls=tls)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # In the worker registry like any worker (docs/workers.md): one on a host that dies is
+    # seen within three beats and its invocations' attempts retried; declared dead, it stops.
+    member = Membership(
+        client,
+        host=host,
+        slots=n,
+        beat_seconds=settings.worker_beat_seconds,
+        on_dead=lambda why: stop.set(),
+        worker_id=new_worker_id(f"lambda.{host}"),
+    ).start()
     runner = LambdaRunner(
         driver,
         client,
@@ -73,10 +89,14 @@ def lambda_invoker(
         concurrency=n,
         visibility_seconds=settings.worker_visibility_seconds,
         wait_seconds=min(2.0, settings.queue_poll_seconds * 5),
+        worker_id=member.worker_id,
     )
     try:
         runner.run(stop)
     finally:
+        member.stop()
         invoker.close()
+    if member.dead is not None:
+        fail(f"lambda invoker {member.worker_id} was declared dead: {member.dead}")
         client.close()
         driver.close()

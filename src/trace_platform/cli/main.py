@@ -5,9 +5,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
-import re
 import signal
-import socket
 import threading
 import time
 from typing import Annotated, Any
@@ -38,7 +36,7 @@ from trace_platform.cli.safe_text import safe
 from trace_platform.cli.sink import buffers_app, sink
 from trace_platform.cli.verify import verify
 from trace_platform.cli.workers import workers_app
-from trace_platform.config import HOST_NAME, Settings, get_settings, shown
+from trace_platform.config import Settings, get_settings, shown
 from trace_platform.contract import TaskSpec
 from trace_platform.db.embedded import EmbeddedPostgresError
 from trace_platform.db.migrate import migrate
@@ -217,10 +215,10 @@ def worker(
     from trace_platform.objectstore import make_store
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import SandboxUnavailable, resolve
-    from trace_platform.tls import check_worker_url, client_context
+    from trace_platform.tls import worker_tls
     from trace_platform.worker.client import DispatcherClient
     from trace_platform.worker.held_acks import HeldAcks
-    from trace_platform.worker.membership import Membership
+    from trace_platform.worker.membership import Membership, advertised_host
     from trace_platform.worker.reactor import Reactor, loop_client
     from trace_platform.worker.task_network import platform_ports
     from trace_platform.worker.wrapper import Wrapper
@@ -232,17 +230,12 @@ def worker(
     settings = get_settings()
     url = api_url or settings.resolved_api_url
     exchange = exchange_url or settings.exchange_url
-    host = settings.worker_host or socket.gethostname()
     # Before anything starts: how it reaches the API, and what it calls itself.
     try:
-        check_worker_url(url, settings, "the API URL")
-        if exchange:
-            check_worker_url(exchange, settings, "the exchange URL (TRACE_EXCHANGE_URL)")
-        tls = client_context(settings.api_ca_bundle)
+        tls = worker_tls(settings, url, exchange)
+        host = advertised_host(settings)
     except ValueError as e:
         fail(str(e))
-    if not re.match(HOST_NAME, host):
-        fail(f"this host's name {host!r} is not one a worker may advertise: set TRACE_WORKER_HOST")
     try:
         policy = resolve(settings)
     except SandboxUnavailable as e:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
+from trace_platform.config import HOST_NAME, Settings
 from trace_platform.contract_fleet import WorkerRegistration
 from trace_platform.worker.client import ApiError, DispatcherClient
 
@@ -29,6 +32,17 @@ def trace_version() -> str:
         return version("trace-platform")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "0+unknown"
+
+
+def advertised_host(settings: Settings) -> str:
+    """The host name a worker registers under: TRACE_WORKER_HOST, else this machine's; a
+    ValueError for one the registry would refuse."""
+    host = settings.worker_host or socket.gethostname()
+    if not re.match(HOST_NAME, host):
+        raise ValueError(
+            f"this host's name {host!r} is not one a worker may advertise: set TRACE_WORKER_HOST"
+        )
+    return host
 
 
 def new_worker_id(host: str) -> str:
