@@ -9,17 +9,15 @@ SKIP LOCKED loop on pgqueue's own `queue_messages` table is the ceiling referenc
 pgqueue and the bare loop also drain in interleaved pairs (`--pairs`), whose ratios, unlike
 the columns' (measured minutes apart), do not carry the machine's drift.
 
-    .venv/bin/python bench/queue_bench.py            # N=20000, median of 3
-    .venv/bin/python bench/queue_bench.py --quick    # N=5000, 1 repeat
-
-Throughput is messages per second (higher is better); latency is milliseconds (lower is
-better). The ratio columns are pgqueue's figure divided by the peer's.
-
-Method: every dequeue run starts from N freshly enqueued messages in a truncated,
-VACUUM ANALYZEd table (same for every system) and ends when the queue is empty; latency probes
-are closed-loop (the next probe is sent `--latency-gap-ms` after the previous was received), so
-a slow consumer is measured waking up, not queueing. On a 2-vCPU machine expect +-20% between
-runs; the load average is printed.
+An `sqs` column (issue 41) runs the sqs QueueDriver (SqsQueue, as the aws profile builds it)
+against moto's server on 127.0.0.1 (bench/moto_server.py: its own process, in memory), on the
+metrics that apply: enqueue one message a call and 100 a publish_many (10 SendMessageBatch
+calls: SQS's batch is 10), drains at batch 10 (SQS's most per ReceiveMessage; each batch
+deleted by the next receive's call, as pgqueue folds its acks), and enqueue->receive with a
+consumer long polling. moto is a local emulator (Python, in memory), not AWS: its figures say
+what the driver and boto3 cost against that emulator and are not comparable with AWS's
+latency or throughput (nor with the Postgres columns). Each sqs run has a fresh queue; a drain
+refuses unless it received exactly its own N distinct messages and left the queue empty.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ from psycopg.types.json import Jsonb
 
 import smoke  # this folder's: run as a script
 from machine import describe, loadavg  # this folder's: run as a script
+from moto_server import moto_server  # this folder's: run as a script
 from trace_platform.db.embedded import EmbeddedPostgres
 from trace_platform.db.migrate import migrate
 from trace_platform.queue.pgqueue import PgQueue
@@ -67,7 +66,8 @@ def installed(dist: str) -> str | None:
 PGQUEUER = f"PgQueuer {installed('pgqueuer')}"
 PROCRASTINATE = f"procrastinate {installed('procrastinate')}"
 BARE = "bare SKIP LOCKED"
-SYSTEMS = [OURS, OURS_DURABLE, PGQUEUER, PROCRASTINATE, BARE]
+SQS = "sqs on moto (emulator)"
+SYSTEMS = [OURS, OURS_DURABLE, PGQUEUER, PROCRASTINATE, BARE, SQS]
 # What each system commits with (printed beside its figures: a ratio is only as fair as this).
 DURABILITY = {
     OURS: "publish durable; receive/ack/nack synchronous_commit=off (production)",
@@ -75,7 +75,12 @@ DURABILITY = {
     PGQUEUER: "synchronous_commit=on (server default)",
     PROCRASTINATE: "synchronous_commit=on (server default)",
     BARE: "synchronous_commit=on (server default)",
+    SQS: f"moto {installed('moto')} (a local emulator, not AWS: not comparable with "
+    "AWS's latency or throughput, nor with the Postgres columns), in memory, in its own "
+    "process on 127.0.0.1; boto3 "
+    f"{installed('boto3')}",
 }
+# No ratio column against the emulator: the sqs column is not a peer's figure.
 PEERS = [PGQUEUER, PROCRASTINATE, BARE]
 
 QUEUE = "bench"
@@ -115,6 +120,9 @@ class Config:
     latency_samples: int
     latency_gap_s: float
     pairs: int = 5
+    sqs_n: int = 1_000
+    sqs_single_n: int = 500
+    sqs: bool = True
 
 
 @dataclass
@@ -649,6 +657,150 @@ class ProcrastinateBench:
         return asyncio.run(self._with_app(lambda: self._latency(samples, gap)))
 
 
+# -- sqs on moto (an emulator, not AWS) -------------------------------------------------------
+class SqsBench:
+    """The sqs QueueDriver as the aws profile builds it (make_driver), against moto. Each run
+    has a fresh queue (and DLQ), made before its clock starts, so what it counts is its own."""
+
+    def __init__(self, endpoint: str) -> None:
+        from trace_platform.config import QueueBackend, Settings
+        from trace_platform.queue import make_driver
+        from trace_platform.queue.sqs import SqsQueue
+
+        settings = Settings(
+            queue_driver=QueueBackend.sqs,
+            queue_max_attempts=20,
+            sqs_endpoint_url=endpoint,
+            sqs_queue_prefix=f"qb{secrets.token_hex(4)}-",
+            sqs_access_key_id="test",
+            sqs_secret_access_key="test",
+        )
+        q = make_driver(settings, dsn="")  # SQS needs no DSN
+        assert isinstance(q, SqsQueue)
+        self.q: SqsQueue = q
+        self.runs = 0
+
+    def close(self) -> None:
+        self.q.close()
+
+    def fresh(self) -> str:
+        self.runs += 1
+        name = f"{QUEUE}{self.runs}"
+        self.q.resolve(name)  # created (with its DLQ) before the clock starts
+        return name
+
+    def counts(self, name: str) -> tuple[int, int, int]:
+        """(visible, in flight, in the DLQ) as SQS counts them."""
+        ref = self.q.resolve(name)
+        keys = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        main = self.q.client.get_queue_attributes(QueueUrl=ref.url, AttributeNames=keys)
+        dlq = self.q.client.get_queue_attributes(QueueUrl=ref.dlq_url, AttributeNames=keys[:1])
+        a = main["Attributes"]
+        return int(a[keys[0]]), int(a[keys[1]]), int(dlq["Attributes"][keys[0]])
+
+    def enqueued(self, name: str, n: int) -> None:
+        if (got := self.counts(name)) != (n, 0, 0):
+            raise RuntimeError(f"sqs: {n} messages sent, the queue holds {got} (visible, ...)")
+
+    def enqueue_single(self, n: int) -> float:
+        name, msgs = self.fresh(), wakeups(n)
+        t0 = time.perf_counter()
+        for m in msgs:
+            self.q.publish(name, m)
+        rate = n / (time.perf_counter() - t0)
+        self.enqueued(name, n)
+        return rate
+
+    def enqueue_batched(self, n: int) -> float:
+        name, parts = self.fresh(), list(chunks(wakeups(n), ENQ_BATCH))
+        t0 = time.perf_counter()
+        for part in parts:
+            self.q.publish_many(name, part)
+        rate = n / (time.perf_counter() - t0)
+        self.enqueued(name, n)
+        return rate
+
+    def drain(self, n: int, consumers: int, dupes: list[int]) -> float:
+        """Batch 10, each batch acked by ack_many (one ReceiveMessage and one DeleteMessageBatch
+        per batch, as a receive's folded ack makes them); ends on an empty receive. Refuses
+        unless exactly the N messages sent came back (duplicates, which a standard queue may
+        deliver, are counted into `dupes`), SQS accepted every delete, and the queue is
+        empty."""
+        name, msgs = self.fresh(), wakeups(n)
+        for part in chunks(msgs, 1000):
+            self.q.publish_many(name, part)
+        self.enqueued(name, n)
+        got: list[list[str]] = [[] for _ in range(consumers)]
+        start = threading.Barrier(consumers + 1)
+
+        refused = [0] * consumers
+
+        def consume(i: int) -> None:
+            start.wait()
+            while batch := self.q.receive(name, 10, 60):
+                refused[i] += len(batch) - self.q.ack_many(name, [m.receipt for m in batch])
+                got[i].extend(m.payload["task_id"] for m in batch)
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        received = [tid for ids in got for tid in ids]
+        distinct = set(received)
+        sent = {m["task_id"] for m in msgs}
+        left = self.counts(name)
+        if distinct != sent or left != (0, 0, 0) or any(refused):
+            raise RuntimeError(
+                f"sqs drained {len(distinct & sent)}/{n} of its messages "
+                f"({len(distinct - sent)} not its own, {sum(refused)} deletes refused), queue "
+                f"left {left} (visible, in flight, DLQ)"
+            )
+        dupes.append(len(received) - len(distinct))
+        return n / elapsed
+
+    def latency(self, samples: int, gap: float) -> list[float]:
+        """Closed loop as the others: one consumer long polling (WaitTimeSeconds 20)."""
+        name = self.fresh()
+        sent: dict[str, float] = {}
+        lat: list[float] = []
+        stop_id = str(uuid4())
+        got = threading.Event()
+        seen: set[str] = set()
+
+        def consume() -> None:
+            while True:
+                msgs = self.q.receive(name, 1, 30, wait_seconds=20)
+                now = time.perf_counter()
+                for m in msgs:
+                    tid = m.payload["task_id"]
+                    self.q.ack(name, m.receipt)
+                    if tid == stop_id:
+                        return
+                    if tid in sent and tid not in seen:
+                        seen.add(tid)
+                        lat.append(now - sent[tid])
+                    got.set()
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        time.sleep(0.3)  # let it go idle in its long poll
+        for m in wakeups(samples + LATENCY_WARMUP):
+            got.clear()
+            sent[m["task_id"]] = time.perf_counter()
+            self.q.publish(name, m)
+            got.wait(PROBE_TIMEOUT_S)
+            time.sleep(gap)
+        self.q.publish(name, {"kind": "task_wakeup", "task_id": stop_id})
+        consumer.join(30)
+        if consumer.is_alive():
+            raise RuntimeError("sqs: the latency consumer never received its stop message")
+        return lat[LATENCY_WARMUP:]
+
+
 # -- driver -----------------------------------------------------------------------------------
 def put_latency(res: Results, system: str, samples: list[float], expected: int) -> None:
     note = "" if len(samples) == expected else f"{len(samples)}/{expected} samples"
@@ -758,6 +910,42 @@ def bench_procrastinate(dsn: str, cfg: Config, res: Results) -> None:
     )
 
 
+def bench_sqs(endpoint: str, cfg: Config, res: Results) -> None:
+    sq = SqsBench(endpoint)
+    r = cfg.repeats
+    try:
+        log(f"{SQS}: enqueue")
+        res.put(
+            "enq1",
+            SQS,
+            median_of(r, lambda: sq.enqueue_single(cfg.sqs_single_n)),
+            f"sqs: N={cfg.sqs_single_n}",
+        )
+        res.put(
+            "enq100",
+            SQS,
+            median_of(r, lambda: sq.enqueue_batched(cfg.sqs_n)),
+            f"sqs: N={cfg.sqs_n}; a publish_many of {ENQ_BATCH} is "
+            f"{ENQ_BATCH // 10} SendMessageBatch calls of 10",
+        )
+        log(f"{SQS}: dequeue (batch 10: SQS's most per receive)")
+        for key, batch, consumers in DRAINS:
+            if batch != 10:
+                continue
+            dupes: list[int] = []
+            rate = median_of(r, lambda c=consumers, d=dupes: sq.drain(cfg.sqs_n, c, d))
+            note = f"sqs: N={cfg.sqs_n}; one ReceiveMessage + one DeleteMessageBatch per batch"
+            if any(dupes):
+                note += f"; duplicate deliveries per run {dupes} (counted once)"
+            res.put(key, SQS, rate, note)
+        log(f"{SQS}: latency")
+        put_latency(
+            res, SQS, sq.latency(cfg.latency_samples, cfg.latency_gap_s), cfg.latency_samples
+        )
+    finally:
+        sq.close()
+
+
 DRAINS = [
     ("deq1_b10", 10, 1),
     ("deq1_b100", 100, 1),
@@ -815,7 +1003,12 @@ def print_report(info: list[tuple[str, str]], cfg: Config, res: Results, wall: f
         "run",
         f"N={cfg.n} (single-message enqueue N={cfg.single_n}, procrastinate dequeue "
         f"N={cfg.proc_n}), median of {cfg.repeats}, latency {cfg.latency_samples} samples "
-        f"sent one at a time, {cfg.latency_gap_s * 1000:g} ms after the previous was received",
+        f"sent one at a time, {cfg.latency_gap_s * 1000:g} ms after the previous was received"
+        + (
+            f"; sqs: N={cfg.sqs_n}, single-message enqueue N={cfg.sqs_single_n}"
+            if cfg.sqs
+            else "; sqs column skipped (--no-sqs)"
+        ),
     )
     console.print(meta)
 
@@ -857,6 +1050,17 @@ def print_report(info: list[tuple[str, str]], cfg: Config, res: Results, wall: f
         "procrastinate runs with delete_jobs=successful; pgqueue acks each batch in its "
         "next receive's statement (one commit per batch) unless stated."
     )
+    if SQS in res.values.get("enq1", {}):
+        console.print(
+            f"  {SQS}: moto (a local emulator in its own process), not AWS: not comparable "
+            "with AWS's latency or throughput. Its figures are the sqs driver and boto3 over "
+            "HTTP on loopback against moto's Python server on the same 2 cores, with moto's "
+            "per-message retention check made constant-time (as the test suite's sqs module "
+            "runs it) and its deletes one at a time (unlocked, two at once lose one); moto's "
+            "other costs grow with the queue (each send counts every message of it), so "
+            "its figures hold at their N only; "
+            "batch 100 does not apply (10 is SQS's most per receive)."
+        )
     if res.pairs:
         paired = Table(title=f"Durable pgqueue / {BARE}, {cfg.pairs} interleaved pairs of drains")
         for col in ("metric", "median ratio", "range"):
@@ -902,6 +1106,19 @@ def parse_args(argv: list[str] | None) -> Config:
         default=5,
         help="interleaved pairs of drains, durable pgqueue against the bare loop (0: none)",
     )
+    ap.add_argument(
+        "--sqs-n",
+        type=int,
+        default=1_000,
+        help="messages per sqs enqueue-batched and drain run (moto deletes a message by scanning "
+        "its whole queue: its drain slows with N)",
+    )
+    ap.add_argument(
+        "--sqs-single-n", type=int, default=500, help="messages for sqs's one-a-call enqueue"
+    )
+    ap.add_argument(
+        "--no-sqs", action="store_true", help="skip the sqs column (moto's server not started)"
+    )
     ap.add_argument("--quick", action="store_true", help="N=5000, 1 repeat")
     a = smoke.parse_args(
         ap,
@@ -912,6 +1129,8 @@ def parse_args(argv: list[str] | None) -> Config:
         repeats=1,
         latency_samples=5,
         pairs=1,
+        sqs_n=100,
+        sqs_single_n=20,
     )
     if a.smoke:  # the warm-up probes are most of a smoke run's latency samples
         global LATENCY_WARMUP
@@ -926,6 +1145,9 @@ def parse_args(argv: list[str] | None) -> Config:
         latency_samples=a.latency_samples,
         latency_gap_s=a.latency_gap_ms / 1000,
         pairs=a.pairs,
+        sqs_n=a.sqs_n,
+        sqs_single_n=a.sqs_single_n,
+        sqs=not a.no_sqs,
     )
 
 
@@ -958,6 +1180,11 @@ def main(argv: list[str] | None = None) -> int:
             bench_procrastinate(pg.dsn(dbs["procrastinate"]), cfg, res)
         else:
             log(f"{PROCRASTINATE}: not installed (the bench extra), its side skipped")
+        if cfg.sqs:
+            # moto's retention check in constant time, as the test suite's sqs module runs it,
+            # and its deletes one at a time (bench/moto_server.py says why).
+            with moto_server(queue_fixes=True) as endpoint:
+                bench_sqs(endpoint, cfg, res)
     finally:
         log("destroying the cluster")
         pg.destroy()

@@ -27,6 +27,7 @@ def test_every_bench_is_covered() -> None:
             "smoke",
             "embedded_pg",
             "machine",
+            "moto_server",
             "run_all",
         }
     ), "a new file in bench/ is neither a bench (*_bench.py) nor a known helper"
