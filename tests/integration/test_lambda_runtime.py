@@ -448,3 +448,29 @@ def test_the_deployed_handler_runs_the_operator_on_its_store_held_to_the_task(
     refused = handler({"task": "no"}, None)
     assert refused["outcome"] == "failed" and refused["retryable"] is False
     assert "not a Trace task event" in refused["error"]
+
+
+# -- hostile timing and routing ----------------------------------------------------------------
+def test_an_answer_after_a_cancel_lands_nothing(
+    services: Services,
+    settings: Settings,
+    local: LocalInvoker,
+    driver: PgQueue,
+    client: DispatcherClient,
+) -> None:
+    """The user cancels a running lambda task; its heartbeat says so while the function runs
+    (Lambda cannot be stopped). The function's success, answered after, lands nothing: the
+    attempt ends canceled with no event, as a worker wrapper's canceled operator does."""
+    runner = LambdaRunner(driver, client, local, queue_name=settings.lambda_queue)
+    task_id = lambda_task(services, "emit_events", count=2, final=1, sleep=2.5)
+    (msg,) = wait_for(
+        lambda: driver.receive(settings.lambda_queue, 1, 30), 30, "the wake-up on the lambda queue"
+    )
+    claim = client.claim(task_id, runner.worker_id)
+    services.dispatcher.cancel(task_id)  # the next heartbeat (within 1 s) answers it
+    runner.run_claimed(claim, msg)
+    assert runner.invocations == 1  # the function ran (the cancel came after the claim)
+    view = services.dispatcher.get_task(task_id)
+    assert (view.status, view.events) == ("canceled", 0)
+    assert attempt_errors(services, task_id)[0][0] == "canceled"
+

@@ -188,6 +188,11 @@ class LambdaRunner:
                 send_report(self.client, claim, "failed", beats.clock, error=error, retryable=False)
                 return None
             reply = self.invoker.invoke(task, event)
+        if beats.canceled:
+            # The user canceled while the function ran (it cannot be stopped): whatever it
+            # answers lands nothing, as a worker's canceled operator emits nothing.
+            send_report(self.client, claim, "canceled", beats.clock)
+            return None
         if beats.lost is not None:
             # Reaped, or a later attempt began, while the function ran: its answer is still
             # reported, and lands only if this attempt is still the task's current one.
