@@ -474,3 +474,37 @@ def test_an_answer_after_a_cancel_lands_nothing(
     assert (view.status, view.events) == ("canceled", 0)
     assert attempt_errors(services, task_id)[0][0] == "canceled"
 
+
+def test_a_forged_wakeup_of_a_container_task_is_handed_back_not_invoked(
+    services: Services,
+    settings: Settings,
+    local: LocalInvoker,
+    driver: PgQueue,
+    client: DispatcherClient,
+) -> None:
+    """A wake-up on the lambda queue naming a task of another runtime (forged, or left by an
+    older version): the invoker never runs it as a Lambda. Its claim is handed back at once
+    (no try used) and the Dispatcher wakes it again on its own runtime's queue."""
+    from trace_platform.queue import payloads
+
+    runner = LambdaRunner(driver, client, local, queue_name=settings.lambda_queue)
+    spec = TaskSpec(job="box", operator="noop", outputs=[DatasetRef(dataset_uuid=uuid.uuid4())])
+    task_id = services.dispatcher.create_task(spec).task_id
+    assert services.dispatcher.get_task(task_id).status == "queued"
+    driver.publish(settings.lambda_queue, payloads.encode(payloads.TaskWakeup(task_id=task_id)))
+    (msg,) = wait_for(lambda: driver.receive(settings.lambda_queue, 1, 30), 30, "the forgery")
+    runner.handle(msg)
+    assert runner.invocations == 0
+    view = services.dispatcher.get_task(task_id)
+    assert view.status == "queued", view
+    with services.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT outcome, error FROM task_attempts WHERE task_id = %s", (task_id,)
+        ).fetchall()
+        woken = conn.execute(
+            "SELECT count(*) AS n FROM outbox WHERE queue_name = %s AND payload->>'task_id' = %s",
+            (settings.task_queue, str(task_id)),
+        ).fetchone()
+    assert [r["outcome"] for r in rows] == ["released"]
+    assert "runtime ecs_platform" in rows[0]["error"], rows
+    assert woken is not None and woken["n"] == 2  # its first wake-up, and the hand-back's

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -423,3 +424,28 @@ def test_a_host_gone_before_it_is_handed_the_run_is_replaced_once(
     else:
         assert view.status == "failed", view.status
         assert "operator host failed to start" in (view.last_error or ""), view.last_error
+
+
+def test_a_lambda_tasks_wakeup_on_the_task_queue_is_handed_back_not_run(
+    loop_of: Callable[[int], Loop], tmp_path: Path
+) -> None:
+    """A lambda task is the Lambda invoker's alone: its wake-up on the platform workers' queue
+    (forged, or left by an older version) is claimed and handed back at once (no try used),
+    its operator never run on the worker; the Dispatcher wakes it again on the lambda queue."""
+    loop = loop_of(1)
+    ran = tmp_path / "ran"
+    spec = TaskSpec(job="fn", operator="noop", runtime="lambda", config={"record_to": str(ran)})
+    task_id = loop.services.dispatcher.create_task(spec).task_id
+    loop.driver.publish(Q, wake(task_id))
+    loop.start()
+    wait_for(lambda: loop.status(task_id) == ("queued", 1), 30, "the claim handed back")
+    assert not ran.exists()
+    with loop.services.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT a.outcome, a.error, (SELECT count(*) FROM outbox o WHERE o.queue_name ="
+            " 'lambda' AND o.payload->>'task_id' = %s) AS woken FROM task_attempts a"
+            " WHERE a.task_id = %s",
+            (str(task_id), task_id),
+        ).fetchall()
+    assert [(r["outcome"], r["woken"]) for r in rows] == [("released", 2)], rows
+    assert "runtime lambda" in rows[0]["error"]

@@ -168,6 +168,13 @@ class LambdaRunner:
             return None
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return None
+        if task.runtime != "lambda":
+            # A wake-up on the lambda queue for another runtime's task (forged, or queued by
+            # an older version): never run as a Lambda. Handed back (no try used); the
+            # Dispatcher wakes it again on its own runtime's queue.
+            error = f"a task of runtime {task.runtime} woken on the lambda queue: not invoked"
+            send_report(self.client, claim, "released", error=error)
+            return None
         self.invocations += 1
         with SetupBeats(self.client, claim, self.visibility, lambda: self._extend(msg)) as beats:
             env = dict(task.slot_env)

@@ -201,6 +201,13 @@ class Wrapper(TaskNetwork, Supervisor):
             return
         if task.status != "running":  # reaped between claim and fetch: not ours to run
             return
+        if task.runtime == "lambda":
+            # The Lambda invoker's alone: a wake-up for it on this queue (forged, or queued by
+            # an older version) is handed back (no try used), and the Dispatcher wakes it again
+            # on the lambda queue.
+            error = "a task of runtime lambda woken on a platform worker: not run"
+            self._report(claim, "released", error=error)
+            return
         host, env = self._host_for(task)
         gateways: list[Gateways | TcpForward] = []
         dirs: TaskDirs | None = None
@@ -265,7 +272,12 @@ class Wrapper(TaskNetwork, Supervisor):
         nothing was done, and `run_claimed` starts it (it may wait on the API, or on a host's
         start)."""
         task = claim.task
-        if task is None or task.status != "running" or task.slot_secret_names:
+        if (
+            task is None
+            or task.status != "running"
+            or task.slot_secret_names
+            or task.runtime == "lambda"  # handed back by `run_claimed`
+        ):
             return None
         host, env = self._host_for(task)
         if (
