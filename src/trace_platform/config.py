@@ -290,6 +290,15 @@ class Settings(BaseSettings):
             raise ValueError("TRACE_API_TLS_CERT and TRACE_API_TLS_KEY go together: set both")
         if self.profile is Profile.aws and self.operator_registry == "testing":
             raise ValueError("the aws profile cannot load the test operators")
+        if self.profile is Profile.aws and self.auth == "permissive":
+            # Key-less calls would act as Lite's admin: behind API Gateway, anyone's.
+            raise ValueError("TRACE_AUTH=permissive is Lite's alone: the aws profile requires keys")
+        if self.lambda_queue == self.task_queue:
+            # Lambda tasks' wake-ups would reach platform workers, which hand them back.
+            raise ValueError(
+                f"TRACE_LAMBDA_QUEUE must differ from TRACE_TASK_QUEUE ({self.task_queue!r}): "
+                "only the Lambda invoker reads it"
+            )
         return self
 
     @property
