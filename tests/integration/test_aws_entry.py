@@ -183,6 +183,25 @@ def test_missed_late_and_paused_ticks_as_the_scheduler_treats_them(svc: Services
     assert stored(svc) == after
 
 
+@pytest.mark.parametrize("by", ["eventbridge", "lite"])
+def test_a_tick_after_a_long_silence_fires_for_itself(svc: Services, by: str) -> None:
+    """More ticks missed than the catch-up counts one by one (10,000: the trigger's cursor 54
+    years back, a daily schedule): the run is still the delivered (or latest due) tick's, its
+    key and the cursor that tick, never some tick in between (27 years back: the next
+    delivery would fire again)."""
+    _q(svc, "UPDATE cron_state SET last_fire_at = %s", "1970-01-01T02:00:00Z")
+    if by == "eventbridge":
+        run_id = eventbridge.handler(scheduler_input(), None)["run_id"]
+    else:
+        assert cron.tick(svc.dispatcher, now=datetime(2024, 5, 1, 2, 0, 30, tzinfo=UTC)) == 1
+        run_id = _q(svc, "SELECT run_id FROM trigger_fires")[0]["run_id"]
+    fire = fire_row(svc, run_id)
+    assert fire["fire_key"] == "2024-05-01T02:00:00+00:00"
+    assert fire["config"]["scheduled_for"] == fire["fire_key"]
+    assert fire["config"]["skipped_ticks"] == cron.MAX_COUNTED_TICKS - 1  # at least that many
+    assert stored(svc)["cursors"] == [("daily", datetime(2024, 5, 1, 2, tzinfo=UTC))]
+
+
 def _rule_event(_: Any) -> Any:
     return recorded("rule_scheduled_event.json")
 

@@ -32,15 +32,25 @@ from trace_platform.store.registry import RegistryStore
 log = logging.getLogger(__name__)
 
 
-def due_ticks(schedule: str, after: datetime, now: datetime, cap: int = 10_000) -> list[datetime]:
+# Ticks counted one by one after a silence; past it the latest is found from `now` backwards.
+MAX_COUNTED_TICKS = 10_000
+
+
+def due(schedule: str, after: datetime, now: datetime) -> tuple[datetime | None, int]:
+    """The latest tick of `schedule` after `after` and at or before `now` (None: none), and how
+    many ticks that is, counted up to MAX_COUNTED_TICKS (a count of that many: at least)."""
     it = croniter(schedule, after)
-    out: list[datetime] = []
-    while len(out) < cap:
+    latest, n = None, 0
+    while n < MAX_COUNTED_TICKS:
         nxt = it.get_next(datetime)
         if nxt > now:
-            break
-        out.append(nxt)
-    return out
+            return latest, n
+        latest, n = nxt, n + 1
+    # More ticks than counted: the latest is still `now`'s, never the last one counted (a run
+    # for that would be fired again by the next delivery).
+    back = croniter(schedule, now).get_prev(datetime)  # strictly before `now`
+    at_now = croniter(schedule, back).get_next(datetime)
+    return (at_now if at_now <= now else back), n
 
 
 def tick(dispatcher: Dispatcher, now: datetime | None = None) -> int:
@@ -93,10 +103,10 @@ def _tick_one(dispatcher: Dispatcher, c: dict[str, Any], now: datetime) -> bool:
         cron = cron_trigger(conn, row, c["trigger"])
         if cron is None:
             return False  # the trigger was removed by a later deploy
-        ticks = due_ticks(cron["schedule"], _utc(row["last_fire_at"]), now)
-        if not ticks:
+        latest, count = due(cron["schedule"], _utc(row["last_fire_at"]), now)
+        if latest is None:
             return False
-        _, refs = _fire_latest(dispatcher, conn, row, cron, ticks)
+        _, refs = _fire_latest(dispatcher, conn, row, cron, latest, count)
         return bool(refs)
 
 
@@ -118,16 +128,17 @@ def _fire_latest(
     conn: Connection[Any],
     dag: dict[str, Any],
     cron: dict[str, Any],
-    ticks: list[datetime],
+    latest: datetime,
+    count: int,
     config: dict[str, Any] | None = None,
 ) -> tuple[UUID, list[TaskRef]]:
-    """Fires the latest of `ticks` (the earlier ones counted as skipped) and moves the trigger's
-    cursor to it, in the caller's transaction, which holds the trigger's cron_state row. The
-    fire key is the tick: a tick fires once, whoever delivers it and however often."""
-    latest = ticks[-1]
+    """Fires `latest`, the last of `count` due ticks (the earlier ones counted as skipped), and
+    moves the trigger's cursor to it, in the caller's transaction, which holds the trigger's
+    cron_state row. The fire key is the tick: a tick fires once, whoever delivers it and
+    however often."""
     merged = {**cron.get("config", {}), **(config or {}), "scheduled_for": latest.isoformat()}
-    if len(ticks) > 1:
-        merged["skipped_ticks"] = len(ticks) - 1
+    if count > 1:
+        merged["skipped_ticks"] = count - 1
     run_id, specs = fire(
         conn,
         dag=dag,
@@ -147,11 +158,11 @@ def _fire_latest(
 def on_schedule(schedule: str, at: datetime) -> datetime | None:
     """`at` as a tick of `schedule` (in UTC; to the minute for a 5-field schedule, whose ticks
     have no seconds, to the second for a 6-field one), or None when the schedule has no tick
-    then. The ticks are the scheduler's own (`due_ticks`)."""
+    then. The ticks are the scheduler's own (`due`)."""
     at = _utc(at).replace(microsecond=0)
     if len(schedule.split()) != 6:
         at = at.replace(second=0)
-    return at if due_ticks(schedule, at - timedelta(seconds=1), at) == [at] else None
+    return at if due(schedule, at - timedelta(seconds=1), at) == (at, 1) else None
 
 
 # How far ahead of this clock an outside scheduler's tick may be (its clock and ours differ).
@@ -215,8 +226,8 @@ def fire_scheduled(
                 "tasks": [],
                 "skipped": f"the trigger last fired for {last.isoformat()}, at or after this tick",
             }
-        ticks = due_ticks(cron["schedule"], last, tick)
-        run_id, refs = _fire_latest(dispatcher, conn, locked, cron, ticks, config)
+        _, count = due(cron["schedule"], last, tick)
+        run_id, refs = _fire_latest(dispatcher, conn, locked, cron, tick, count, config)
     return {"run_id": run_id, "created": bool(refs), "tasks": [r.task_id for r in refs]}
 
 
