@@ -4,7 +4,11 @@ attempts (retried by their own policy, fenced for good); the fleet as an admin l
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -12,10 +16,12 @@ import psycopg
 import pytest
 
 from tests.support.cli import trace
+from tests.support.wait import wait_for
 from trace_platform.contract import ClaimRequest, TaskSpec
 from trace_platform.contract_fleet import DEAD_AFTER_BEATS
 from trace_platform.control.workers import list_workers
 from trace_platform.dispatcher.fleet import WorkerRegistry
+from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.errors import Forbidden
 from trace_platform.identity import Actor
 from trace_platform.services import Services
@@ -196,6 +202,81 @@ def test_a_dead_workers_last_try_ends_its_task_failed(
     assert WorkerRegistry(services.dispatcher).reap_dead() == 1
     view = services.dispatcher.get_task(ref.task_id)
     assert view.status == "failed" and "declared dead" in (view.last_error or "")
+
+
+@contextmanager
+def reaper(services: Services, interval: float = 0.05) -> Iterator[float]:
+    """The API's reaper loop, running: yields when it started (time.monotonic)."""
+    stop = threading.Event()
+    t = threading.Thread(target=run_reaper, args=(services.dispatcher, stop, interval))
+    started = time.monotonic()
+    t.start()
+    try:
+        yield started
+    finally:
+        stop.set()
+        t.join(timeout=10)
+
+
+def test_a_reaper_back_from_an_outage_lets_the_fleet_beat_before_judging_it(
+    api: httpx.Client, services: Services, dsn: str
+) -> None:
+    """The API (its reaper with it) was away for a minute: every worker's last beat is that old,
+    through no fault of theirs. Back, the reaper declares none dead before they had three of
+    their beats to reach it (its first tick used to end the whole fleet, every running attempt
+    with it); one that stays silent then is declared dead, as before."""
+    beat = 0.5
+    back, gone = registration(beat_seconds=beat), registration(beat_seconds=beat)
+    for body in (back, gone):
+        assert api.post("/internal/workers/register", json=body).status_code == 200
+        silence(dsn, body["worker_id"], 60)
+    ref, _ = _claimed(services, back["worker_id"])
+    with reaper(services) as started:
+        # `back` beats at its next beat, within one of its intervals of the API's return.
+        wait_for(
+            lambda: state(dsn, back["worker_id"]) != "alive" or time.monotonic() - started > beat,
+            10,
+            "one beat interval",
+        )
+        assert state(dsn, back["worker_id"]) == "alive", "declared dead for the API's outage"
+
+        def beating_until_the_other_is_dead() -> bool:
+            got = api.post("/internal/workers/beat", json={"worker_id": back["worker_id"]})
+            assert got.status_code == 200, got.text
+            return state(dsn, gone["worker_id"]) == "dead"
+
+        wait_for(beating_until_the_other_is_dead, 10, "the silent worker to be declared dead")
+        assert time.monotonic() - started >= DEAD_AFTER_BEATS * beat
+    assert state(dsn, back["worker_id"]) == "alive"
+    assert services.dispatcher.get_task(ref.task_id).status == "running"
+
+
+def test_a_reaper_that_lost_the_database_watches_again_before_judging(
+    api: httpx.Client, services: Services, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database away (here: the registry unreadable) while the reaper runs on: no beat
+    lands meanwhile, so once it is back the reaper watches for three beats again first."""
+    beat = 0.5
+    body = registration(beat_seconds=beat)
+    assert api.post("/internal/workers/register", json=body).status_code == 200
+
+    def beating_for(seconds: float) -> bool:
+        got = api.post("/internal/workers/beat", json={"worker_id": body["worker_id"]})
+        assert got.status_code == 200, got.text
+        return time.monotonic() - started > seconds
+
+    with reaper(services) as started:
+        # Beating while the reaper watches long enough to judge a worker of this beat.
+        wait_for(lambda: beating_for(DEAD_AFTER_BEATS * beat + 0.2), 10, "the watch to age")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE workers RENAME TO workers_away")
+            wait_for(lambda: 'workers" does not exist' in caplog.text, 10, "a failed tick")
+            conn.execute("UPDATE workers_away SET last_beat = now() - interval '60 s'")
+            conn.execute("ALTER TABLE workers_away RENAME TO workers")
+        back = time.monotonic()
+        wait_for(lambda: time.monotonic() - back > beat, 10, "one beat interval")
+        assert state(dsn, body["worker_id"]) == "alive", "declared dead for the database's outage"
+        wait_for(lambda: state(dsn, body["worker_id"]) == "dead", 10, "declared dead, silent")
 
 
 def test_the_membership_registers_beats_stops_and_hears_it_is_dead(

@@ -15,6 +15,7 @@ Postgres only (the in-memory twin has no registry): the lifecycle it calls is th
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from trace_platform.contract_fleet import (
@@ -104,12 +105,19 @@ class WorkerRegistry:
         )
 
     # -- the reaper's ----------------------------------------------------------------------
-    def reap_dead(self) -> int:
+    def reap_dead(self, watched_seconds: float = math.inf) -> int:
         """Declares dead every alive worker silent for DEAD_AFTER_BEATS of its beats and
-        ends its running attempts, in one transaction: the attempts it ended."""
+        ends its running attempts, in one transaction: the attempts it ended.
+        `watched_seconds`: how long the caller has been watching the registry without a gap
+        (run_reaper's); a worker is judged only on a silence that long at most, since no beat
+        could land while the caller (the API) or the database was away."""
         with self.store.transaction() as tx:
             assert isinstance(tx, PostgresTx)
-            dead = WorkerStore(tx.conn).mark_dead(beats=DEAD_AFTER_BEATS).fetchall()
+            dead = (
+                WorkerStore(tx.conn)
+                .mark_dead(beats=DEAD_AFTER_BEATS, watched=watched_seconds)
+                .fetchall()
+            )
             if not dead:
                 return 0
             ended = self.dispatcher.fail_holders(

@@ -22,7 +22,12 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
     registry's), then lapsed leases and deadlines (the lifecycle's), then stranded wake-ups."""
     last_partitions = 0.0
     registry = WorkerRegistry.of(dispatcher)
+    # Since when this reaper has watched the registry without a gap: a worker is declared dead
+    # only for a silence seen here, not for one while this process (or the database) was away
+    # and no beat could land (an API back from a restart would otherwise end the whole fleet).
+    watching: float | None = None
     while not stop.is_set():
+        seen = False
         try:
             if time.monotonic() - last_partitions > _PARTITIONS_EVERY:
                 ensure_partitions(dispatcher)
@@ -30,10 +35,14 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
                     registry.prune()
                 last_partitions = time.monotonic()
             if registry is not None:
-                registry.reap_dead()
+                watching = time.monotonic() if watching is None else watching
+                registry.reap_dead(time.monotonic() - watching)
+            seen = True
             while dispatcher.reap() > 0:
                 pass
             dispatcher.rewake(dispatcher.settings.rewake_after_seconds)
         except Exception as e:  # keep reaping after any transient failure
             log.warning("reaper: %s", e)
+        if not seen:  # the registry was not reached: the watch starts again
+            watching = None
         stop.wait(interval)

@@ -31,7 +31,10 @@ WHERE worker_id = %(worker_id)s;
 -- name: mark_dead
 -- Alive workers whose last beat is older than `beats` of their own intervals, declared dead
 -- (a worker another reaper is declaring, or that is beating right now, is skipped: it is the
--- other's, or alive). The rows say why.
+-- other's, or alive). The rows say why. Only a worker silent for `beats` intervals while the
+-- reaper itself was watching (`watched` seconds: since it started, or since the registry could
+-- last not be reached): a worker's beats cannot land while the API or the database is away, so
+-- a silence the reaper did not see is no worker's fault.
 UPDATE workers w
 SET state = 'dead', ended_at = now(),
     ended_reason = format('no beat for %%s s (declared dead after %%s beats of %%s s)',
@@ -40,6 +43,7 @@ SET state = 'dead', ended_at = now(),
 FROM (
   SELECT worker_id FROM workers
   WHERE state = 'alive' AND last_beat < now() - make_interval(secs => %(beats)s * beat_seconds)
+    AND %(watched)s::float8 >= %(beats)s * beat_seconds
   ORDER BY worker_id
   FOR UPDATE SKIP LOCKED
 ) x
