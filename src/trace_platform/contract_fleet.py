@@ -63,6 +63,6 @@ class WorkerView(BaseModel):
     started_at: datetime
     last_beat: datetime
     beat_age_seconds: float
-    running: int  # its running tasks
+    running: int  # its running tasks of the caller's org (another org's are not its to see)
     ended_at: datetime | None = None
     ended_reason: str | None = None

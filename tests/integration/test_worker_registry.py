@@ -16,14 +16,15 @@ import psycopg
 import pytest
 
 from tests.support.cli import trace
+from tests.support.servers import admin_key, bearer
 from tests.support.wait import wait_for
-from trace_platform.contract import ClaimRequest, TaskSpec
+from trace_platform.contract import LITE_ORG_ID, ClaimRequest, TaskSpec
 from trace_platform.contract_fleet import DEAD_AFTER_BEATS
 from trace_platform.control.workers import list_workers
 from trace_platform.dispatcher.fleet import WorkerRegistry
 from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.errors import Forbidden
-from trace_platform.identity import Actor
+from trace_platform.identity import Actor, create_key, ensure_user
 from trace_platform.services import Services
 from trace_platform.worker.membership import Membership, new_worker_id
 
@@ -287,7 +288,7 @@ def test_the_membership_registers_beats_stops_and_hears_it_is_dead(
         client, host="elsewhere.example", slots=3, beat_seconds=60, on_dead=told.append
     ).start()
     assert member.registered and state(dsn, member.worker_id) == "alive"
-    listed = WorkerRegistry(services.dispatcher).list()
+    listed = WorkerRegistry(services.dispatcher).list(LITE_ORG_ID)
     assert [(w.worker_id, w.host, w.slots, w.running) for w in listed] == [
         (member.worker_id, "elsewhere.example", 3, 0)
     ]
@@ -332,3 +333,32 @@ def test_the_fleet_is_listed_for_admins_only(
     table = trace(["workers", "list"], env)
     assert table.returncode == 0, table.stderr
     assert body["worker_id"] in table.stdout and "alive" in table.stdout
+
+
+def test_an_org_admin_sees_the_fleet_but_not_other_orgs_load(
+    secure: tuple[Services, str],
+) -> None:
+    """The workers are the platform's, shared by every org: an admin of one org sees them
+    (where its tasks run), but a worker's running tasks counted are the admin's own org's
+    alone: another org's load through it would tell one tenant when another is busy. Not
+    for a non-admin, nor the workers' internal token, nor nobody."""
+    svc, url = secure
+    token = {"X-Internal-Token": svc.internal_token or ""}
+    body = registration()
+    assert httpx.post(f"{url}/internal/workers/register", json=body, headers=token).is_success
+    _claimed(svc, body["worker_id"])  # a Lite org task, running on it
+    other = uuid.uuid4()
+    with svc.pool.connection() as conn, conn.transaction():
+        conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'other')", (other,))
+        eve = bearer(create_key(conn, ensure_user(conn, other, "eve", is_admin=True).user_id))
+        bob = bearer(create_key(conn, ensure_user(conn, other, "bob").user_id))
+
+    def running(headers: dict[str, str]) -> list[tuple[str, int]]:
+        got = httpx.get(f"{url}/v1/workers", headers=headers)
+        assert got.status_code == 200, got.text
+        return [(w["worker_id"], w["running"]) for w in got.json()]
+
+    assert running(bearer(admin_key(svc))) == [(body["worker_id"], 1)]
+    assert running(eve) == [(body["worker_id"], 0)]
+    for headers, status in ((bob, 403), (token, 401), ({}, 401)):
+        assert httpx.get(f"{url}/v1/workers", headers=headers).status_code == status

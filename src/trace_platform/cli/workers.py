@@ -38,8 +38,9 @@ def workers_list(
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
-    """Registered workers, alive first: id, host, version, slots, running tasks, the age of
-    the last beat and the state (a worker silent for three beats is declared dead)."""
+    """Registered workers, alive first: id, host, version, slots, your org's running tasks on
+    it, the age of the last beat and the state (a worker silent for three beats is declared
+    dead)."""
     from trace_platform.control.workers import list_workers
 
     got = run_op(list_workers, services().dispatcher, me(), state, limit)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from typing import Any
+from uuid import UUID
 
 from trace_platform.contract_fleet import (
     DEAD_AFTER_BEATS,
@@ -136,9 +137,14 @@ class WorkerRegistry:
             return WorkerStore(conn).prune(keep=keep_seconds).rowcount
 
     # -- the listing -----------------------------------------------------------------------
-    def list(self, state: WorkerState | None = None, limit: int = 100) -> list[WorkerView]:
+    def list(
+        self, org_id: UUID, state: WorkerState | None = None, limit: int = 100
+    ) -> list[WorkerView]:
+        """The fleet as `org_id` sees it: every worker, its running tasks of that org alone."""
         with self.store.pool.connection() as conn:
-            rows = WorkerStore(conn).list_workers(state=state, limit=limit).fetchall()
+            rows = (
+                WorkerStore(conn).list_workers(org_id=org_id, state=state, limit=limit).fetchall()
+            )
         return [WorkerView(**r) for r in rows]
 
 

@@ -51,7 +51,8 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
         state: WorkerState | None = None,
         limit: Annotated[int, Query(gt=0, le=1000)] = 100,
     ) -> list[WorkerView]:
-        """The registered workers (org admins only)."""
+        """The registered workers (org admins only), each with the caller's org's running
+        tasks on it (not another org's)."""
         return list_workers(services.dispatcher, user, state, limit)
 
     return r

@@ -55,8 +55,9 @@ RETURNING w.worker_id, w.host, w.ended_reason;
 DELETE FROM workers WHERE ended_at < now() - make_interval(secs => %(keep)s);
 
 -- name: list_workers
--- The fleet, alive workers first, newest first; each with its running tasks (one pass over
--- the running tasks, not one per worker).
+-- The fleet, alive workers first, newest first; each with its running tasks of `org_id`
+-- alone (the workers are shared: another org's load on them is not the caller's to see), in
+-- one pass over the running tasks, not one per worker.
 SELECT w.worker_id, w.host, w.pid, w.version, w.slots, w.beat_seconds, w.state, w.started_at,
        w.last_beat, w.ended_at, w.ended_reason,
        extract(epoch FROM now() - w.last_beat)::float8 AS beat_age_seconds,
@@ -64,7 +65,8 @@ SELECT w.worker_id, w.host, w.pid, w.version, w.slots, w.beat_seconds, w.state, 
 FROM workers w
 LEFT JOIN (
   SELECT s.worker_id, count(*) AS running FROM task_status s
-  WHERE s.status = 'running' GROUP BY s.worker_id
+  JOIN task_registry t ON t.task_id = s.task_id AND t.start_day = s.start_day
+  WHERE s.status = 'running' AND t.org_id = %(org_id)s GROUP BY s.worker_id
 ) r ON r.worker_id = w.worker_id
 WHERE %(state)s::text IS NULL OR w.state = %(state)s::text
 ORDER BY (w.state = 'alive') DESC, w.started_at DESC, w.worker_id
