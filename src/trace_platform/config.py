@@ -35,6 +35,17 @@ class ObjectStoreBackend(StrEnum):
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 
 
+def url_host(bind: str) -> str:
+    """The host part of a URL to this machine's listener bound to `bind`: a wildcard bind
+    (every interface) is where it listens, not an address to connect to, so it is reached on
+    loopback (where workers may use plain http); an IPv6 address goes in brackets."""
+    if bind in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if bind == "::":
+        return "[::1]"
+    return f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRACE_", env_file=None, extra="ignore")
 
@@ -308,7 +319,7 @@ class Settings(BaseSettings):
     @property
     def resolved_api_url(self) -> str:
         scheme = "https" if self.api_tls_cert is not None else "http"
-        return self.api_url or f"{scheme}://{self.api_host}:{self.api_port}"
+        return self.api_url or f"{scheme}://{url_host(self.api_host)}:{self.api_port}"
 
 
 _DSN_PASSWORD = re.compile(r"(password=|://[^:/@]+:)([^@\s]+)")

@@ -23,18 +23,13 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import SecretStr
 
-from trace_platform.config import _DSN_PASSWORD, Settings
+from trace_platform.config import _DSN_PASSWORD, Settings, url_host
 from trace_platform.tls import client_context
 
 TIMEOUT = 5.0
 ROLES = ("api", "worker", "sink", "delivery", "scheduler")
 
 Check = Callable[[], None]
-
-
-def _local(host: str) -> str:
-    """Where this host's own listener is reached: a wildcard bind is reached on loopback."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 def _http_ok(url: str, ca_bundle: Path | None = None, *, verify: bool = True) -> Check:
@@ -96,13 +91,13 @@ def _state(settings: Settings) -> Check:
 def checks(role: str, settings: Settings) -> dict[str, Check]:
     """The named checks of `role`."""
     if role == "api":
-        host = _local(settings.api_host)
+        host = url_host(settings.api_host)
         # Its own listener, on this host: whether it answers, not who it is (a certificate
         # names the host workers use, which need not be this address).
         scheme = "https" if settings.api_tls_cert is not None else "http"
         out = {"api": _http_ok(f"{scheme}://{host}:{settings.api_port}", verify=False)}
         if settings.exchange_port is not None:
-            out["exchange listener"] = _tcp(host, settings.exchange_port)
+            out["exchange listener"] = _tcp(host.strip("[]"), settings.exchange_port)
         return out
     out = {"state store": _state(settings)}
     if role == "worker":

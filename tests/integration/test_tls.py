@@ -24,9 +24,9 @@ from trace_platform.config import Settings
 from trace_platform.contract import TaskSpec
 from trace_platform.contract_fleet import WorkerRegistration
 from trace_platform.db.embedded import free_port
-from trace_platform.lite.stack import ApiServer
+from trace_platform.lite.stack import ApiServer, LiteStack
 from trace_platform.services import Services
-from trace_platform.tls import check_worker_url, client_context
+from trace_platform.tls import check_worker_url, client_context, worker_tls
 from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.http import TransportError
 from trace_platform.worker.membership import new_worker_id
@@ -251,6 +251,26 @@ def test_plain_http_to_another_host_is_refused_unless_opted_out(
             check_worker_url(url, s, "the API URL")
     else:
         check_worker_url(url, s, "the API URL")
+
+
+@pytest.mark.parametrize(("bind", "reached"), [("0.0.0.0", "127.0.0.1"), ("::", "[::1]")])
+def test_an_api_bound_to_every_interface_is_reached_on_loopback(
+    bind: str, reached: str, settings: Settings
+) -> None:
+    """TRACE_API_HOST=0.0.0.0 (the API reachable from other machines) is where the API
+    listens, not a host to connect to: a worker on this host, and a Lite stack's workers,
+    reach it on loopback, where plain http is allowed. It was their URL as is, refused as
+    "another host", so every worker of `TRACE_API_HOST=0.0.0.0 trace up` exited at start."""
+    s = Settings(api_host=bind, api_port=8765)
+    assert s.resolved_api_url == f"http://{reached}:8765"
+    worker_tls(s, s.resolved_api_url)
+    stack = LiteStack(settings.model_copy(update={"api_host": bind}), workers=0)
+    try:
+        assert stack.url.startswith(f"http://{reached}:")
+        assert stack.exchange_url.startswith(f"http://{reached}:")
+        worker_tls(stack.settings, stack.url, stack.exchange_url)
+    finally:
+        stack.services.close()
 
 
 def test_the_compose_workers_opt_out_on_their_private_network() -> None:

@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 
 from trace_platform.api.app import create_app
-from trace_platform.config import Settings, adapter_env
+from trace_platform.config import Settings, adapter_env, url_host
 from trace_platform.db.embedded import free_port
 from trace_platform.objectstore import store_env
 from trace_platform.services import Services
@@ -29,7 +29,7 @@ class ApiServer:
         self, services: Services, host: str, port: int, *, background: bool = True
     ) -> None:
         tls = uvicorn_tls(services.settings)  # https with TRACE_API_TLS_CERT (docs/tls.md)
-        self.url = f"{'https' if tls else 'http'}://{host}:{port}"
+        self.url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}"
         self.app = create_app(services, background=background)
         config = uvicorn.Config(
             self.app,
@@ -129,7 +129,7 @@ class LiteStack:
     @property
     def exchange_url(self) -> str:
         scheme = "https" if self.settings.api_tls_cert is not None else "http"
-        return f"{scheme}://{self.settings.api_host}:{self.settings.exchange_port}"
+        return f"{scheme}://{url_host(self.settings.api_host)}:{self.settings.exchange_port}"
 
     def start(self) -> LiteStack:
         self.api.start()
