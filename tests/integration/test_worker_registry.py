@@ -26,6 +26,7 @@ from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.errors import Forbidden
 from trace_platform.identity import Actor, create_key, ensure_user
 from trace_platform.services import Services
+from trace_platform.worker.client import DispatcherClient
 from trace_platform.worker.membership import Membership, new_worker_id
 
 
@@ -302,6 +303,32 @@ def test_the_membership_registers_beats_stops_and_hears_it_is_dead(
     assert len(told) == 1 and "declared dead" in told[0] and dying.dead is not None
     dying.stop()
     assert state(dsn, dying.worker_id) == "dead"  # a dead worker stays dead
+
+
+def test_a_worker_beats_on_through_a_passing_404(client: Any, dsn: str) -> None:
+    """Once registered, a 404 or 405 that is not the registry's own answer (a proxy's page
+    while the API restarts behind it) is passing: the worker beats on. Its beat thread used to
+    take the second one for an API without a registry and end, so the worker, still running
+    tasks, was declared dead three beats later, its attempts retried elsewhere, and it kept
+    claiming under a dead id, never told."""
+    told: list[str] = []
+    pool = client.http.pool
+    proxy_page = DispatcherClient(f"{pool.scheme}://{pool.host}:{pool.port}/not-here", retries=0)
+    member = Membership(client, host="h", slots=1, beat_seconds=60, on_dead=told.append).start()
+    try:
+        assert member.registered
+        member.client = proxy_page  # the API away behind its proxy: 404 for every path
+        for _ in range(3):
+            assert member._beat() is True, "the beat thread gave up"
+        member.client = client  # back
+        assert member._beat() is True and member.registered and told == []
+        assert state(dsn, member.worker_id) == "alive"
+        # An API that never had a registry is still let be (the worker runs unregistered).
+        old = Membership(proxy_page, host="h", slots=1, beat_seconds=60, on_dead=told.append)
+        assert old._beat() is False and not old.registered and told == []
+    finally:
+        member.stop()
+        proxy_page.close()
 
 
 def test_the_fleet_is_listed_for_admins_only(

@@ -78,6 +78,9 @@ class Membership:
         self.timeout = max(1.0, min(2 * beat_seconds, 10.0))
         self.on_dead = on_dead
         self.registered = False
+        # Once the registry answered, it exists: a 404 or 405 after that is passing (a proxy's
+        # page while the API restarts behind it), never "an API without a registry".
+        self.known = False
         self.dead: str | None = None  # why, once declared dead
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-beat", daemon=True)
@@ -119,6 +122,7 @@ class Membership:
                 self.client.register_worker(self.registration, self.timeout)
                 self.registered = True
                 log.info("registered as worker %s", self.worker_id)
+            self.known = True
             return True
         except ApiError as e:
             if e.code in ("worker_dead", "worker_stopped", "worker_id_taken"):
@@ -129,7 +133,7 @@ class Membership:
             if e.status == 404 and self.registered:  # the registry lost it: register again
                 self.registered = False
                 return True
-            if e.status in (404, 405):  # an API from before the registry
+            if e.status in (404, 405) and not self.known:  # an API from before the registry
                 log.warning("the API has no worker registry (%s); not beating", e)
                 return False
             log.warning("worker beat refused: %s", e)
