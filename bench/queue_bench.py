@@ -995,7 +995,7 @@ def print_report(info: list[tuple[str, str]], cfg: Config, res: Results, wall: f
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=200)
+    console = Console(width=250)  # the widest table (11 columns) unwrapped
     meta = Table(title="Machine", show_header=False)
     for k, v in info:
         meta.add_row(k, v)
