@@ -10,14 +10,17 @@ from psycopg_pool import ConnectionPool
 
 from trace_platform.config import Profile, Settings
 from trace_platform.control.service import ControlPlane
+from trace_platform.db.invalidation import InvalidationListener
 from trace_platform.db.pool import make_pool, query_dsn, state_dsn
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
+from trace_platform.identity.actors import Authenticator
 from trace_platform.lite.bootstrap import bootstrap, internal_token
 from trace_platform.queue import QueueDriver, make_driver
 from trace_platform.store.tasks.postgres import PostgresStore
 
 if TYPE_CHECKING:
+    from trace_platform.identity import Actor
     from trace_platform.query import QueryService
 
 _QUERY_LOCK = threading.Lock()
@@ -34,6 +37,10 @@ class Services:
     control: ControlPlane
     new_admin_key: str | None = None  # set only on the very first start of a Lite install
     internal_token: str | None = None  # what /internal/* callers must present
+    # Caches of mutable answers (API keys' users) are used only once `listen()` started the
+    # process's invalidation listener: an API does (its lifespan); a CLI command does not.
+    listener: InvalidationListener | None = None
+    authenticator: Authenticator | None = None
     _query: QueryService | None = field(default=None, repr=False)
 
     @property
@@ -71,6 +78,7 @@ class Services:
         dispatcher = Dispatcher(
             PostgresStore.connect(dsn, max_size=settings.pool_max_size), settings
         )
+        listener = InvalidationListener(dsn)  # LISTEN on the primary: a replica hears nothing
         services = cls(
             settings=settings,
             dsn=dsn,
@@ -80,12 +88,27 @@ class Services:
             publisher=OutboxPublisher(pool, driver, batch_size=settings.outbox_batch_size),
             control=ControlPlane(pool, dispatcher),
             internal_token=token,
+            listener=listener,
+            authenticator=Authenticator(pool, listener),
         )
         if lite:
             services.new_admin_key = bootstrap(settings, pool)
         return services
 
+    def listen(self) -> None:
+        """Starts the invalidation listener (once), and with it the caches that need it."""
+        if self.listener is not None:
+            self.listener.start()
+
+    def authenticate(self, key: str | None) -> Actor | None:
+        """The user an API key acts as (None for none, unknown, revoked, expired)."""
+        if self.authenticator is None:  # Services made by hand
+            self.authenticator = Authenticator(self.pool, self.listener)
+        return self.authenticator.authenticate(key)
+
     def close(self) -> None:
+        if self.listener is not None:
+            self.listener.stop()
         if self._query is not None:
             self._query.close()
         self.driver.close()

@@ -17,6 +17,7 @@ from trace_platform.api.routes import (
     datasets,
     delivery,
     health,
+    identity,
     internal,
     names,
     query,
@@ -52,7 +53,18 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
-    for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery, workers):
+    for routes in (
+        tasks,
+        dags,
+        runs,
+        datasets,
+        names,
+        query,
+        secrets,
+        delivery,
+        workers,
+        identity,
+    ):
         app.include_router(routes.router(services, actor))
     return app
 

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Header
 
 from trace_platform.errors import Unauthorized
-from trace_platform.identity import Actor, authenticate, lite_admin
+from trace_platform.identity import Actor, lite_admin
 from trace_platform.services import Services
 
 ActorDependency = Callable[..., Actor]
@@ -21,16 +21,16 @@ def actor_dependency(services: Services) -> ActorDependency:
 
     def actor(authorization: Annotated[str | None, Header()] = None) -> Actor:
         key = authorization.removeprefix("Bearer ").strip() if authorization else None
-        with services.pool.connection() as conn:
-            found = authenticate(conn, key)
-            if found is not None:
-                return found
-            if key is None and services.settings.auth == "permissive":
+        found = services.authenticate(key)  # cached in an API (identity/actors.py)
+        if found is not None:
+            return found
+        if key is None and services.settings.auth == "permissive":
+            with services.pool.connection() as conn:
                 return lite_admin(conn)
         raise Unauthorized(
             "an API key is required (Authorization: Bearer <key>)"
             if key is None
-            else "unknown or revoked API key"
+            else "unknown or revoked API key, or an expired one"
         )
 
     return actor

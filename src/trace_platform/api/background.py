@@ -106,6 +106,8 @@ def lifespan(
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[None]:
         listener = None
+        # The caches of mutable answers (API keys) and the listener that keeps them true.
+        services.listen()
         try:
             listener = app.state.exchange_listener = exchange_listener(services)
             if background:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -108,3 +109,34 @@ class DestinationBody(BaseModel):
     name: str = Field(max_length=128)
     url: str = Field(max_length=MAX_URL)  # the bound the Delivery Service holds it to
     allow_private: bool = False
+
+
+class UserBody(BaseModel):
+    """A user to add (or an existing or removed one's roles and admin flag to set); answered
+    with a new API key for them, shown once."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=128)
+    roles: list[str] = Field(default_factory=list, max_length=100)
+    is_admin: bool = False
+
+
+class KeyBody(BaseModel):
+    """A new API key for `user`, answered once; an optional expiry as `expires_in_seconds` or
+    `expires_at` (with a time zone), not both."""
+
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(max_length=128)
+    name: str | None = Field(default=None, max_length=100)
+    expires_in_seconds: float | None = Field(default=None, gt=0)
+    expires_at: datetime | None = None
+
+
+class RotateBody(BaseModel):
+    """A key's successor, answered once; the old key revoked after `grace_seconds`. The new
+    key's expiry as in KeyBody, else the old key's lifetime if it had one."""
+
+    model_config = ConfigDict(extra="forbid")
+    grace_seconds: float = Field(default=0, ge=0, le=3600)
+    expires_in_seconds: float | None = Field(default=None, gt=0)
+    expires_at: datetime | None = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,8 @@ from trace_platform.store.identity import IdentityStore
 
 LITE_ADMIN = "admin"
 KEY_PREFIX = "trc_"
+# A key's last_used_at is written when older than this, never on every request.
+LAST_USED_EVERY = 300.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class Actor:
     name: str
     is_admin: bool
     roles: frozenset[str] = field(default_factory=frozenset)
+    # The API key this call came with (None: no key, e.g. Lite's permissive admin); not part
+    # of who the actor is.
+    key_id: UUID | None = field(default=None, compare=False)
 
     def has_any(self, roles: list[str] | set[str] | frozenset[str]) -> bool:
         return bool(self.roles & set(roles))
@@ -46,13 +52,63 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def create_key(conn: Connection[Any], user_id: UUID) -> str:
+def create_key(
+    conn: Connection[Any],
+    user_id: UUID,
+    *,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    created_by: UUID | None = None,
+) -> str:
     """Returns the key once; only its digest is stored."""
-    key = new_key()
+    return issue_key(conn, user_id, name=name, expires_at=expires_at, created_by=created_by)[1]
+
+
+def issue_key(
+    conn: Connection[Any],
+    user_id: UUID,
+    *,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    created_by: UUID | None = None,
+) -> tuple[UUID, str]:
+    """(its key_id, the key): the key is in no log and no row, only its digest is stored."""
+    key, key_id = new_key(), uuid.uuid4()
     IdentityStore(conn).insert_key(
-        key_id=uuid.uuid4(), user_id=user_id, key_hash=hash_key(key), prefix=key[:8]
+        key_id=key_id,
+        user_id=user_id,
+        key_hash=hash_key(key),
+        prefix=key[:8],
+        name=name,
+        expires_at=expires_at,
+        created_by=created_by,
     )
-    return key
+    return key_id, key
+
+
+@dataclass(frozen=True)
+class KeyMatch:
+    """A live key's user, and how long the key stays live by itself (revocation or expiry
+    already set), from the database's clock: `valid_for` None for no end."""
+
+    actor: Actor
+    key_id: UUID
+    valid_for: timedelta | None
+
+
+def lookup_key(conn: Connection[Any], key_hash: str) -> KeyMatch | None:
+    """The live key with this digest (not revoked, not expired, its user not removed), noting
+    its use at most every LAST_USED_EVERY seconds."""
+    store = IdentityStore(conn)
+    row = store.authenticate(key_hash=key_hash).fetchone()
+    if row is None:
+        return None
+    last = row["last_used_at"]
+    if last is None or (row["now"] - last).total_seconds() > LAST_USED_EVERY:
+        store.touch_key(key_id=row["key_id"], every=LAST_USED_EVERY)
+    until = row["valid_until"]
+    actor = replace(actor_from_row(row), key_id=row["key_id"])
+    return KeyMatch(actor, row["key_id"], until - row["now"] if until else None)
 
 
 def ensure_user(
@@ -81,10 +137,11 @@ def bootstrap_lite(conn: Connection[Any]) -> tuple[Actor, str | None]:
 
 
 def authenticate(conn: Connection[Any], key: str | None) -> Actor | None:
+    """The user a key acts as, read from the database (uncached: `identity.actors` caches)."""
     if not key:
         return None
-    row = IdentityStore(conn).authenticate(key_hash=hash_key(key)).fetchone()
-    return actor_from_row(row) if row else None
+    found = lookup_key(conn, hash_key(key))
+    return found.actor if found else None
 
 
 def lite_admin(conn: Connection[Any]) -> Actor:

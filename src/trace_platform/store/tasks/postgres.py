@@ -14,6 +14,7 @@ from psycopg import Connection
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from trace_platform.cache import LruCache
 from trace_platform.contract import EventIn, TaskSpec
 from trace_platform.db.pool import make_pool
 from trace_platform.db.queries import Queries, literal_limit
@@ -41,6 +42,10 @@ from trace_platform.store.tasks.params import (
 from trace_platform.store.tasks.protocol import Row
 
 _Q = Queries("dispatcher")
+# A task's registry row never changes (only its status row does), and its task_id is unique
+# across databases, so its worker-pool fields are cached for the process, never invalidated:
+# the lookup names no start_day and would probe every partition of the registry otherwise.
+TASK_POOLS: LruCache[UUID, Row] = LruCache("task_registry_pool", 50_000)
 # The plan settings of the Dispatcher's store transactions (see PostgresStore.transaction). A
 # generic plan is kept for the connection, so:
 #  * no sequential scans: one made while a table held a handful of rows (a new install, once
@@ -231,7 +236,12 @@ class PostgresTx:
 
     # -- worker-pool slots ------------------------------------------------------------------
     def task_pool(self, task_id: UUID) -> Row | None:
-        return self._one(_Q.task_pool, {"task_id": task_id})
+        row = TASK_POOLS.get(task_id)
+        if row is None:
+            row = self._one(_Q.task_pool, {"task_id": task_id})
+            if row is not None:  # a task not (yet) there is not remembered as absent
+                TASK_POOLS.put(task_id, row)
+        return dict(row) if row is not None else None
 
     def lock_pool(self, key: PoolKey) -> None:
         self.conn.execute(_Q.lock_pool, fields(key))
