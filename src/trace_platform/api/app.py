@@ -9,15 +9,16 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from trace_platform.api import background as bg
+from trace_platform.api.audit_source import AuditSource
 from trace_platform.api.auth import actor_dependency
 from trace_platform.api.errors import LastResort, install_error_handlers
 from trace_platform.api.gateway import MAX_BODY_BYTES, BodyLimit, InternalToken, TraceRoute
 from trace_platform.api.routes import (
+    audit,
     dags,
     datasets,
     delivery,
     health,
-    identity,
     internal,
     names,
     query,
@@ -53,18 +54,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
-    for routes in (
-        tasks,
-        dags,
-        runs,
-        datasets,
-        names,
-        query,
-        secrets,
-        delivery,
-        workers,
-        identity,
-    ):
+    for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery, workers, audit):
         app.include_router(routes.router(services, actor))
     return app
 
@@ -83,6 +73,7 @@ def create_hooks_app(services: Services) -> FastAPI:
 def _guard(app: FastAPI, token: str | None) -> None:
     """Every app's middleware (outermost last) and error handlers; /internal/* is guarded by
     `token` where the app serves it."""
+    app.add_middleware(AuditSource)  # innermost: errors answered outside it keep their shape
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     if token is not None:
         app.add_middleware(InternalToken, token=token)

@@ -84,6 +84,9 @@ def request(event: Any) -> tuple[dict[str, Any], bytes]:
         raise BadEvent(400, "bad_request", f"the event has no HTTP method ({where})")
     path = _path(event, v2)
     headers = _headers(event, v2)
+    if isinstance(context.get("requestId"), str):  # the Gateway's own id, for the audit log
+        headers = [h for h in headers if h[0] != b"x-request-id"]
+        headers.append((b"x-request-id", context["requestId"].encode("latin-1", "replace")))
     body = _body(event)
     headers.append((b"content-length", str(len(body)).encode()))
     source = (http if v2 else context.get("identity")) or {}

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trace_platform import audit
 from trace_platform.aws import container
 from trace_platform.dag.schema import NAME_RE
 from trace_platform.errors import Invalid
@@ -51,14 +52,15 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     none was made (`skipped`: the DAG is paused, the trigger already fired past this tick)."""
     given = parse(event)
     at = scheduled_time(given.scheduled_time)
-    out = fire_scheduled(
-        container.services().dispatcher,
-        org=given.org,
-        dag=given.dag,
-        trigger=given.trigger,
-        at=at,
-        config=given.config,
-    )
+    with audit.via("eventbridge", getattr(context, "aws_request_id", None)):
+        out = fire_scheduled(
+            container.services().dispatcher,
+            org=given.org,
+            dag=given.dag,
+            trigger=given.trigger,
+            at=at,
+            config=given.config,
+        )
     log.info(
         "schedule %s: %s/%s/%s at %s -> %s",
         given.schedule or "-",

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trace_platform.cli import changes as _changes  # noqa: F401 - registers `trace dag` change commands
+from trace_platform.cli.audit import audit_app
 from trace_platform.cli.control import (
     dag_app,
     datasets_app,
@@ -29,7 +30,6 @@ from trace_platform.cli.control import (
 )
 from trace_platform.cli.delivery import alerts_app, deliveries_app, delivery, destinations_app
 from trace_platform.cli.devnet import devnet_app
-from trace_platform.cli.identity import keys_app  # also registers `trace users list|remove`
 from trace_platform.cli.lambda_invoker import lambda_invoker
 from trace_platform.cli.names import names_app
 from trace_platform.cli.query import query
@@ -59,7 +59,6 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
-app.add_typer(keys_app, name="keys")
 app.add_typer(devnet_app, name="devnet")
 app.add_typer(names_app, name="names")
 app.add_typer(buffers_app, name="buffers")
@@ -68,6 +67,7 @@ app.add_typer(destinations_app, name="destinations")
 app.add_typer(deliveries_app, name="deliveries")
 app.add_typer(alerts_app, name="alerts")
 app.add_typer(workers_app, name="workers")
+app.add_typer(audit_app, name="audit")
 app.command("delivery")(delivery)
 app.command("query")(query)
 app.command("verify")(verify)

@@ -17,6 +17,7 @@ from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
+from trace_platform import audit
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dispatcher.intents import Intents
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
@@ -137,8 +138,25 @@ def backfill(
             keep=scopes.keep,
             config={"backfill": scopes.as_config()},
         )
-    run_ids = {p.run_id for p in plans.values() if p.run_id is not None}
-    run_id: UUID | None = run_ids.pop() if run_ids else None
+        run_ids = {p.run_id for p in plans.values() if p.run_id is not None}
+        run_id: UUID | None = run_ids.pop() if run_ids else None
+        audit.record(
+            conn,
+            actor,
+            "dag.backfill",
+            dag_name,
+            {
+                "version": version,
+                "jobs": chosen,
+                "run_id": run_id,
+                "tasks": sum(p.tasks for p in plans.values()),
+                "from_block": scopes.from_block,
+                "to_block": scopes.to_block,
+                "scopes": sorted(scopes.names)[:50],
+                "scopes_asked": len(scopes.names),
+            },
+            outcome="dry_run" if dry_run else "ok",
+        )
     return {
         "dag": dag_name,
         "version": version,

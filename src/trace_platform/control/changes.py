@@ -13,6 +13,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from trace_platform import audit
 from trace_platform.control.backfill import Scopes, backfill
 from trace_platform.dag.schema import DagSpec
 from trace_platform.dag.validate import parse
@@ -84,21 +85,30 @@ class DagChanges:
         dry_run: bool = False,
         manual_cutover: bool = False,
     ) -> DeployResult:
-        """Deploy, or with `dry_run` the same deploy rolled back: its answer is the diff."""
+        """Deploy, or with `dry_run` the same deploy rolled back: its answer is the diff (and
+        the audit log keeps that it was asked, as `dag.diff`)."""
         spec = parse(source_yaml, source)  # every file-local problem, before touching state
-        with self.pool.connection() as conn, conn.transaction() as tx:
-            res = deploy(
+        with self.pool.connection() as conn, conn.transaction():
+            with conn.transaction() as tx:
+                res = deploy(
+                    conn,
+                    actor,
+                    spec,
+                    source_yaml,
+                    source,
+                    intents=self.intents,
+                    manual_cutover=manual_cutover,
+                    dry_run=dry_run,
+                )
+                if dry_run:
+                    raise psycopg.Rollback(tx)
+            audit.record(
                 conn,
                 actor,
-                spec,
-                source_yaml,
-                source,
-                intents=self.intents,
-                manual_cutover=manual_cutover,
-                dry_run=dry_run,
+                "dag.diff" if dry_run else "dag.deploy",
+                res.name,
+                _deploy_details(res, source),
             )
-            if dry_run:
-                raise psycopg.Rollback(tx)
         return res
 
     def _deployable(self, conn: Connection[Any], actor: Actor, name: str) -> dict[str, Any]:
@@ -140,16 +150,30 @@ class DagChanges:
     def cutover(self, actor: Actor, name: str) -> dict[str, Any]:
         with self.pool.connection() as conn, conn.transaction():
             dag = self._deployable(conn, actor, name)
-            return self._cutover(conn, dag["dag_id"])
+            return self._cutover(conn, dag["dag_id"], actor)
 
     def _cutover(
-        self, conn: Connection[Any], dag_id: UUID, expect: int | None = None
+        self,
+        conn: Connection[Any],
+        dag_id: UUID,
+        actor: Actor | audit.PlatformActor,
+        expect: int | None = None,
     ) -> dict[str, Any]:
         res = rollout.cutover(
             conn, self.intents, dag_id, expect=expect, spec_of=lambda d, v: spec_of(conn, d, v)
         )
         dag = RegistryStore(conn).dag_by_id(dag_id=dag_id).fetchone()
+        assert dag is not None
         apply_live_spec(conn, dag, spec_of(conn, dag_id, res["version"]))
+        details = {k: v for k, v in res.items() if k != "dag" and isinstance(v, int | None)}
+        audit.record(
+            conn,
+            actor,
+            "dag.cutover",
+            dag["name"],
+            {**details, "automatic": expect is not None},
+            org_id=dag["org_id"],
+        )
         return res
 
     def rollback(self, actor: Actor, name: str, to: int | None = None) -> dict[str, Any]:
@@ -167,6 +191,19 @@ class DagChanges:
             if res["rolled_back"] is not None:
                 live = RegistryStore(conn).dag_by_id(dag_id=dag_id).fetchone()
                 apply_live_spec(conn, live, spec_of(conn, dag_id, res["version"]))
+            audit.record(
+                conn,
+                actor,
+                "dag.rollback",
+                name,
+                {
+                    "to": to,
+                    "version": res["version"],
+                    "rolled_back": res["rolled_back"],
+                    "abandoned": res["abandoned"],
+                    "canceled": res.get("canceled", 0),
+                },
+            )
         return res
 
     def backfill(
@@ -195,7 +232,16 @@ class DagChanges:
     def set_paused(self, actor: Actor, name: str, paused: bool) -> dict[str, Any]:
         with self.pool.connection() as conn, conn.transaction():
             dag = self._deployable(conn, actor, name)
-            return rollout.set_paused(conn, self.intents, dag["dag_id"], paused)
+            res = rollout.set_paused(conn, self.intents, dag["dag_id"], paused)
+            audit.record(
+                conn,
+                actor,
+                "dag.pause" if paused else "dag.resume",
+                name,
+                {"woken": res["woken"]},
+                outcome="noop" if dag["paused"] == paused else "ok",
+            )
+            return res
 
     def auto_cutover(self) -> list[dict[str, Any]]:
         """Cuts over every rebuild that is complete and not waiting for a manual cutover."""
@@ -208,7 +254,9 @@ class DagChanges:
                     if rollout.blockers(rollout.progress(conn, c["dag_id"], c["building_version"])):
                         continue
                     with conn.transaction():
-                        done.append(self._cutover(conn, c["dag_id"], c["building_version"]))
+                        done.append(
+                            self._cutover(conn, c["dag_id"], "system", c["building_version"])
+                        )
             except Conflict as e:  # moved on meanwhile, or a name taken: status says why
                 log.info("cutover of %s not done: %s", c["dag_id"], e)
             except Exception:  # one DAG's trouble must not stop the others' cutovers
@@ -216,6 +264,20 @@ class DagChanges:
         for d in done:
             log.info("cut over DAG %s to version %s", d["dag"], d["version"])
         return done
+
+
+def _deploy_details(res: DeployResult, source: str) -> dict[str, Any]:
+    return {
+        "version": res.version,
+        "dag_created": res.created,
+        "live": res.live,
+        "active_version": res.active_version,
+        "manual_cutover": res.manual_cutover,
+        "abandoned_version": res.abandoned,
+        "source": source,
+        "changes": [f"{c.change} {c.job}" for c in res.changes[:50]],
+        "rebuilt_jobs": res.rebuilt_jobs[:50],
+    }
 
 
 def run_cutovers(changes: DagChanges, stop: Any, interval: float) -> None:

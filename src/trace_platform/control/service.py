@@ -9,9 +9,9 @@ from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
+from trace_platform import audit
 from trace_platform.contract import TaskRef, TaskSpec
 from trace_platform.control.changes import DagChanges
-from trace_platform.control.identity import Identities
 from trace_platform.dag.schema import NAME
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
@@ -22,7 +22,10 @@ from trace_platform.identity import (
     Forbidden,
     can_deploy,
     can_read_row,
+    create_key,
+    ensure_user,
     require_admin,
+    set_roles,
 )
 from trace_platform.identity.vault import (
     can_manage_secret,
@@ -90,7 +93,6 @@ class ControlPlane:
         self.dispatcher = dispatcher
         self.vault = vault_for(dispatcher.settings)
         self.changes = DagChanges(pool, dispatcher)
-        self.identity = Identities(pool)  # users and API keys (control/identity.py)
         # Secrets stored in plaintext before migration 0008 are sealed once, at start.
         with pool.connection() as conn:
             self.vault.seal_legacy(conn)
@@ -151,9 +153,16 @@ class ControlPlane:
 
     def set_deploy_roles(self, actor: Actor, name: str, roles: list[str]) -> None:
         require_admin(actor, "change who may deploy a DAG")
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, conn.transaction():
             dag = self._dag(conn, actor, name)
             RegistryStore(conn).set_deploy_roles(dag_id=dag["dag_id"], roles=sorted(set(roles)))
+            audit.record(
+                conn,
+                actor,
+                "dag.deploy_roles",
+                name,
+                {"roles": sorted(set(roles)), "was": dag["deploy_roles"]},
+            )
 
     def trigger(
         self,
@@ -198,6 +207,22 @@ class ControlPlane:
                 fired_by=actor.user_id,
             )
             refs = self.dispatcher.create_tasks(list(specs), conn)
+            audit.record(
+                conn,
+                actor,
+                "dag.trigger",
+                dag_name,
+                {
+                    "trigger": trigger,
+                    "kind": kind,
+                    "run_id": run_id,
+                    "tasks": len(refs),
+                    "idempotency_key_given": fire_key is not None,
+                    # The names only: a run's config is the user's data, kept with the run.
+                    "config_fields": sorted(config or {})[:50],
+                },
+                outcome="ok" if refs else "noop",
+            )
         return {"run_id": run_id, "created": bool(refs), "tasks": [r.task_id for r in refs]}
 
     # -- datasets ----------------------------------------------------------------------------
@@ -234,12 +259,20 @@ class ControlPlane:
     ) -> list[str]:
         require_admin(actor, "change a dataset's read_roles")
         _check_roles(add)
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, conn.transaction():
             ds = RegistryStore(conn).dataset_by_name(org_id=actor.org_id, name=name).fetchone()
             if ds is None:
                 raise NotFound(f"no dataset named '{name}'")
             roles = sorted((set(ds["read_roles"]) | set(add)) - set(remove))
             RegistryStore(conn).set_read_roles(dataset_uuid=ds["dataset_uuid"], roles=roles)
+            audit.record(
+                conn,
+                actor,
+                "dataset.read_roles",
+                name,
+                {"added": sorted(set(add)), "removed": sorted(set(remove)), "roles": roles},
+                outcome="ok" if roles != sorted(ds["read_roles"]) else "noop",
+            )
         return roles
 
     def dataset_versions(self, actor: Actor, name: str) -> list[dict[str, Any]]:
@@ -257,20 +290,39 @@ class ControlPlane:
             raise Invalid(f"keep must be 0 or more; {keep} given", fields=["keep"])
         ds = self.show_dataset(actor, name)
         with self.pool.connection() as conn, conn.transaction():
-            return purge(conn, ds, keep, dry_run=dry_run)
+            res = purge(conn, ds, keep, dry_run=dry_run)
+            purged = [r["dataset_version"] for r in res["purged"]]
+            audit.record(
+                conn,
+                actor,
+                "dataset.purge",
+                name,
+                {
+                    "keep": keep,
+                    "versions": purged[:100],
+                    "purged": len(purged),
+                    "commits": res["commits"],
+                },
+                outcome="dry_run" if dry_run else "ok" if purged else "noop",
+            )
+            return res
 
     # -- published names (registry/names.py) --------------------------------------------------
     def grant_name(
         self, actor: Actor, pattern: str, *, user: str | None = None, role: str | None = None
     ) -> dict[str, Any]:
         with self.pool.connection() as conn, conn.transaction():
-            return names.grant(conn, actor, pattern, user=user, role=role)
+            res = names.grant(conn, actor, pattern, user=user, role=role)
+            audit.record(conn, actor, "name.grant", pattern, {"user": user, "role": role})
+            return res
 
     def revoke_name(
         self, actor: Actor, pattern: str, *, user: str | None = None, role: str | None = None
     ) -> dict[str, Any]:
         with self.pool.connection() as conn, conn.transaction():
-            return names.revoke(conn, actor, pattern, user=user, role=role)
+            res = names.revoke(conn, actor, pattern, user=user, role=role)
+            audit.record(conn, actor, "name.revoke", pattern, {"user": user, "role": role})
+            return res
 
     def list_names(self, actor: Actor) -> dict[str, Any]:
         with self.pool.connection() as conn:
@@ -278,7 +330,16 @@ class ControlPlane:
 
     def reclaim_name(self, actor: Actor, name: str) -> dict[str, Any]:
         with self.pool.connection() as conn, conn.transaction():
-            return names.reclaim(conn, actor, name)
+            res = names.reclaim(conn, actor, name)
+            audit.record(
+                conn,
+                actor,
+                "name.reclaim",
+                name,
+                {"from_dag": res["dag"], "dataset_uuid": res["dataset_uuid"]},
+                dag=res["dag"],
+            )
+            return res
 
     # -- secrets -------------------------------------------------------------------------------
     def set_secret(
@@ -318,6 +379,14 @@ class ControlPlane:
                     **key, ciphertext=sealed, use_roles=use_roles, owner=actor.user_id
                 )
             (written,) = SecretStore(conn).list_secrets(**key).fetchall()
+            # Never the value: who set which name, and who may use it.
+            audit.record(
+                conn,
+                actor,
+                "secret.set",
+                name,
+                {"created": created is not None, "use_roles": written["use_roles"]},
+            )
         return {**_listed(written), "created": created is not None}
 
     def list_secrets(self, actor: Actor) -> list[dict[str, Any]]:
@@ -335,7 +404,37 @@ class ControlPlane:
         and issues a new API key for them, returned once (only its hash is stored)."""
         require_admin(actor, "manage users")
         _check_roles(roles)
-        return self.identity.add_user(actor, name, sorted(set(roles)), is_admin)
+        roles = sorted(set(roles))
+        with self.pool.connection() as conn, conn.transaction():
+            user = ensure_user(conn, actor.org_id, name, is_admin=is_admin, roles=roles)
+            set_roles(conn, actor, name, roles, is_admin)
+            key = create_key(conn, user.user_id)
+        return {"name": name, "roles": roles, "is_admin": is_admin, "api_key": key}
+
+    # -- audit log -----------------------------------------------------------------------------
+    def audit_log(
+        self,
+        actor: Actor,
+        *,
+        who: str | None = None,
+        since: str | None = None,
+        action: str | None = None,
+        dag: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of the org's audit log, newest first: org admins only (audit.list_entries)."""
+        with self.pool.connection() as conn:
+            return audit.list_entries(
+                conn,
+                actor,
+                who=who,
+                since=since,
+                action=action,
+                dag=dag,
+                limit=limit,
+                before=before,
+            )
 
     # -- tasks ---------------------------------------------------------------------------------
     def _visible_task(self, actor: Actor, task_id: UUID) -> None:
@@ -385,7 +484,18 @@ class ControlPlane:
                 )
             if foreign:
                 raise Invalid(f"dataset {foreign[0]['dataset_uuid']} is not a dataset of your org")
-        return self.dispatcher.create_task(spec.model_copy(update={"org_id": actor.org_id}))
+        with self.pool.connection() as conn, conn.transaction():
+            ref = self.dispatcher.create_task(
+                spec.model_copy(update={"org_id": actor.org_id}), conn
+            )
+            audit.record(
+                conn,
+                actor,
+                "task.create",
+                ref.task_id,
+                {"job": spec.job, "operator": spec.operator, "runtime": spec.runtime},
+            )
+        return ref
 
     def list_tasks(self, actor: Actor, limit: int = 50) -> list[dict[str, Any]]:
         """The org's most recent tasks: org admins only."""
@@ -426,7 +536,7 @@ class ControlPlane:
         for org admins and its DAG's deployers. Running tasks stop cooperatively and emit
         nothing; a task that finished meanwhile may have started children, so passes repeat
         until one finds nothing left to cancel."""
-        self.show_run(actor, run_id)  # who may see it may cancel it; anyone else: not found
+        run = self.show_run(actor, run_id)  # who may see it may cancel it; others: not found
         canceled: set[UUID] = set()
         for _ in range(_CANCEL_PASSES):
             with self.pool.connection() as conn:
@@ -444,6 +554,18 @@ class ControlPlane:
                 except Conflict:  # it finished meanwhile: the next pass sees its children
                     continue
                 canceled.add(task_id)
+        # Its own transaction, after the passes (each task's cancel is one of its own): a
+        # cancel that stopped half way leaves its canceled tasks canceled and no row.
+        with self.pool.connection() as conn, conn.transaction():
+            audit.record(
+                conn,
+                actor,
+                "run.cancel",
+                run_id,
+                {"canceled": len(canceled)},
+                dag=run["dag"],
+                outcome="ok" if canceled else "noop",
+            )
         return {"run_id": run_id, "canceled": len(canceled)}
 
     def show_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:

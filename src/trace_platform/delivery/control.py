@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from psycopg_pool import ConnectionPool
 
+from trace_platform import audit
 from trace_platform.dag.schema import NAME_RE
 from trace_platform.delivery import safety, signing
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
@@ -40,6 +42,10 @@ def _admin(actor: Actor, what: str) -> None:
         raise Forbidden(f"only an org admin may {what}")
 
 
+def _host(url: str) -> str:
+    return urlsplit(url).hostname or ""
+
+
 def _check_url(url: str) -> None:
     try:
         safety.check_url(url)
@@ -63,7 +69,7 @@ class DeliveryControl:
         _check_url(url)
         secret = signing.new_secret()
         sealed = self.vault.seal(actor.org_id, signing.sealed_name(name), secret)
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, conn.transaction():
             made = (
                 DeliveryStore(conn)
                 .insert_destination(
@@ -76,8 +82,17 @@ class DeliveryControl:
                 )
                 .fetchone()
             )
-        if made is None:
-            raise Conflict("destination_exists", f"destination '{name}' exists")
+            if made is None:
+                raise Conflict("destination_exists", f"destination '{name}' exists")
+            # Never the signing secret; the URL only as far as its host (its path or query
+            # may carry the receiver's own token).
+            audit.record(
+                conn,
+                actor,
+                "destination.add",
+                name,
+                {"host": _host(url), "allow_private": allow_private},
+            )
         return secret
 
     def set_destination(
@@ -99,7 +114,7 @@ class DeliveryControl:
         sealed = (
             self.vault.seal(actor.org_id, signing.sealed_name(name), secret) if secret else None
         )
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, conn.transaction():
             done = (
                 DeliveryStore(conn)
                 .set_destination(
@@ -112,8 +127,20 @@ class DeliveryControl:
                 )
                 .fetchone()
             )
-        if done is None:
-            raise NotFound(f"no destination '{name}'")
+            if done is None:
+                raise NotFound(f"no destination '{name}'")
+            changed: dict[str, Any] = {"enabled": enabled, "allow_private": allow_private}
+            audit.record(
+                conn,
+                actor,
+                "destination.change",
+                name,
+                {
+                    **{k: v for k, v in changed.items() if v is not None},
+                    **({"host": _host(url)} if url is not None else {}),
+                    "secret_rotated": rotate_secret,
+                },
+            )
         return secret
 
     def list_destinations(self, actor: Actor) -> list[dict[str, Any]]:
@@ -156,12 +183,13 @@ class DeliveryControl:
         """A failed delivery sent again (same idempotency key, same body): the next Delivery
         Service pass takes it."""
         _admin(actor, "retry a delivery")
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, conn.transaction():
             done = (
                 DeliveryStore(conn).retry(org_id=actor.org_id, delivery_id=delivery_id).fetchone()
             )
-        if done is None:
-            raise Conflict("not_failed", f"delivery {delivery_id} is not failed (or not found)")
+            if done is None:
+                raise Conflict("not_failed", f"delivery {delivery_id} is not failed (or not found)")
+            audit.record(conn, actor, "delivery.retry", delivery_id)
 
     def counts(self, actor: Actor) -> dict[str, int]:
         """The org's deliveries by status."""

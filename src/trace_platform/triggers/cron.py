@@ -21,6 +21,7 @@ from uuid import UUID
 from croniter import croniter
 from psycopg import Connection
 
+from trace_platform import audit
 from trace_platform.contract import TaskRef
 from trace_platform.control.service import check_trigger_config
 from trace_platform.dispatcher.core import Dispatcher
@@ -106,7 +107,7 @@ def _tick_one(dispatcher: Dispatcher, c: dict[str, Any], now: datetime) -> bool:
         latest, count = due(cron["schedule"], _utc(row["last_fire_at"]), now)
         if latest is None:
             return False
-        _, refs = _fire_latest(dispatcher, conn, row, cron, latest, count)
+        _, refs = _fire_latest(dispatcher, conn, row, cron, latest, count, by="scheduler")
         return bool(refs)
 
 
@@ -131,6 +132,8 @@ def _fire_latest(
     latest: datetime,
     count: int,
     config: dict[str, Any] | None = None,
+    *,
+    by: audit.PlatformActor,
 ) -> tuple[UUID, list[TaskRef]]:
     """Fires `latest`, the last of `count` due ticks (the earlier ones counted as skipped), and
     moves the trigger's cursor to it, in the caller's transaction, which holds the trigger's
@@ -152,6 +155,21 @@ def _fire_latest(
     DagTaskStore(conn).cron_advance(dag_id=dag["dag_id"], trigger=cron["name"], fire_at=latest)
     if specs:
         log.info("cron %s/%s fired run %s for %s", dag["name"], cron["name"], run_id, latest)
+        audit.record(
+            conn,
+            by,
+            "dag.trigger",
+            dag["name"],
+            {
+                "trigger": cron["name"],
+                "kind": "cron",
+                "run_id": run_id,
+                "tasks": len(refs),
+                "scheduled_for": latest.isoformat(),
+                "skipped_ticks": count - 1,
+            },
+            org_id=dag["org_id"],
+        )
     return run_id, refs
 
 
@@ -227,7 +245,9 @@ def fire_scheduled(
                 "skipped": f"the trigger last fired for {last.isoformat()}, at or after this tick",
             }
         _, count = due(cron["schedule"], last, tick)
-        run_id, refs = _fire_latest(dispatcher, conn, locked, cron, tick, count, config)
+        run_id, refs = _fire_latest(
+            dispatcher, conn, locked, cron, tick, count, config, by="eventbridge"
+        )
     return {"run_id": run_id, "created": bool(refs), "tasks": [r.task_id for r in refs]}
 
 
