@@ -12,6 +12,7 @@ from psycopg_pool import ConnectionPool
 from trace_platform import audit
 from trace_platform.contract import TaskRef, TaskSpec
 from trace_platform.control.changes import DagChanges
+from trace_platform.control.identity import Identities
 from trace_platform.dag.schema import NAME
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
@@ -22,10 +23,7 @@ from trace_platform.identity import (
     Forbidden,
     can_deploy,
     can_read_row,
-    create_key,
-    ensure_user,
     require_admin,
-    set_roles,
 )
 from trace_platform.identity.vault import (
     can_manage_secret,
@@ -93,6 +91,7 @@ class ControlPlane:
         self.dispatcher = dispatcher
         self.vault = vault_for(dispatcher.settings)
         self.changes = DagChanges(pool, dispatcher)
+        self.identity = Identities(pool)  # users and API keys (control/identity.py)
         # Secrets stored in plaintext before migration 0008 are sealed once, at start.
         with pool.connection() as conn:
             self.vault.seal_legacy(conn)
@@ -404,12 +403,7 @@ class ControlPlane:
         and issues a new API key for them, returned once (only its hash is stored)."""
         require_admin(actor, "manage users")
         _check_roles(roles)
-        roles = sorted(set(roles))
-        with self.pool.connection() as conn, conn.transaction():
-            user = ensure_user(conn, actor.org_id, name, is_admin=is_admin, roles=roles)
-            set_roles(conn, actor, name, roles, is_admin)
-            key = create_key(conn, user.user_id)
-        return {"name": name, "roles": roles, "is_admin": is_admin, "api_key": key}
+        return self.identity.add_user(actor, name, sorted(set(roles)), is_admin)
 
     # -- audit log -----------------------------------------------------------------------------
     def audit_log(
