@@ -165,6 +165,14 @@ class Settings(BaseSettings):
     # is host:pid:nonce); default its hostname.
     worker_beat_seconds: float = Field(default=5.0, ge=0.05, le=3600)
     worker_host: str | None = Field(default=None, pattern=HOST_NAME)
+    # Prometheus metrics (docs/operations.md, "Metrics"): the API serves GET /metrics on
+    # metrics_host (default api_host):metrics_port, a worker on
+    # worker_metrics_host:worker_metrics_port; unset, not served. No key guards them: bind them
+    # where only the operators' network reaches (the figures are every org's together).
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str | None = None
+    worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    worker_metrics_host: str = "127.0.0.1"
     internal_token: SecretStr | None = None
     # required: every user-facing call needs an API key; permissive (Lite only): calls without
     # a key act as the Lite admin. Endpoint shapes are the same either way.
@@ -304,6 +312,15 @@ class Settings(BaseSettings):
         if self.profile is Profile.aws and self.auth == "permissive":
             # Key-less calls would act as Lite's admin: behind API Gateway, anyone's.
             raise ValueError("TRACE_AUTH=permissive is Lite's alone: the aws profile requires keys")
+        if self.metrics_port is not None and self.metrics_port in (
+            self.api_port,
+            self.exchange_port,
+        ):
+            # One listener would fail to bind: say which setting, not an OSError at start.
+            raise ValueError(
+                f"TRACE_METRICS_PORT={self.metrics_port} is the API's or its exchange "
+                "listener's port: give /metrics a port of its own"
+            )
         if self.lambda_queue == self.task_queue:
             # Lambda tasks' wake-ups would reach platform workers, which hand them back.
             raise ValueError(

@@ -19,7 +19,6 @@ from trace_platform.api.routes import (
     datasets,
     delivery,
     health,
-    identity,
     internal,
     names,
     query,
@@ -28,6 +27,8 @@ from trace_platform.api.routes import (
     tasks,
     workers,
 )
+from trace_platform.metrics.api import ApiMetrics
+from trace_platform.metrics.http import RequestTimer
 from trace_platform.services import Services
 
 
@@ -48,6 +49,10 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     # without the token is refused unread (the only check of it); bodies are counted as they stream (413 at the
     # limit). Every other error is mapped by install_error_handlers.
     _guard(app, token)
+    # Outermost of all: each request's latency by route template (metrics/http.py), served
+    # with the rest of the process's metrics on TRACE_METRICS_PORT (the lifespan's).
+    app.state.metrics = metrics = ApiMetrics(services)
+    app.add_middleware(RequestTimer, histogram=metrics.requests)
 
     # internal: the worker wrapper only (the InternalToken middleware); first, as the most
     # called (routes are matched in order)
@@ -55,19 +60,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
-    for routes in (
-        tasks,
-        dags,
-        runs,
-        datasets,
-        names,
-        query,
-        secrets,
-        delivery,
-        workers,
-        identity,
-        audit,
-    ):
+    for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery, workers, audit):
         app.include_router(routes.router(services, actor))
     return app
 

@@ -1,7 +1,8 @@
 """What an API process may run beside its routes: the outbox publisher, the reaper, the
 automatic cutover of completed rebuilds, the collector of retired files and the cron
 scheduler, each a daemon thread started and stopped by the app's lifespan; and the workers'
-exchange listener (api/exchange_listener.py) when the settings give it a port."""
+exchange listener (api/exchange_listener.py) and the /metrics listener (metrics/api.py) when
+the settings give them a port."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from trace_platform.api.exchange_listener import ExchangeListener
 from trace_platform.control.changes import run_cutovers
 from trace_platform.db.pool import sink_dsn
 from trace_platform.dispatcher.reaper import run_reaper
+from trace_platform.metrics.api import serve_metrics
 from trace_platform.objectstore import make_store
 from trace_platform.registry.collector import Collector, run_collector
 from trace_platform.services import Services
@@ -108,8 +110,11 @@ def lifespan(
         listener = None
         # The caches of mutable answers (API keys) and the listener that keeps them true.
         services.listen()
+        metrics = None
         try:
             listener = app.state.exchange_listener = exchange_listener(services)
+            if hasattr(app.state, "metrics"):  # create_app's (not the hooks-only app's)
+                metrics = app.state.metrics_server = serve_metrics(services, app.state.metrics)
             if background:
                 threads.extend(background_threads(services, stop))
                 for t in threads:
@@ -118,6 +123,8 @@ def lifespan(
         finally:
             if listener is not None:
                 listener.stop()
+            if metrics is not None:
+                metrics.stop()
             stop.set()
             for t in threads:
                 t.join(timeout=5)

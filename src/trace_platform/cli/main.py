@@ -30,7 +30,6 @@ from trace_platform.cli.control import (
 )
 from trace_platform.cli.delivery import alerts_app, deliveries_app, delivery, destinations_app
 from trace_platform.cli.devnet import devnet_app
-from trace_platform.cli.identity import keys_app  # also registers `trace users list|remove`
 from trace_platform.cli.lambda_invoker import lambda_invoker
 from trace_platform.cli.names import names_app
 from trace_platform.cli.query import query
@@ -60,7 +59,6 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
-app.add_typer(keys_app, name="keys")
 app.add_typer(devnet_app, name="devnet")
 app.add_typer(names_app, name="names")
 app.add_typer(buffers_app, name="buffers")
@@ -216,6 +214,7 @@ def worker(
     tasks, running ones get TRACE_WORKER_DRAIN_SECONDS (30) to finish, then are handed back
     unfinished without spending a retry; a second signal hands them back at once."""
     from trace_platform.lite.bootstrap import internal_token, internal_token_file
+    from trace_platform.metrics.worker import serve_worker_metrics
     from trace_platform.objectstore import make_store
     from trace_platform.queue import make_driver
     from trace_platform.sandbox import SandboxUnavailable, resolve
@@ -255,8 +254,15 @@ def worker(
             f"no internal token: set TRACE_INTERNAL_TOKEN or start the API once (Lite writes "
             f"{internal_token_file(settings)})"
         )
+    # Its claims, reports, heartbeats and hosts, on TRACE_WORKER_METRICS_PORT when set.
+    metrics, metrics_server = serve_worker_metrics(settings)
     client = DispatcherClient(
-        url, internal_token=token, wrappers=concurrency, exchange_url=exchange, tls=tls
+        url,
+        internal_token=token,
+        wrappers=concurrency,
+        exchange_url=exchange,
+        tls=tls,
+        metrics=metrics,
     )
     store = make_store(settings)
     store.ensure_bucket()
@@ -295,13 +301,16 @@ def worker(
             # Every wrapper claims as the worker (the registry's id); each has its own hosts.
             worker_id=member.worker_id,
             host_name=f"{member.worker_id}-{i}",
+            metrics=metrics,
         )
         for i in range(concurrency)
     ]
     # One thread drives them all (worker/reactor.py): this one, where signals are handled.
-    own = loop_client(url, token, exchange, tls)
+    own = loop_client(url, token, exchange, tls, metrics)
     Reactor(wrappers, own).run(stop, max_tasks, abort)
     member.stop()
+    if metrics_server is not None:
+        metrics_server.stop()
     own.close()
     client.close()
     driver.close()

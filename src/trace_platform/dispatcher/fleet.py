@@ -124,6 +124,8 @@ class WorkerRegistry:
             ended = self.dispatcher.fail_holders(
                 tx, {r["worker_id"]: r["ended_reason"] for r in dead}
             )
+        self.dispatcher.metrics.workers_dead.inc(len(dead))  # counted once committed
+        self.dispatcher.metrics.reaped.labels("worker_dead").inc(ended)
         for r in dead:
             log.warning(
                 "worker %s on %s declared dead: %s", r["worker_id"], r["host"], r["ended_reason"]

@@ -50,6 +50,7 @@ from trace_platform.errors import (
     ServerFault,
     TraceError,
 )
+from trace_platform.metrics.counters import DispatcherMetrics
 from trace_platform.operators import WHOLE_OUTPUT_OPERATORS
 from trace_platform.store.tasks import (
     AttemptEnd,
@@ -120,6 +121,7 @@ class Lifecycle:
         self.intents = intents
         self.slots = slots
         self.emitter = emitter
+        self.metrics = DispatcherMetrics()  # heartbeats and reaps, for /metrics
 
     # -- claim ---------------------------------------------------------------------------
     def claim_many(
@@ -399,7 +401,9 @@ class Lifecycle:
                 )
             )
             if row is not None:
+                self.metrics.heartbeat(accepted=True)
                 return HeartbeatResponse(**row)
+            self.metrics.heartbeat(accepted=False)
             st = fenced(tx, req)
             raise Conflict(
                 "lease_lost",
@@ -622,6 +626,8 @@ class Lifecycle:
                     if st["timed_out"]
                     else f"attempt {st['attempt']} lost its lease (missed heartbeats)",
                 )
+        for st in rows:  # counted once committed
+            self.metrics.reaped.labels("timed_out" if st["timed_out"] else "lease_expired").inc()
         return len(rows)
 
     def fail_holders(self, tx: StoreTx, dead: dict[str, str]) -> int:

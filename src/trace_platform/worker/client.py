@@ -46,6 +46,7 @@ from trace_platform.contract import (
     lease_params,
 )
 from trace_platform.contract_fleet import WorkerBeat, WorkerRef, WorkerRegistration
+from trace_platform.metrics.worker import WorkerMetrics
 from trace_platform.worker.batching import Batcher
 from trace_platform.worker.http import Response, Transport, TransportError, pool_size
 
@@ -60,6 +61,7 @@ LISTENER_PAUSE = 5.0
 LISTENER_PAUSE_MAX = 60.0
 
 T = TypeVar("T", bound=BaseModel)
+T2 = TypeVar("T2")
 # One item of a worker's exchange with the API: a wake-up to claim, or an attempt's report.
 Ask = ClaimRequest | tuple[Claim, CompleteItem]
 
@@ -89,12 +91,15 @@ class DispatcherClient:
         wrappers: int = 8,
         exchange_url: str | None = None,
         tls: ssl.SSLContext | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """`wrappers`: how many wrappers share this client (sizes its connections);
         `exchange_url`: the API's exchange listener (api/exchange_listener.py), which then
         carries every claim and every batched completion, lone ones included, while it can
         be reached (else the API's routes do); `tls`: what an https API and listener are
-        verified with (trace_platform.tls.client_context; default certifi's CAs)."""
+        verified with (trace_platform.tls.client_context; default certifi's CAs); `metrics`:
+        the worker's, counting every claim, report and heartbeat answered."""
+        self.metrics = metrics
         headers = {"Content-Type": "application/json"}
         if internal_token:
             headers["X-Internal-Token"] = internal_token
@@ -157,7 +162,20 @@ class DispatcherClient:
         the caller passes the same key again to retry it itself."""
         key = (claim_id or uuid4()) if self.claim_keys else None
         req = ClaimRequest(task_id=task_id, worker_id=worker_id, claim_id=key)
-        return cast(Claim, self._exchange.submit(req))
+        return cast(Claim, self._counted(req, lambda: self._exchange.submit(req)))
+
+    def _counted(self, ask: Ask, call: Callable[[], T2]) -> T2:
+        """`call`'s answer to `ask`, counted in the worker's metrics (an error as its answer)."""
+        began = time.monotonic()
+        try:
+            answer = call()
+        except Exception as e:
+            if self.metrics is not None:
+                self.metrics.answered([ask], [e], time.monotonic() - began)
+            raise
+        if self.metrics is not None:
+            self.metrics.answered([ask], [answer], time.monotonic() - began)
+        return answer
 
     def _exchange_batch(self, asks: list[Ask]) -> list[Claim | CompleteResponse | BaseException]:
         """The claims and completions waiting together, answered in their order: both kinds
@@ -294,15 +312,23 @@ class DispatcherClient:
         """One try within `timeout`: the wrapper's loop retries (it must keep serving its
         operator meanwhile, and knows how long the lease holds)."""
         body = HeartbeatBody(progress=progress)
-        return self._call(
-            "POST",
-            "/internal/heartbeat",
-            HeartbeatResponse,
-            retries=0,
-            content=body.model_dump_json(),
-            timeout=timeout,
-            **_lease(claim),
-        )
+        try:
+            answer = self._call(
+                "POST",
+                "/internal/heartbeat",
+                HeartbeatResponse,
+                retries=0,
+                content=body.model_dump_json(),
+                timeout=timeout,
+                **_lease(claim),
+            )
+        except Exception as e:
+            if self.metrics is not None:
+                self.metrics.heartbeat(e)
+            raise
+        if self.metrics is not None:
+            self.metrics.heartbeat(answer)
+        return answer
 
     def events(self, claim: Claim, events: list[EventIn]) -> EventsResponse:
         body = EventsBody(events=events)
@@ -329,14 +355,18 @@ class DispatcherClient:
         """The attempt's report (`complete_item`'s arguments)."""
         item = complete_item(claim, outcome, **report)
         if _oversize(item):
-            return self._complete_one(claim, item)
-        return cast(CompleteResponse, self._exchange.submit((claim, item)))
+            return self._counted((claim, item), lambda: self._complete_one(claim, item))
+        return cast(
+            CompleteResponse,
+            self._counted((claim, item), lambda: self._exchange.submit((claim, item))),
+        )
 
     def exchange(self, asks: list[Ask]) -> list[Claim | CompleteResponse | BaseException]:
         """Claims and completions together, answered each in its order (an error is that
         item's): a worker's loop sends all it has at once. A completion over
         MAX_BATCHED_COMPLETION_BYTES goes alone; an error of the request itself is every
         other item's."""
+        began = time.monotonic()
         answers: dict[int, Claim | CompleteResponse | BaseException] = {}
         for n, ask in enumerate(asks):
             if isinstance(ask, ClaimRequest):
@@ -357,7 +387,10 @@ class DispatcherClient:
             except Exception as e:
                 got = [e] * len(part)
             answers.update(zip(part, got, strict=True))
-        return [answers[n] for n in range(len(asks))]
+        ordered = [answers[n] for n in range(len(asks))]
+        if self.metrics is not None:
+            self.metrics.answered(asks, ordered, time.monotonic() - began)
+        return ordered
 
     def claim_request(self, task_id: UUID, worker_id: str) -> ClaimRequest:
         """A claim of the task with a fresh key (unless the API takes none): tried again with

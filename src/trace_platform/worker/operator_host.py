@@ -18,13 +18,16 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trace_platform.contract import TaskPayload
 from trace_platform.sandbox import Policy
 from trace_platform.sandbox.hostdir import HostDir, TaskDirs, host_command, host_env
 from trace_platform.sandbox.netns import listen_in
 from trace_platform.worker.host_link import HostLink
+
+if TYPE_CHECKING:
+    from trace_platform.metrics.worker import WorkerMetrics
 
 
 class HostUnresponsive(RuntimeError):
@@ -86,8 +89,10 @@ class OperatorHost:
         extra_env: dict[str, str] | None = None,
         extra_binds: list[Path] | None = None,
         limits: dict[str, Any] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
-        """`limits`: the sandboxed host's resource limits (`hostdir.resource_limits`)."""
+        """`limits`: the sandboxed host's resource limits (`hostdir.resource_limits`);
+        `metrics`: the worker's, counting this host's starts."""
         self.home = home.resolve()
         self.name = name
         self.policy = policy
@@ -99,6 +104,8 @@ class OperatorHost:
         self.dir: HostDir | None = None
         self.tenant: tuple[Any, ...] | None = None
         self.link: HostLink | None = None  # the running process's messages
+        self.metrics = metrics
+        self.started = False  # a process was started before
 
     def runs_for(self, tenant: tuple[Any, ...]) -> bool:
         """Whether this host runs, for `tenant` (its next task then starts at once)."""
@@ -107,6 +114,11 @@ class OperatorHost:
     def ensure(self, tenant: tuple[Any, ...]) -> None:
         if self.runs_for(tenant):
             return
+        if self.metrics is not None:
+            alive = self.proc is not None and self.proc.poll() is None
+            why = "tenant" if alive else "restart" if self.started else "first"
+            self.metrics.host_starts.labels(why).inc()
+        self.started = True
         self.kill()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.dir = HostDir.create(self.home / "sandbox", self.name, self.policy)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 from trace_platform.contract import Claim, ClaimRequest, CompleteItem, CompleteResponse
+from trace_platform.metrics.worker import WorkerMetrics
 from trace_platform.queue.driver import Message
 from trace_platform.worker.attempt import LeaseClock, Running
 from trace_platform.worker.client import (
@@ -70,8 +71,10 @@ def loop_client(
     internal_token: str,
     exchange_url: str | None,
     tls: ssl.SSLContext | None = None,
+    metrics: WorkerMetrics | None = None,
 ) -> DispatcherClient:
-    """The loop's client of the API (its threads keep the worker's, which retries)."""
+    """The loop's client of the API (its threads keep the worker's, which retries), counting
+    its answers in the worker's `metrics`."""
     return DispatcherClient(
         api_url,
         internal_token=internal_token,
@@ -80,6 +83,7 @@ def loop_client(
         wrappers=1,
         exchange_url=exchange_url,
         tls=tls,
+        metrics=metrics,
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from trace_platform.config import Settings, get_settings
 from trace_platform.contract import Claim, TaskPayload
+from trace_platform.metrics.worker import WorkerMetrics
 from trace_platform.objectstore import ObjectStore
 from trace_platform.operators import TRUSTED_OPERATORS
 from trace_platform.queue import payloads
@@ -72,6 +73,7 @@ class Wrapper(TaskNetwork, Supervisor):
         acks: HeldAcks | None = None,
         settings: Settings | None = None,
         host_name: str | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """`host_env`: added to every host's allowlisted environment (Spark settings, the
         operator registry); `trusted_env`: in the task env of trusted platform operators only
@@ -79,7 +81,7 @@ class Wrapper(TaskNetwork, Supervisor):
         Postgres, object store endpoint); `acks`: the worker's shared `HeldAcks`; `settings`:
         egress and resource limits (default: the process's); `host_name`: its operator hosts'
         name (default: from `worker_id`; the wrappers of one worker share its id, so each
-        needs its own)."""
+        needs its own); `metrics`: the worker's (its hosts' starts are counted there)."""
         settings = settings or get_settings()
         self.driver = driver
         self.client = client
@@ -107,6 +109,7 @@ class Wrapper(TaskNetwork, Supervisor):
             extra_env=host_env,
             extra_binds=extra_binds,
             limits=limits,
+            metrics=metrics,
         )
         # Trusted sinks (platform code that writes Postgres data) run in a host of their own,
         # sandboxed like any other with the same limits, and only they get the data DSN, with a
@@ -120,7 +123,12 @@ class Wrapper(TaskNetwork, Supervisor):
                 "forward into it (a Unix socket); give TRACE_DATA_DSN a host and port"
             )
         self.trusted_host = OperatorHost(
-            home, safe_id + "-trusted", trusted_policy, extra_env=host_env, limits=limits
+            home,
+            safe_id + "-trusted",
+            trusted_policy,
+            extra_env=host_env,
+            limits=limits,
+            metrics=metrics,
         )
 
     def close(self) -> None:

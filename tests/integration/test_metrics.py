@@ -1,0 +1,273 @@
+"""Prometheus metrics (docs/operations.md, "Metrics"): the API's /metrics on a listener of its
+own equals the database (tasks by status, outbox, queues, deliveries, sink backlog, workers),
+counts what its Dispatcher handled, times requests by route template, and is reached through
+no API route; a worker's counts what it ran."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.invariants import expire_lease
+from tests.support.servers import admin_key, bearer
+from trace_platform.config import Settings
+from trace_platform.contract import ClaimRequest, CompleteRequest, HeartbeatRequest, TaskSpec
+from trace_platform.db.embedded import free_port
+from trace_platform.errors import Conflict
+from trace_platform.lite.stack import ApiServer
+from trace_platform.metrics.state import QUEUE_STATES, STATUSES, StateCollector
+from trace_platform.services import Services
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample of a scrape by (name, sorted labels); the parser refuses a malformed one."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def scrape(port: int) -> Samples:
+    r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    return parse(r.text)
+
+
+def rows(dsn: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+@pytest.fixture
+def api(settings: Settings, dsn: str) -> Iterator[tuple[Services, str, int]]:
+    """Services that require keys, an API serving them (no background loops: the test moves
+    every task itself) and its /metrics port: (services, API URL, metrics port)."""
+    port = free_port()
+    svc = Services.build(
+        settings.model_copy(update={"auth": "required", "metrics_port": port}), dsn
+    )
+    server = ApiServer(svc, "127.0.0.1", free_port(), background=False)
+    server.start()
+    try:
+        yield svc, server.url, port
+    finally:
+        server.stop()
+        svc.close()
+
+
+def test_the_api_metrics_equal_the_database(api: tuple[Services, str, int], dsn: str) -> None:
+    svc, url, port = api
+    d = svc.dispatcher
+    spec = TaskSpec(job="m", operator="noop", max_attempts=1)
+    ids = [d.create_task(spec).task_id for _ in range(5)]
+    svc.publisher.drain()  # their wake-ups on the queue
+    claims = [d.claim(ClaimRequest(task_id=t, worker_id="w1")) for t in ids[:3]]
+    d.complete(CompleteRequest(**lease(claims[0]), outcome="succeeded"))
+    d.complete(CompleteRequest(**lease(claims[1]), outcome="failed", error="no"))
+    d.heartbeat(HeartbeatRequest(**lease(claims[2])))
+    with pytest.raises(Conflict):
+        d.heartbeat(HeartbeatRequest(**{**lease(claims[2]), "lease_token": uuid.uuid4()}))
+    expire_lease(svc, claims[2].task_id)
+    assert d.reap() == 1  # its only try: failed
+    d.create_task(spec)  # a wake-up left unsent
+    # Requests: a DAG that does not exist (its route's template), a path no route has.
+    key = admin_key(svc)
+    assert httpx.get(f"{url}/v1/dags/xyz", headers=bearer(key)).status_code == 404
+    assert httpx.get(f"{url}/v1/no/such/path", headers=bearer(key)).status_code == 404
+
+    got = scrape(port)
+    exact = dict(rows(dsn, "SELECT status, count(*) FROM task_status GROUP BY status"))
+    assert exact == {"queued": 3, "succeeded": 1, "failed": 2}  # the test did what it meant
+    for status in ("queued", "buffered", "running"):
+        assert value(got, "trace_tasks", status=status) == exact.get(status, 0), status
+    [(unsent, oldest)] = rows(
+        dsn,
+        "SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM outbox "
+        "WHERE sent_at IS NULL",
+    )
+    assert unsent == 1 and value(got, "trace_outbox_unsent") == 1
+    assert 0 < value(got, "trace_outbox_oldest_unsent_seconds") <= float(oldest) + 5
+    [(queued,)] = rows(dsn, "SELECT count(*) FROM queue_messages WHERE queue_name = 'tasks'")
+    assert queued == 5  # nothing received them
+    assert value(got, "trace_queue_messages", queue="tasks", state="ready") == queued
+    assert value(got, "trace_queue_messages", queue="tasks", state="leased") == 0
+    assert value(got, "trace_queue_messages", queue="lambda", state="ready") == 0
+    assert value(got, "trace_queue_oldest_ready_seconds", queue="tasks") > 0
+    # What this process's Dispatcher handled.
+    assert value(got, "trace_heartbeats_total", result="accepted") == 1
+    assert value(got, "trace_heartbeats_total", result="refused") == 1
+    assert value(got, "trace_attempts_reaped_total", reason="lease_expired") == 1
+    assert value(got, "trace_attempts_reaped_total", reason="timed_out") == 0
+    # Latencies by route template: never the raw path (its cardinality is the callers').
+    hist = "trace_http_request_duration_seconds_count"
+    assert value(got, hist, route="/v1/dags/{name}", method="GET", status="404") == 1
+    assert value(got, hist, route="unmatched", method="GET", status="404") == 1
+    routes = {dict(labels).get("route") for name, labels in got if name == hist}
+    assert not any("xyz" in r or "no/such" in r for r in routes if r), routes
+    # Every read answered.
+    assert all(v == 0 for (n, _), v in got.items() if n == "trace_metrics_read_errors_total")
+
+
+def lease(c: Any) -> dict[str, Any]:
+    return {"task_id": c.task_id, "attempt": c.attempt, "lease_token": c.lease_token}
+
+
+def test_metrics_are_on_their_own_loopback_port_not_the_api(
+    api: tuple[Services, str, int],
+) -> None:
+    """No API key reaches them through the API (an org admin's included: the figures are every
+    org's); the listener is bound to the API's host (loopback here) and serves /metrics alone."""
+    svc, url, port = api
+    key = admin_key(svc)
+    for headers in ({}, bearer(key), {"X-Internal-Token": svc.internal_token or ""}):
+        assert httpx.get(f"{url}/metrics", headers=headers).status_code in (401, 404)
+    assert httpx.get(f"{url}/metrics", headers=bearer(key)).status_code == 404
+    assert bound_to(port) == "127.0.0.1"
+    assert httpx.get(f"http://127.0.0.1:{port}/other").status_code == 404
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 200
+
+
+def bound_to(port: int) -> str:
+    """The address a listener on `port` of this host is bound to (from /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        host, hex_port = local.split(":")
+        if int(hex_port, 16) == port and state == "0A":  # LISTEN
+            return ".".join(str(b) for b in reversed(bytes.fromhex(host)))
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def collected(collector: StateCollector) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
+
+
+def test_backlogs_and_estimates_equal_the_database(services: Services, dsn: str) -> None:
+    """Every scrape-time figure against the rows it stands for: tasks by status (estimated
+    from the statistics, for all statuses), each queue's states, deliveries, the sink's
+    backlog by dataset and the worker registry."""
+    counts = {"queued": 40, "buffered": 80, "running": 120, "succeeded": 400, "failed": 160}
+    dataset = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for status, n in counts.items():
+            conn.execute(
+                "INSERT INTO task_status (task_id, start_day, status) "
+                "SELECT gen_random_uuid(), 0, %s FROM generate_series(1, %s)",
+                (status, n),
+            )
+        for (part,) in conn.execute(
+            "SELECT inhrelid::regclass::text FROM pg_inherits "
+            "WHERE inhparent = 'task_status'::regclass"
+        ).fetchall():
+            conn.execute(f"ANALYZE {part}")
+        # Queues: ready, delayed, leased in place and in a batch lease, dead.
+        conn.execute(
+            "INSERT INTO queue_messages (queue_name, payload, visible_at, lease_until, lease_token)"
+            " VALUES ('tasks', '{}', now() - interval '30 s', NULL, NULL),"
+            " ('tasks', '{}', now() + interval '1 h', NULL, NULL),"
+            " ('tasks', '{}', now(), now() + interval '1 min', gen_random_uuid()),"
+            " ('buffer.x', '{}', now() - interval '5 s', NULL, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO queue_leases (token, queue_name, lease_until, held, ids, attempts, "
+            "max_attempts, created_at, last_error, payloads) VALUES (gen_random_uuid(), "
+            "'tasks', now() + interval '1 min', '{7,8}', '{7,8,9}', '{1,1,1}', '{20,20,20}', "
+            "ARRAY[now(), now(), now()], '{NULL,NULL,NULL}', '[{}, {}, {}]')"
+        )
+        conn.execute(
+            "INSERT INTO queue_dead (id, queue_name, payload, created_at, attempts) "
+            "VALUES (99, 'tasks', '{}', now(), 20)"
+        )
+        # Deliveries: two pending (one overdue by a minute), one sending, one delivered.
+        for status, created, due in (
+            ("pending", "10 min", "1 min"),
+            ("pending", "1 min", "-1 h"),
+            ("sending", "20 min", "0 s"),
+            ("delivered", "1 h", "0 s"),
+        ):
+            conn.execute(
+                "INSERT INTO deliveries (delivery_id, org_id, idempotency_key, destination, "
+                "record_id, rule, severity, event_time, body, status, created_at, "
+                "next_attempt_at) VALUES (gen_random_uuid(), gen_random_uuid(), "
+                "gen_random_uuid()::text, 'ops', gen_random_uuid(), 'r', 'high', now(), '{}', "
+                "%s, now() - %s::interval, now() - %s::interval)",
+                (status, created, due),
+            )
+        # The sink's backlog: pending and loaded batches (their dataset's rows aside).
+        conn.execute("SET session_replication_role = replica")  # no foreign keys checked
+        for status, age in (("pending", "2 min"), ("pending", "1 min"), ("loaded", "1 h")):
+            conn.execute(
+                "INSERT INTO buffer_records (record_id, dataset_uuid, org_id, task_id, attempt, "
+                "start_day, job, location, content_type, status, created_at) VALUES "
+                "(gen_random_uuid(), %s, gen_random_uuid(), gen_random_uuid(), 1, 0, 'j', "
+                "gen_random_uuid()::text, 'application/jsonl', %s, now() - %s::interval)",
+                (dataset, status, age),
+            )
+        conn.execute("SET session_replication_role = DEFAULT")
+        for state, slots in (("alive", 2), ("alive", 3), ("dead", 4), ("stopped", 1)):
+            ended = "now()" if state != "alive" else "NULL"
+            conn.execute(
+                "INSERT INTO workers (worker_id, host, pid, version, slots, beat_seconds, "
+                f"state, ended_at) VALUES (gen_random_uuid()::text, 'h', 1, 'v', %s, 5, %s, "
+                f"{ended})",
+                (slots, state),
+            )
+
+    got = collected(StateCollector(services.pool, queues=("tasks", "lambda")))
+    for status in STATUSES:
+        want = counts.get(status, 0)
+        assert value(got, "trace_tasks_estimated", status=status) == want, status
+    for status in ("queued", "buffered", "running"):
+        assert value(got, "trace_tasks", status=status) == counts[status]
+    states = {s: value(got, "trace_queue_messages", queue="tasks", state=s) for s in QUEUE_STATES}
+    assert states == {"ready": 1, "delayed": 1, "leased": 3}
+    assert 29 < value(got, "trace_queue_oldest_ready_seconds", queue="tasks") < 60
+    assert value(got, "trace_queue_messages", queue="buffer.x", state="ready") == 1
+    assert value(got, "trace_queue_messages", queue="lambda", state="ready") == 0
+    assert value(got, "trace_queue_dead_letters", queue="tasks") == 1
+    assert value(got, "trace_deliveries", status="pending") == 2
+    assert value(got, "trace_deliveries", status="sending") == 1
+    assert 20 * 60 - 1 < value(got, "trace_delivery_oldest_seconds") < 20 * 60 + 30
+    assert 59 < value(got, "trace_delivery_overdue_seconds") < 90
+    assert value(got, "trace_sink_pending_batches", dataset_uuid=str(dataset)) == 2
+    assert 119 < value(got, "trace_sink_oldest_pending_seconds", dataset_uuid=str(dataset)) < 150
+    assert value(got, "trace_workers", state="alive") == 2
+    assert value(got, "trace_workers", state="dead") == 1
+    assert value(got, "trace_workers", state="stopped") == 1
+    assert value(got, "trace_worker_slots") == 5
+
+
+def test_a_read_that_runs_out_of_time_is_left_out_not_the_scrape(
+    services: Services, dsn: str
+) -> None:
+    """Each read is bounded by its statement_timeout: one blocked (the outbox locked by
+    someone else) is missing from that scrape and counted; every other figure is there."""
+    collector = StateCollector(services.pool, queues=("tasks",), timeout_ms=200)
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        got = collected(collector)
+    names = {name for name, _ in got}
+    assert "trace_outbox_unsent" not in names
+    assert value(got, "trace_metrics_read_errors_total", read="outbox") == 1
+    assert value(got, "trace_metrics_read_errors_total", read="tasks") == 0
+    assert value(got, "trace_tasks", status="queued") == 0
+    assert "trace_queue_messages" in names and "trace_workers" in names
+    got = collected(collector)  # the lock gone: the outbox is back
+    assert value(got, "trace_outbox_unsent") == 0
