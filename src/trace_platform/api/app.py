@@ -19,6 +19,7 @@ from trace_platform.api.routes import (
     datasets,
     delivery,
     health,
+    identity,
     internal,
     names,
     query,
@@ -60,7 +61,19 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
     app.include_router(health.router(services))
     # user-facing: every call acts as a user
     actor = actor_dependency(services)
-    for routes in (tasks, dags, runs, datasets, names, query, secrets, delivery, workers, audit):
+    for routes in (
+        tasks,
+        dags,
+        runs,
+        datasets,
+        names,
+        query,
+        secrets,
+        delivery,
+        workers,
+        identity,
+        audit,
+    ):
         app.include_router(routes.router(services, actor))
     return app
 

@@ -30,6 +30,7 @@ from trace_platform.cli.control import (
 )
 from trace_platform.cli.delivery import alerts_app, deliveries_app, delivery, destinations_app
 from trace_platform.cli.devnet import devnet_app
+from trace_platform.cli.identity import keys_app  # also registers `trace users list|remove`
 from trace_platform.cli.lambda_invoker import lambda_invoker
 from trace_platform.cli.names import names_app
 from trace_platform.cli.query import query
@@ -59,6 +60,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(secrets_app, name="secrets")
 app.add_typer(users_app, name="users")
+app.add_typer(keys_app, name="keys")
 app.add_typer(devnet_app, name="devnet")
 app.add_typer(names_app, name="names")
 app.add_typer(buffers_app, name="buffers")
