@@ -17,11 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.invariants import expire_lease
 from tests.support.servers import admin_key, bearer
+from tests.support.wait import wait_for
 from trace_platform.config import Settings
 from trace_platform.contract import ClaimRequest, CompleteRequest, HeartbeatRequest, TaskSpec
 from trace_platform.db.embedded import free_port
 from trace_platform.errors import Conflict
-from trace_platform.lite.stack import ApiServer
+from trace_platform.lite.stack import ApiServer, LiteStack
 from trace_platform.metrics.state import QUEUE_STATES, STATUSES, StateCollector
 from trace_platform.services import Services
 
@@ -271,3 +272,45 @@ def test_a_read_that_runs_out_of_time_is_left_out_not_the_scrape(
     assert "trace_queue_messages" in names and "trace_workers" in names
     got = collected(collector)  # the lock gone: the outbox is back
     assert value(got, "trace_outbox_unsent") == 0
+
+
+@pytest.mark.slow
+def test_a_workers_metrics_after_it_ran_tasks(settings: Settings, dsn: str) -> None:
+    """`trace worker` with TRACE_WORKER_METRICS_PORT: its claims, outcomes, heartbeats and host
+    starts after a task that beats and one that fails; the API counted the same heartbeats."""
+    api_port, worker_port = free_port(), free_port()
+    stack = LiteStack(
+        settings.model_copy(update={"metrics_port": api_port}),
+        workers=0,
+        dsn=dsn,
+        sinks=0,
+        deliverers=0,
+        lambda_invokers=0,
+    )
+    with stack:
+        stack.add_worker({"TRACE_WORKER_METRICS_PORT": str(worker_port)})
+        d = stack.services.dispatcher
+        slow = d.create_task(TaskSpec(job="m", operator="sleep", config={"seconds": 1.2}))
+        wait_for(lambda: d.get_task(slow.task_id).status == "succeeded", 60, "the sleep task")
+        failing = d.create_task(TaskSpec(job="m", operator="fail", max_attempts=1))
+        wait_for(lambda: d.get_task(failing.task_id).status == "failed", 60, "the failing task")
+        # The worker counts a report once its answer is in (just after the commit).
+        got = wait_for(
+            lambda: (
+                (s := scrape(worker_port))
+                and value(s, "trace_worker_tasks_total", outcome="failed") == 1
+                and s
+            ),
+            10,
+            "the worker to count its reports",
+        )
+        api = scrape(api_port)
+    assert value(got, "trace_worker_claims_total", result="claimed") == 2
+    assert value(got, "trace_worker_claim_seconds_count") == 2
+    assert value(got, "trace_worker_tasks_total", outcome="succeeded") == 1
+    assert value(got, "trace_worker_reports_unaccepted_total") == 0
+    beats = value(got, "trace_worker_heartbeats_total", result="accepted")
+    assert beats >= 2  # 1.2 s at a heartbeat every 0.3 s
+    assert value(api, "trace_heartbeats_total", result="accepted") == beats
+    assert value(got, "trace_worker_operator_host_starts_total", reason="first") == 1
+    assert value(got, "trace_worker_operator_host_starts_total", reason="restart") == 0
