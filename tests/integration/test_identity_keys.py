@@ -285,6 +285,14 @@ def test_users_and_keys_from_the_cli(dsn: str, tmp_path: Path) -> None:
     assert own.returncode == 0 and "is now the new key" in own.stdout, own.stdout
     assert admin_file.read_text().strip() in own.stdout
 
+    # (expiry values themselves are checked by the control plane: see the HTTP tests)
+    for flags, error in (
+        (["--expires-in", "soon"], "not a positive duration"),
+        (["--expires-at", "tomorrow"], "is not an ISO 8601 time"),
+    ):
+        bad = run(["keys", "create", "carol", *flags], env)
+        assert bad.returncode == 1 and error in bad.stdout, (flags, bad.stdout)
+
     removed = run(["users", "remove", "carol"], env)
     assert removed.returncode == 0 and "2 key(s) revoked" in removed.stdout, removed.stdout
     users = run(["users", "list", "--removed"], env)
@@ -292,5 +300,3 @@ def test_users_and_keys_from_the_cli(dsn: str, tmp_path: Path) -> None:
     assert "carol" not in run(["users", "list"], env).stdout
     last = run(["users", "remove", "admin"], env)
     assert last.returncode == 1 and "last admin" in last.stdout
-    bad = run(["keys", "create", "carol", "--expires-in", "soon"], env)
-    assert bad.returncode == 1 and "not a positive duration" in bad.stdout
