@@ -16,14 +16,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.invariants import expire_lease
+from tests.support.queue_conformance import wake
 from tests.support.servers import admin_key, bearer
 from tests.support.wait import wait_for
-from trace_platform.config import Settings
+from trace_platform.config import QueueBackend, Settings
 from trace_platform.contract import ClaimRequest, CompleteRequest, HeartbeatRequest, TaskSpec
 from trace_platform.db.embedded import free_port
 from trace_platform.errors import Conflict
 from trace_platform.lite.stack import ApiServer, LiteStack
 from trace_platform.metrics.state import QUEUE_STATES, STATUSES, StateCollector
+from trace_platform.queue import make_driver
 from trace_platform.services import Services
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -314,3 +316,34 @@ def test_a_workers_metrics_after_it_ran_tasks(settings: Settings, dsn: str) -> N
     assert value(api, "trace_heartbeats_total", result="accepted") == beats
     assert value(got, "trace_worker_operator_host_starts_total", reason="first") == 1
     assert value(got, "trace_worker_operator_host_starts_total", reason="restart") == 0
+
+
+def test_sqs_queues_show_their_approximate_depths(services: Services, s3_endpoint: str) -> None:
+    """On SQS the queue figures are the queues' own approximate counts (moto's server here); a
+    queue not made yet is left out, not created by the scrape."""
+    settings = Settings(
+        queue_driver=QueueBackend.sqs,
+        sqs_endpoint_url=s3_endpoint,
+        sqs_queue_prefix=f"m{uuid.uuid4().hex[:8]}-",
+        sqs_access_key_id="testing",
+        sqs_secret_access_key="testing",
+    )
+    drv = make_driver(settings, dsn="")
+    try:
+        drv.publish_many("tasks", [wake(), wake()])
+        drv.publish("tasks", wake(), delay_seconds=60)
+        assert len(drv.receive("tasks", max_messages=1, visibility_timeout_seconds=60)) == 1
+        depths = getattr(drv, "approximate_depths", None)
+        collector = StateCollector(
+            services.pool, queues=("tasks", "lambda"), pgqueue=False, depths=depths
+        )
+        got = collected(collector)
+        states = {
+            s: value(got, "trace_queue_messages", queue="tasks", state=s) for s in QUEUE_STATES
+        }
+        assert states == {"ready": 1, "delayed": 1, "leased": 1}
+        assert not any(dict(labels).get("queue") == "lambda" for _, labels in got)
+        assert drv.approximate_depths(["lambda"]) == {}  # type: ignore[attr-defined]
+        assert value(got, "trace_metrics_read_errors_total", read="queues") == 0
+    finally:
+        drv.close()

@@ -69,7 +69,7 @@ class StateCollector:
         }
         if pgqueue:
             self.reads["queues"] = self._pgqueue
-        for name in self.reads:
+        for name in (*self.reads, *(("queues",) if depths is not None else ())):
             self.errors.labels(name)
 
     def describe(self) -> list[Metric]:

@@ -108,6 +108,14 @@ def _codes(e: ClientError) -> set[str]:
     return {str(error.get(k, "")).rsplit(".", 1)[-1] for k in ("Code", "QueryErrorCode")}
 
 
+# The queue attributes behind each state of metrics' trace_queue_messages.
+_DEPTHS = {
+    "ready": "ApproximateNumberOfMessages",
+    "delayed": "ApproximateNumberOfMessagesDelayed",
+    "leased": "ApproximateNumberOfMessagesNotVisible",
+}
+
+
 @dataclass(frozen=True)
 class QueueRef:
     name: str  # Trace's name
@@ -283,6 +291,25 @@ class SqsQueue:
                     "TRACE_SQS_CREATE_QUEUES=true"
                 ) from None
             raise
+
+    @_unavailable
+    def approximate_depths(self, queue_names: list[str]) -> dict[str, dict[str, int]]:
+        """SQS's approximate message counts of each named queue that exists, for /metrics
+        (metrics/state.py): ready (ApproximateNumberOfMessages), delayed, and leased (received,
+        not yet deleted: NotVisible). One GetQueueAttributes a queue; a queue not made yet is
+        left out (none is created for a scrape). SQS tells no message's age."""
+        out: dict[str, dict[str, int]] = {}
+        for name in queue_names:
+            known = self._queues.get(name)
+            url = known.url if known else self.urls.get(name)
+            if url is None:
+                try:
+                    url = self._url(self.physical(name), name)
+                except SqsError:
+                    continue  # never made: nothing on it
+            attrs = self._attributes(url, list(_DEPTHS.values()))
+            out[name] = {state: int(attrs.get(attr, 0)) for state, attr in _DEPTHS.items()}
+        return out
 
     def _attributes(self, url: str, names: list[str]) -> dict[str, str]:
         return dict(
