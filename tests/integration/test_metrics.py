@@ -24,6 +24,7 @@ from trace_platform.contract import ClaimRequest, CompleteRequest, HeartbeatRequ
 from trace_platform.db.embedded import free_port
 from trace_platform.errors import Conflict
 from trace_platform.lite.stack import ApiServer, LiteStack
+from trace_platform.metrics.api import CacheCollector
 from trace_platform.metrics.state import QUEUE_STATES, STATUSES, StateCollector
 from trace_platform.queue import make_driver
 from trace_platform.services import Services
@@ -347,3 +348,21 @@ def test_sqs_queues_show_their_approximate_depths(services: Services, s3_endpoin
         assert value(got, "trace_metrics_read_errors_total", read="queues") == 0
     finally:
         drv.close()
+
+
+def test_caches_show_their_hits_and_misses() -> None:
+    """This process's caches (trace_platform.cache) by name, as the API's registry reads them."""
+    cache_module = pytest.importorskip("trace_platform.cache")
+    cache = cache_module.LruCache(f"m{uuid.uuid4().hex[:6]}", maxsize=1)
+    cache.put("a", 1)
+    assert cache.get("a") == 1 and cache.get("b") is None
+    cache.put("b", 2)  # evicts a
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in CacheCollector().collect()
+        for s in family.samples
+    }
+    assert value(got, "trace_cache_hits_total", cache=cache.name) == 1
+    assert value(got, "trace_cache_misses_total", cache=cache.name) == 1
+    assert value(got, "trace_cache_evictions_total", cache=cache.name) == 1
+    assert value(got, "trace_cache_entries", cache=cache.name) == 1
