@@ -38,12 +38,25 @@ class CacheCollector:
         yield from cache_families(stats())
 
 
+class _DispatcherCounters:
+    """The process's Dispatcher's counters (`counters.py`), looked up at each scrape."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.services.dispatcher.metrics.collect()
+
+
 class ApiMetrics:
     def __init__(self, services: Services) -> None:
         s = services.settings
         self.registry = CollectorRegistry()
         self.requests: Histogram = request_histogram(self.registry)
-        self.registry.register(services.dispatcher.metrics)
+        self.registry.register(_DispatcherCounters(services))
         sqs = s.queue_driver is QueueBackend.sqs
         depths = getattr(services.driver, "approximate_depths", None) if sqs else None
         self.registry.register(

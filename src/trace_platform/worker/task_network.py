@@ -31,10 +31,12 @@ from trace_platform.worker.operator_host import OperatorHost
 
 def platform_ports(settings: Settings, api_urls: list[str | None], dsns: list[str]) -> set[int]:
     """Loopback ports of the platform's own services (the API's, its exchange listener's, the
-    object store's, Postgres'): no operator egress may reach them."""
+    API's and this worker's /metrics, the object store's, Postgres'): no operator egress may
+    reach them."""
     ports = {settings.api_port}
-    if settings.exchange_port is not None:
-        ports.add(settings.exchange_port)
+    for port in (settings.exchange_port, settings.metrics_port, settings.worker_metrics_port):
+        if port is not None:
+            ports.add(port)
     urls = (*api_urls, settings.exchange_url, settings.s3_endpoint_url)
     ports.update(host_port(url)[1] for url in urls if url)
     for dsn in dsns:
