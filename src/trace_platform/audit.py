@@ -129,7 +129,7 @@ def record(
             "actor_kind": "user",
             "actor_user_id": actor.user_id,
             "actor_name": actor.name,
-            "actor_key_id": getattr(actor, "key_id", None),
+            "actor_key_id": actor.key_id,
             "source": at.source,
         }
     else:
@@ -258,6 +258,25 @@ def decode_cursor(text: str) -> tuple[datetime, int]:
     return at, int(m[2])
 
 
+def read_bounds(
+    since: str | datetime | None, before: str | None, now: datetime | None = None
+) -> dict[str, Any]:
+    """The time bounds of a read (audit.sql list): constant start_days around them, so the
+    months before `since` and after the page (or tomorrow: no row is from the future, give or
+    take a clock) are never read, and the exact bounds on `at` and the page cursor."""
+    now = now or datetime.now(UTC)
+    low = parse_since(since, now) if isinstance(since, str) else since
+    before_at, before_id = decode_cursor(before) if before else (None, None)
+    high = min(before_at, now + timedelta(days=1)) if before_at else now + timedelta(days=1)
+    return {
+        "from_day": start_day(low) if low else -32768,
+        "to_day": start_day(high),
+        "since": low or datetime.min.replace(tzinfo=UTC),
+        "before_at": before_at or datetime.max.replace(tzinfo=UTC),
+        "before_id": before_id if before_id is not None else 2**63 - 1,
+    }
+
+
 def list_entries(
     conn: Connection[Any],
     actor: Actor,
@@ -280,26 +299,10 @@ def list_entries(
             f"no audit action '{action}'; the actions are {', '.join(sorted(ACTIONS))}",
             fields=["action"],
         )
-    now = datetime.now(UTC)
-    low = parse_since(since, now) if isinstance(since, str) else since
-    before_at, before_id = decode_cursor(before) if before else (None, None)
-    # Constant bounds on the partition key: the months before `since` and after the page (or
-    # tomorrow: no row is from the future, give or take a clock) are never read.
-    high = min(before_at, now + timedelta(days=1)) if before_at else now + timedelta(days=1)
+    params = read_bounds(since, before)
     rows = (
         AuditStore(conn)
-        .list(
-            limit=limit + 1,
-            org_id=actor.org_id,
-            from_day=start_day(low) if low else -32768,
-            to_day=start_day(high),
-            since=low or datetime.min.replace(tzinfo=UTC),
-            before_at=before_at or datetime.max.replace(tzinfo=UTC),
-            before_id=before_id if before_id is not None else 2**63 - 1,
-            actor=who,
-            action=action,
-            dag=dag,
-        )
+        .list(limit=limit + 1, org_id=actor.org_id, actor=who, action=action, dag=dag, **params)
         .fetchall()
     )
     page = rows[:limit]

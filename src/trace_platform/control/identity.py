@@ -18,10 +18,10 @@ from uuid import UUID
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from trace_platform import audit
 from trace_platform.errors import Conflict, Invalid, NotFound
 from trace_platform.identity import (
     Actor,
-    create_key,
     ensure_user,
     issue_key,
     require_admin,
@@ -101,8 +101,25 @@ class Identities:
             keys_before = _admin_keys(store, actor)
             user = ensure_user(conn, actor.org_id, name, is_admin=is_admin, roles=roles)
             set_roles(conn, actor, name, roles, is_admin)
-            key = create_key(conn, user.user_id, created_by=actor.user_id)
+            key_id, key = issue_key(conn, user.user_id, created_by=actor.user_id)
             _keep_an_admin_key(store, actor, keys_before, f"take admin from '{name}'")
+            was = (
+                None
+                if before is None
+                else {
+                    "is_admin": before["is_admin"],
+                    "roles": before["roles"],
+                    "removed": before["removed_at"] is not None,
+                }
+            )
+            # The new key by its id only: the key itself is shown to the caller once.
+            audit.record(
+                conn,
+                actor,
+                "user.add",
+                name,
+                {"roles": roles, "is_admin": is_admin, "was": was, "key_id": key_id},
+            )
         return {"name": name, "roles": roles, "is_admin": is_admin, "api_key": key}
 
     def list_users(self, actor: Actor, include_removed: bool = False) -> list[dict[str, Any]]:
@@ -130,6 +147,13 @@ class Identities:
             store.remove_user(org_id=actor.org_id, name=name)
             revoked = store.revoke_user_keys(user_id=user["user_id"]).fetchall()
             _keep_an_admin_key(store, actor, keys_before, f"remove '{name}'")
+            audit.record(
+                conn,
+                actor,
+                "user.remove",
+                name,
+                {"revoked_keys": [str(r["key_id"]) for r in revoked][:100]},
+            )
         return {"name": name, "revoked_keys": [str(r["key_id"]) for r in revoked]}
 
     # -- keys ------------------------------------------------------------------------------
@@ -163,7 +187,15 @@ class Identities:
             row = store.user_by_name(org_id=actor.org_id, name=user).fetchone()
             if row is None or row["removed_at"] is not None:
                 raise NotFound(f"no user '{user}' in this org")
-            return self._new_key(conn, actor, row["user_id"], user, name, expires_at)
+            new = self._new_key(conn, actor, row["user_id"], user, name, expires_at)
+            audit.record(
+                conn,
+                actor,
+                "key.create",
+                new["key_id"],
+                {"user": user, "name": name, "expires_at": expires_at},
+            )
+            return new
 
     def revoke_key(self, actor: Actor, key_id: UUID) -> dict[str, Any]:
         """Refused at once by every process (docs/identity.md); a key already revoked is a
@@ -180,6 +212,9 @@ class Identities:
             before = _admin_keys(store, actor)
             revoked = store.revoke_key(key_id=key_id, grace=0).fetchone()
             _keep_an_admin_key(store, actor, before, f"revoke key {key_id}")
+            audit.record(
+                conn, actor, "key.revoke", key_id, {"user": key["user_name"], "name": key["name"]}
+            )
         assert revoked is not None
         return {
             "key_id": str(key_id),
@@ -223,6 +258,19 @@ class Identities:
                 conn, actor, old["user_id"], old["user_name"], old["name"], expires_at
             )
             revoked = store.revoke_key(key_id=key_id, grace=grace_seconds).fetchone()
+            audit.record(
+                conn,
+                actor,
+                "key.rotate",
+                key_id,
+                {
+                    "user": old["user_name"],
+                    "name": old["name"],
+                    "new_key_id": new["key_id"],
+                    "grace_seconds": grace_seconds,
+                    "expires_at": expires_at,
+                },
+            )
         assert revoked is not None
         return {**new, "replaces": str(key_id), "old_revoked_at": revoked["revoked_at"]}
 

@@ -38,6 +38,8 @@ from trace_platform.store.dag_tasks import DagTaskStore
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.secrets import SecretStore
 from trace_platform.store.task_views import TaskViewStore
+from trace_platform.store.tasks import StoreTx
+from trace_platform.store.tasks.postgres import PostgresTx
 
 # Fields only the Dispatcher sets (from a DAG's deploy, its triggers and events): an ad-hoc task
 # has none, so it cannot borrow a DAG's worker pool slots (and their secrets) or join its runs.
@@ -503,7 +505,19 @@ class ControlPlane:
 
     def cancel_task(self, actor: Actor, task_id: UUID) -> CancelResponse:
         self._visible_task(actor, task_id)
-        return self.dispatcher.cancel(task_id)
+
+        def record(tx: StoreTx, answer: CancelResponse, changed: bool) -> None:
+            assert isinstance(tx, PostgresTx)  # the control plane runs on Postgres
+            audit.record(
+                tx.conn,
+                actor,
+                "task.cancel",
+                task_id,
+                {"status": answer.status},
+                outcome="ok" if changed else "noop",
+            )
+
+        return self.dispatcher.cancel(task_id, then=record)
 
     # -- runs ----------------------------------------------------------------------------------
     def list_runs(

@@ -661,18 +661,28 @@ class Lifecycle:
             tx.set_terminal(st["task_id"], "failed", error)
 
     # -- cancel --------------------------------------------------------------------------
-    def cancel(self, task_id: UUID) -> CancelResponse:
+    def cancel(
+        self, task_id: UUID, then: Callable[[StoreTx, CancelResponse, bool], None] | None = None
+    ) -> CancelResponse:
+        """`then(tx, answer, changed)` runs in the cancel's transaction before it commits (the
+        control plane's audit row); `changed` is False for a task canceled already."""
         with self.store.transaction() as tx:
             row = tx.request_cancel(task_id)
             if row is not None:
                 if row["status"] == "canceled":  # it was waiting: it may have been woken
                     self.slots.canceled_waiting(tx, task_id)
-                return CancelResponse(task_id=task_id, **row)
+                answer = CancelResponse(task_id=task_id, **row)
+                if then is not None:
+                    then(tx, answer, True)
+                return answer
             st = tx.status(task_id)
             if st is None:
                 raise NotFound(f"task {task_id} does not exist")
             if st["status"] == "canceled":
-                return CancelResponse(task_id=task_id, status="canceled", cancel_requested=True)
+                answer = CancelResponse(task_id=task_id, status="canceled", cancel_requested=True)
+                if then is not None:
+                    then(tx, answer, False)
+                return answer
             raise Conflict(
                 "task_finished",
                 f"task {task_id} already {st['status']}; it cannot be canceled",
