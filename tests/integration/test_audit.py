@@ -286,6 +286,8 @@ def test_over_http_admins_read_their_org_alone_newest_first(
             ("cli", None),
         ]
         assert page["next"] is None
+        # The key each call came with (the deploy was in-process, as the Lite admin, keyless).
+        assert [e["actor_key_id"] is not None for e in entries] == [True, True, False]
         assert "org_id" not in entries[0]
         assert [e["actor"] for e in http.get("/v1/audit", headers=bearer(eve_key)).json()[
             "entries"
