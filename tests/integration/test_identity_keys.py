@@ -272,8 +272,6 @@ def test_users_and_keys_from_the_cli(dsn: str, tmp_path: Path) -> None:
     assert rotated.returncode == 0, rotated.stdout + rotated.stderr
     new = re.search(r"API key \(shown once\): (\S+)", rotated.stdout)
     assert new and "(laptop), expires 20" in rotated.stdout
-    stale = run(["users", "list"], as_carol)
-    assert stale.returncode == 1 and "no valid API key" in stale.stdout
 
     # The Lite admin rotating its own key: the key file follows.
     admin_file = tmp_path / "admin.key"
@@ -286,17 +284,14 @@ def test_users_and_keys_from_the_cli(dsn: str, tmp_path: Path) -> None:
     assert admin_file.read_text().strip() in own.stdout
 
     # (expiry values themselves are checked by the control plane: see the HTTP tests)
-    for flags, error in (
-        (["--expires-in", "soon"], "not a positive duration"),
-        (["--expires-at", "tomorrow"], "is not an ISO 8601 time"),
-    ):
-        bad = run(["keys", "create", "carol", *flags], env)
-        assert bad.returncode == 1 and error in bad.stdout, (flags, bad.stdout)
+    bad = run(["keys", "create", "carol", "--expires-at", "tomorrow"], env)
+    assert bad.returncode == 1 and "is not an ISO 8601 time" in bad.stdout, bad.stdout
 
     removed = run(["users", "remove", "carol"], env)
     assert removed.returncode == 0 and "2 key(s) revoked" in removed.stdout, removed.stdout
     users = run(["users", "list", "--removed"], env)
-    assert users.returncode == 0 and "carol" in users.stdout
-    assert "carol" not in run(["users", "list"], env).stdout
+    assert users.returncode == 0 and re.search(r"carol .*│ 0 .*│ 20\d\d-", users.stdout), (
+        users.stdout
+    )
     last = run(["users", "remove", "admin"], env)
     assert last.returncode == 1 and "last admin" in last.stdout
