@@ -21,6 +21,13 @@ class NotFound(TraceError):
     code = "not_found"
 
 
+class Gone(TraceError):
+    """What was asked for existed and left Postgres by retention (exported, then dropped)."""
+
+    status_code = 410
+    code = "exported"
+
+
 class Conflict(TraceError):
     """Stale attempt, wrong lease token, task not claimable, task already finished."""
 

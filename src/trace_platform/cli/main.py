@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trace_platform.cli import changes as _changes  # noqa: F401 - registers `trace dag` change commands
+from trace_platform.cli.admin import admin_app
 from trace_platform.cli.audit import audit_app
 from trace_platform.cli.control import (
     dag_app,
@@ -69,6 +70,7 @@ app.add_typer(destinations_app, name="destinations")
 app.add_typer(deliveries_app, name="deliveries")
 app.add_typer(alerts_app, name="alerts")
 app.add_typer(workers_app, name="workers")
+app.add_typer(admin_app, name="admin")
 app.add_typer(audit_app, name="audit")
 app.command("delivery")(delivery)
 app.command("query")(query)

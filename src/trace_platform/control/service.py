@@ -17,7 +17,7 @@ from trace_platform.dag.schema import NAME
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
 from trace_platform.dispatcher.models import CancelResponse, TaskView
-from trace_platform.errors import Conflict, Invalid, NotFound
+from trace_platform.errors import Conflict, Gone, Invalid, NotFound
 from trace_platform.identity import (
     Actor,
     Forbidden,
@@ -34,6 +34,7 @@ from trace_platform.identity.vault import (
 from trace_platform.registry import names
 from trace_platform.registry.deploy import DeployResult
 from trace_platform.registry.versions import list_versions, purge
+from trace_platform.retention import history
 from trace_platform.store.dag_tasks import DagTaskStore
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.secrets import SecretStore
@@ -447,7 +448,9 @@ class ControlPlane:
             )
         )
         if not visible:
-            raise NotFound(f"task {task_id} does not exist")
+            with self.pool.connection() as conn:
+                note = history.exported_note(conn)
+            raise NotFound(f"task {task_id} does not exist{note}")
 
     def create_task(self, actor: Actor, spec: TaskSpec) -> TaskRef:
         """An ad-hoc task (no DAG) in the user's org: org admins only."""
@@ -548,7 +551,11 @@ class ControlPlane:
         canceled: set[UUID] = set()
         for _ in range(_CANCEL_PASSES):
             with self.pool.connection() as conn:
-                tasks = DagTaskStore(conn).run_tree(run_id=run_id).fetchall()
+                tasks = (
+                    DagTaskStore(conn)
+                    .run_tree(run_id=run_id, first_day=run["first_day"], last_day=run["last_day"])
+                    .fetchall()
+                )
             todo = [
                 t["task_id"]
                 for t in tasks
@@ -583,7 +590,15 @@ class ControlPlane:
             f = DagTaskStore(conn).run_fire(run_id=run_id).fetchone()
             if f is None or not can_deploy(actor, f):
                 raise NotFound(f"no run {run_id}")
-            tasks = DagTaskStore(conn).run_tree(run_id=run_id).fetchall()
+            # Its first day's month exported and dropped (trace admin retention): say where
+            # it went rather than show a tree with its beginning missing.
+            if gone := history.exported_run(conn, f["first_day"]):
+                raise Gone(f"run {run_id} is history: {gone}")
+            tasks = (
+                DagTaskStore(conn)
+                .run_tree(run_id=run_id, first_day=f["first_day"], last_day=f["last_day"])
+                .fetchall()
+            )
         return {**f, "tasks": tasks}
 
 

@@ -14,13 +14,16 @@ from trace_platform.identity import Actor, can_read_row
 from trace_platform.objectstore import ObjectStore
 from trace_platform.objectstore.committed import committed_parquet
 from trace_platform.query.pins import Pin
+from trace_platform.retention import history
 from trace_platform.store.pins import PinStore
 
 
 def readable_names(pool: ConnectionPool, actor: Actor) -> list[str]:
     with pool.connection() as conn:
         rows = PinStore(conn).readable_names(org_id=actor.org_id).fetchall()
-    return [r["dataset_name"] for r in rows if can_read_row(actor, r)]
+    return [r["dataset_name"] for r in rows if can_read_row(actor, r)] + history.readable(
+        pool, actor
+    )
 
 
 def lease(pool: ConnectionPool, query_id: UUID, ttl_seconds: float) -> None:
@@ -41,11 +44,13 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
     answer alike (404, same message, the name in `detail.unknown` either way), like
     `ControlPlane.show_dataset`: a query cannot tell whether an unreadable dataset exists.
     One statement reads every pin, so all of them come from one snapshot."""
-    wanted = sorted(names)
+    past = sorted(n for n in names if history.is_history(n))  # exported task history
+    wanted = sorted(n for n in names if not history.is_history(n))
     with pool.connection() as conn:
         rows = PinStore(conn).pin_datasets(org_id=actor.org_id, names=wanted).fetchall()
     by_name = {r["dataset_name"]: r for r in rows}
     hidden = [n for n in wanted if n not in by_name or not can_read_row(actor, by_name[n])]
+    hidden += history.hidden(pool, actor, past)
     if hidden:
         known = readable_names(pool, actor)
         named = ", ".join(f"'{n}'" for n in hidden)
@@ -67,7 +72,7 @@ def pin(pool: ConnectionPool, store: ObjectStore, actor: Actor, names: set[str])
         )
         return Pin(row["dataset_name"], row["dataset_uuid"], version, "parquet", tuple(files))
 
-    pins: dict[str, Pin] = {}
+    pins: dict[str, Pin] = history.pin(pool, store, actor, past)
     for name in wanted:
         row = by_name[name]
         p = one(row)

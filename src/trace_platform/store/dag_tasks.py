@@ -103,11 +103,13 @@ class DagTaskStore(Calls):
             _Q.fire_by_key, {"dag_id": dag_id, "trigger": trigger, "fire_key": fire_key}
         )
 
-    def run_tree(self, *, run_id: UUID | None) -> Cursor[Row]:
-        """Lineage of a run: roots of the run, then every task whose parent is in the tree. Children
-        are created after their parent, so each step prunes to the parent's start_day
-        onwards."""
-        return self._run(_Q.run_tree, {"run_id": run_id})
+    def run_tree(self, *, run_id: UUID | None, first_day: int, last_day: int) -> Cursor[Row]:
+        """Lineage of a run: roots of the run, then every task whose parent is in the tree. Every
+        scan prunes to the run's days (`first_day`..`last_day`: run_fire's), each step also
+        to the parent's start_day onwards."""
+        return self._run(
+            _Q.run_tree, {"run_id": run_id, "first_day": first_day, "last_day": last_day}
+        )
 
     def list_runs(
         self,

@@ -95,20 +95,24 @@ WHERE dag_id = %(dag_id)s AND trigger = %(trigger)s AND fire_key = %(fire_key)s;
 -- Lineage of a run: roots of the run (no parent, or a parent in another run: a shared read's
 -- producer in another DAG), then every task of the run whose parent is in the tree. A run
 -- never reaches past its own DAG: a DAG reading another's data gets runs of its own, and
--- whoever may see (or cancel) this run may not see theirs. Children are created after their
--- parent, so each step prunes to the parent's start_day onwards.
+-- whoever may see (or cancel) this run may not see theirs. Every task of a run starts between
+-- the day it fired and today (`first_day`, `last_day`: run_fire's), so each scan of the
+-- registry prunes to those days' partitions: today's run touches today's alone; children are
+-- created after their parent, so each step also starts at the parent's start_day.
 WITH RECURSIVE tree AS (
   SELECT r.task_id, r.parent_task_id, r.start_day, 0 AS depth
   FROM task_registry r
-  WHERE r.run_id = %(run_id)s
+  WHERE r.run_id = %(run_id)s AND r.start_day BETWEEN %(first_day)s AND %(last_day)s
     AND (r.parent_task_id IS NULL
          OR NOT EXISTS (SELECT 1 FROM task_registry p
-                        WHERE p.task_id = r.parent_task_id AND p.run_id = %(run_id)s))
+                        WHERE p.task_id = r.parent_task_id AND p.run_id = %(run_id)s
+                          AND p.start_day BETWEEN %(first_day)s AND %(last_day)s))
   UNION ALL
   SELECT c.task_id, c.parent_task_id, c.start_day, t.depth + 1
   FROM tree t
   JOIN task_registry c ON c.parent_task_id = t.task_id
    AND c.start_day BETWEEN t.start_day AND t.start_day + 31
+   AND c.start_day BETWEEN %(first_day)s AND %(last_day)s
    AND c.run_id = %(run_id)s
 )
 SELECT t.task_id, t.parent_task_id, t.depth, r.job, r.operator, r.dag_id, r.created_at,
@@ -116,6 +120,7 @@ SELECT t.task_id, t.parent_task_id, t.depth, r.job, r.operator, r.dag_id, r.crea
        s.progress_at
 FROM tree t
 JOIN task_registry r ON r.task_id = t.task_id AND r.start_day = t.start_day
+ AND r.start_day BETWEEN %(first_day)s AND %(last_day)s
 JOIN task_status s ON s.task_id = t.task_id
 ORDER BY r.created_at;
 
@@ -139,7 +144,9 @@ ORDER BY f.created_at DESC
 LIMIT %(limit)s;
 
 -- name: run_fire
-SELECT f.*, d.name AS dag, d.org_id, d.owner_user_id, d.deploy_roles
+-- A run, with the days its tasks may have started on (its fire day to today: run_tree's bounds).
+SELECT f.*, d.name AS dag, d.org_id, d.owner_user_id, d.deploy_roles,
+       trace_start_day(f.created_at) AS first_day, trace_start_day(now()) AS last_day
 FROM trigger_fires f JOIN dags d ON d.dag_id = f.dag_id
 WHERE f.run_id = %(run_id)s;
 

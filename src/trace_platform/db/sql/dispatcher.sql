@@ -239,6 +239,9 @@ SELECT r.task_id, r.start_day, r.org_id, r.dag_id, r.dag_version, r.job, r.opera
        s.deadline_at, s.next_attempt_at, s.last_error, s.finished_at
 FROM task_status s
 JOIN task_registry r ON r.task_id = s.task_id AND r.start_day = s.start_day
+-- The start_day again as an init plan: the registry is pruned to the task's month as the
+-- statement starts (the join alone lets the planner probe every partition by task_id).
+ AND r.start_day = (SELECT x.start_day FROM task_status x WHERE x.task_id = %(task_id)s)
 WHERE s.task_id = %(task_id)s;
 
 -- name: task_attempts

@@ -1,0 +1,406 @@
+"""Retention by partition (trace admin retention, src/trace_platform/retention) on a real
+Postgres and a real local object store: an old month of task history (made by inserting rows
+with old start days) is exported to Parquet, read back, then detached and dropped; nothing
+is lost, a crash anywhere re-runs cleanly, live work is refused, a dropped run answers
+'exported', and the history datasets are each org's admins' own."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.dags import admin, three_jobs, user
+from trace_platform.contract import LITE_ORG_ID
+from trace_platform.db.queries import Queries
+from trace_platform.errors import Gone, Invalid, NotFound
+from trace_platform.identity import Actor, ensure_user
+from trace_platform.objectstore import ObjectStore, list_all, make_store
+from trace_platform.query.engine import local_path
+from trace_platform.retention.export import ROOT
+from trace_platform.retention.run import MonthResult, Retention
+from trace_platform.retention.units import Unit, day_of
+from trace_platform.services import Services
+
+TABLES = ("task_registry", "task_attempts", "events", "audit_log")
+
+
+def month_start(months_back: int) -> date:
+    d = datetime.now(UTC).date().replace(day=1)
+    for _ in range(months_back):
+        d = (d - timedelta(days=1)).replace(day=1)
+    return d
+
+
+OLD = month_start(3)  # the month retention takes
+KEPT = month_start(2)  # older than the cutoff's month too, but --older-than keeps it (see below)
+
+
+def label(d: date) -> str:
+    return d.strftime("%Y_%m")
+
+
+def history(
+    svc: Services,
+    day: date,
+    org: UUID,
+    n: int,
+    *,
+    run: UUID | None = None,
+    dag: UUID | None = None,
+    status: str = "succeeded",
+) -> list[UUID]:
+    """`n` finished tasks of `org` started on `day`, each with an attempt, an event and a
+    status row, and one audit row; returns their ids."""
+    at = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+    sd = day_of(day)
+    ids = [uuid.uuid4() for _ in range(n)]
+    with svc.pool.connection() as conn, conn.transaction():
+        conn.execute("SELECT trace_ensure_partitions(2, 4)")
+        for i, t in enumerate(ids):
+            conn.execute(
+                "INSERT INTO task_registry (task_id, start_day, org_id, dag_id, job, operator,"
+                " runtime, config, timeout_seconds, max_attempts, retry_backoff_seconds,"
+                " retry_backoff_max_seconds, run_id, created_at, parent_task_id)"
+                " VALUES (%s, %s, %s, %s, 'source', 'noop', 'ecs_platform', %s, 60, 3, 1, 10,"
+                " %s, %s, %s)",
+                (t, sd, org, dag, json.dumps({"i": i, "q": "it's"}), run, at, None),
+            )
+            conn.execute(
+                "INSERT INTO task_status (task_id, start_day, status, attempt, finished_at,"
+                " updated_at, progress) VALUES (%s, %s, %s, 1, %s, %s, %s)",
+                (t, sd, status, at, at, json.dumps({"done": i})),
+            )
+            conn.execute(
+                "INSERT INTO task_attempts (task_id, start_day, attempt, lease_token, started_at,"
+                " finished_at, outcome) VALUES (%s, %s, 1, %s, %s, %s, 'succeeded')",
+                (t, sd, uuid.uuid4(), at, at),
+            )
+            conn.execute(
+                "INSERT INTO events (event_id, start_day, org_id, producer_task_id,"
+                " producer_attempt, dataset_uuid, dedupe_key, range_start, range_end, created_at)"
+                " VALUES (%s, %s, %s, %s, 1, %s, %s, %s, %s, %s)",
+                (uuid.uuid4(), sd, org, t, uuid.uuid4(), f"range:{i}-{i + 1}", i, i + 1, at),
+            )
+        conn.execute(
+            "INSERT INTO audit_log (start_day, at, org_id, actor_kind, actor_name, action,"
+            " target_kind, target, source) VALUES (%s, %s, %s, 'system', 'test', 'dag.trigger',"
+            " 'dag', 'x', 'system')",
+            (sd, at, org),
+        )
+    return ids
+
+
+def other_org(svc: Services) -> tuple[UUID, Actor]:
+    org = uuid.uuid4()
+    with svc.pool.connection() as conn, conn.transaction():
+        conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'other')", (org,))
+        return org, ensure_user(conn, org, "eve", is_admin=True)
+
+
+def one(svc: Services, query: str, *args: Any) -> Any:
+    with svc.pool.connection() as conn:
+        row = conn.execute(query, args).fetchone()
+    return None if row is None else next(iter(row.values()))
+
+
+def exists(svc: Services, table: str) -> bool:
+    return one(svc, "SELECT to_regclass(%s) IS NOT NULL", table) is True
+
+
+def status_rows(svc: Services, day: date) -> int:
+    lo = day_of(day)
+    return int(
+        one(svc, "SELECT count(*) FROM task_status WHERE start_day BETWEEN %s AND %s", lo, lo + 27)
+    )
+
+
+def exported(store: ObjectStore, table: str, d: date) -> dict[str, list[dict[str, Any]]]:
+    """Every row the store holds for `table`'s month `d`, by file."""
+    out = {}
+    for o in list_all(store, f"{ROOT}/{table}/{label(d)}/"):
+        out[o.key] = pq.read_table(local_path(store.uri(o.key))).to_pylist()
+    return out
+
+
+def of(months: list[MonthResult], d: date) -> MonthResult:
+    return next(m for m in months if m.label.startswith(f"{d:%Y-%m-%d}"))
+
+
+def job(svc: Services, **kw: Any) -> Retention:
+    return Retention(svc.dsn, make_store(svc.settings), batch_rows=7, **kw)
+
+
+def test_a_month_is_exported_read_back_and_dropped_and_no_other_is_touched(
+    services: Services,
+) -> None:
+    svc = services
+    org, _ = other_org(svc)
+    mine = history(svc, OLD + timedelta(days=3), LITE_ORG_ID, 20)
+    theirs = history(svc, OLD + timedelta(days=9), org, 3)
+    kept = history(svc, KEPT + timedelta(days=2), LITE_ORG_ID, 4)
+    today = history(svc, datetime.now(UTC).date(), LITE_ORG_ID, 2)
+    store = make_store(svc.settings)
+
+    # Days since OLD's last day: OLD goes, KEPT (a month younger) stays.
+    older = (datetime.now(UTC).date() - KEPT).days
+    months = job(svc).run(older, export=True)
+    assert all(not m.refused for m in months)  # OLD, and the empty month before it
+    rows = {u.relname: u.rows for m in months for u in m.units}
+    assert {k: v for k, v in rows.items() if k.endswith(label(OLD))} == {
+        f"{t}_{label(OLD)}": 2 if t == "audit_log" else 23 for t in TABLES
+    } | {f"task_status_{label(OLD)}": 23}
+    assert not any(k.endswith(label(KEPT)) for k in rows)
+
+    for t in TABLES:  # gone from Postgres, never deleted row by row: the table itself is gone
+        assert not exists(svc, f"{t}_{label(OLD)}")
+        assert exists(svc, f"{t}_{label(KEPT)}")
+    assert status_rows(svc, OLD) == 0
+    assert status_rows(svc, KEPT) == 4
+    assert one(svc, "SELECT count(*) FROM task_registry") == len(kept) + len(today)
+    assert one(svc, "SELECT count(*) FROM task_attempts") == len(kept) + len(today)
+
+    # Every row is in the store once, in its org's file, and reads back.
+    for t in ("task_registry", "task_attempts", "task_status"):
+        files = exported(store, t, OLD)
+        rows = [r for f in files.values() for r in f]
+        assert sorted(r["task_id"] for r in rows) == sorted(str(i) for i in mine + theirs)
+        by_org = {k.rsplit("/", 1)[1]: {r["org_id"] for r in f} for k, f in files.items()}
+        assert by_org == {
+            f"org-{LITE_ORG_ID}.parquet": {str(LITE_ORG_ID)},
+            f"org-{org}.parquet": {str(org)},
+        }
+    registry = [r for f in exported(store, "task_registry", OLD).values() for r in f]
+    assert {json.loads(r["config"])["q"] for r in registry} == {"it's"}
+    status = [r for f in exported(store, "task_status", OLD).values() for r in f]
+    assert {r["status"] for r in status} == {"succeeded"}
+    assert sorted(json.loads(r["progress"])["done"] for r in status) == sorted(
+        list(range(20)) + list(range(3))
+    )
+    assert len([r for f in exported(store, "audit_log", OLD).values() for r in f]) == 2
+
+    # Run again: nothing left to take, nothing made again (the reaper's upkeep included).
+    assert job(svc).run(older, export=True) == []
+    with svc.pool.connection() as conn:
+        conn.execute("SELECT trace_ensure_partitions(2, 4)")
+    assert not exists(svc, f"task_registry_{label(OLD)}")
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("step", "table"),
+    [("exported", "events"), ("detached", "task_attempts"), ("dropped", "task_registry")],
+)
+def test_a_run_stopped_between_export_and_drop_finishes_on_the_next_losing_and_doubling_nothing(
+    services: Services, step: str, table: str
+) -> None:
+    svc = services
+    ids = history(svc, OLD + timedelta(days=1), LITE_ORG_ID, 12)
+    store = make_store(svc.settings)
+
+    def crash(at: str, unit: Unit) -> None:
+        if (at, unit.parent) == (step, table):
+            raise Crash(f"stopped after {at} {unit.relname}")
+
+    with pytest.raises(Crash):
+        job(svc, hook=crash).run(40, export=True)
+    assert exists(svc, f"task_registry_{label(OLD)}")  # the registry goes last
+    months = job(svc).run(40, export=True)
+    assert months and all(not m.refused for m in months)
+    for t in ("task_registry", "task_attempts", "events", "task_status"):
+        assert not exists(svc, f"{t}_{label(OLD)}")
+        files = exported(store, t, OLD)
+        assert len(files) == 1, files  # one try's file: the stopped try's are gone or reused
+        rows = next(iter(files.values()))
+        key = "producer_task_id" if t == "events" else "task_id"
+        assert sorted(r[key] for r in rows) == sorted(str(i) for i in ids)
+    assert status_rows(svc, OLD) == 0
+
+
+def test_a_row_landing_after_the_export_is_exported_before_its_partition_drops(
+    services: Services,
+) -> None:
+    svc = services
+    history(svc, OLD + timedelta(days=1), LITE_ORG_ID, 5)
+    late = uuid.uuid4()
+    landed: list[UUID] = []
+    store = make_store(svc.settings)
+
+    def land(at: str, unit: Unit) -> None:
+        if (at, unit.relname) == ("exported", f"events_{label(OLD)}") and not landed:
+            landed.append(late)
+            with svc.pool.connection() as conn:
+                conn.execute(
+                    "INSERT INTO events (event_id, start_day, org_id, producer_task_id,"
+                    " producer_attempt, dataset_uuid, dedupe_key) VALUES (%s, %s, %s, %s, 1, %s,"
+                    " 'cursor:late')",
+                    (late, unit.lo + 1, LITE_ORG_ID, uuid.uuid4(), uuid.uuid4()),
+                )
+
+    job(svc, hook=land).run(40, export=True)
+    assert not exists(svc, f"events_{label(OLD)}")
+    rows = [r for f in exported(store, "events", OLD).values() for r in f]
+    assert len(rows) == 6 and str(late) in {r["event_id"] for r in rows}
+    assert (
+        one(
+            svc,
+            "SELECT row_count FROM retention_exports WHERE relname = %s",
+            f"events_{label(OLD)}",
+        )
+        == 6
+    )
+
+
+def test_live_work_refuses_its_month_and_no_export_must_be_asked_for(services: Services) -> None:
+    svc = services
+    history(svc, OLD + timedelta(days=1), LITE_ORG_ID, 3)
+    [live] = history(svc, OLD + timedelta(days=2), LITE_ORG_ID, 1, status="running")
+    months = job(svc).run(40, export=True)
+    assert of(months, OLD).refused == ["1 task(s) of these days are not finished"]
+    assert exists(svc, f"task_registry_{label(OLD)}") and status_rows(svc, OLD) == 4
+    assert one(svc, "SELECT count(*) FROM retention_exports WHERE lo_day = %s", day_of(OLD)) == 0
+    assert list(list_all(make_store(svc.settings), ROOT + "/")) == []
+
+    with svc.pool.connection() as conn:
+        conn.execute("UPDATE task_status SET status = 'failed' WHERE task_id = %s", (live,))
+    with pytest.raises(Invalid, match=r"nothing dropped: 18 row\(s\) of \d month\(s\).*--export"):
+        job(svc).run(40, export=False)
+    assert exists(svc, f"task_registry_{label(OLD)}")
+    dry = job(svc).run(40, export=False, dry_run=True)
+    assert {u.relname: u.rows for u in of(dry, OLD).units}[f"task_registry_{label(OLD)}"] == 4
+    assert exists(svc, f"task_registry_{label(OLD)}")
+
+    months = job(svc).run(40, export=False, no_export=True)
+    assert {u.action for u in of(months, OLD).units} == {"dropped without export"}
+    assert not exists(svc, f"task_registry_{label(OLD)}") and status_rows(svc, OLD) == 0
+    assert list(list_all(make_store(svc.settings), ROOT + "/")) == []
+
+
+def _old_run(svc: Services, day: date, n: int) -> tuple[UUID, list[UUID]]:
+    a = admin(svc)
+    svc.control.deploy(a, three_jobs("old"))
+    run = uuid.uuid4()
+    with svc.pool.connection() as conn:
+        dag = one(svc, "SELECT dag_id FROM dags WHERE name = 'old'")
+        conn.execute(
+            "INSERT INTO trigger_fires (run_id, dag_id, dag_version, trigger, kind, fire_key,"
+            " created_at) VALUES (%s, %s, 1, 'manual', 'manual', 'k', %s)",
+            (run, dag, datetime(day.year, day.month, day.day, 11, tzinfo=UTC)),
+        )
+    return run, history(svc, day, LITE_ORG_ID, n, run=run, dag=dag)
+
+
+def test_a_run_of_a_dropped_month_answers_exported_not_a_500(
+    services: Services, api: httpx.Client
+) -> None:
+    svc = services
+    run, ids = _old_run(svc, OLD + timedelta(days=4), 3)
+    a = admin(svc)
+    assert len(svc.control.show_run(a, run)["tasks"]) == 3
+    job(svc).run(40, export=True)
+
+    with pytest.raises(Gone, match=rf"run {run} is history: .*exported to {ROOT}/task_registry/"):
+        svc.control.show_run(a, run)
+    got = api.get(f"/v1/runs/{run}")
+    assert got.status_code == 410, got.text
+    assert got.json()["error"] == "exported" and "_history_task_registry" in got.json()["message"]
+    assert api.post(f"/v1/runs/{run}/cancel").status_code == 410
+    # A task of it: not found, saying where tasks of that time went (the same words for any
+    # task id, so it tells nothing of whether this one existed).
+    with pytest.raises(NotFound, match=r"left Postgres by retention") as e:
+        svc.control.get_task(a, ids[0])
+    stranger = uuid.uuid4()
+    with pytest.raises(NotFound) as e2:
+        svc.control.get_task(a, stranger)
+    assert str(e.value).replace(str(ids[0]), "?") == str(e2.value).replace(str(stranger), "?")
+    r = api.get(f"/v1/tasks/{ids[0]}")
+    assert r.status_code == 404 and "retention" in r.json()["message"]
+    # Another org's admin and a user who may not deploy it still get "no run".
+    _, eve = other_org(svc)
+    with pytest.raises(NotFound, match=f"no run {run}"):
+        svc.control.show_run(eve, run)
+
+
+def test_history_is_queryable_by_each_org_admin_for_their_own_org_only(
+    services: Services,
+) -> None:
+    svc = services
+    org, eve = other_org(svc)
+    mine = history(svc, OLD + timedelta(days=3), LITE_ORG_ID, 6)
+    theirs = history(svc, OLD + timedelta(days=5), org, 2)
+    job(svc).run(40, export=True)
+    a = admin(svc)
+
+    def q(actor: Actor, sql: str) -> list[list[Any]]:
+        return svc.query.query(actor, sql).as_json()["rows"]  # type: ignore[no-any-return]
+
+    got = q(a, "SELECT task_id FROM _history_task_registry ORDER BY task_id")
+    assert [r[0] for r in got] == sorted(str(i) for i in mine)
+    got = q(eve, "SELECT task_id FROM _history_task_registry ORDER BY task_id")
+    assert [r[0] for r in got] == sorted(str(i) for i in theirs)
+    got = q(
+        eve,
+        "SELECT count(*) FROM _history_task_status s JOIN _history_events e"
+        " ON e.producer_task_id = s.task_id",
+    )
+    assert got == [[2]]
+    # A user of the org who is no admin: as for a dataset that does not exist.
+    carol, _ = user(svc, "carol", roles=["analyst"])
+    with pytest.raises(NotFound, match="no dataset named '_history_task_registry'"):
+        q(carol, "SELECT count(*) FROM _history_task_registry")
+    with pytest.raises(NotFound, match="no dataset named '_history_nothing'"):
+        q(a, "SELECT count(*) FROM _history_nothing")
+
+
+def test_todays_run_tree_and_task_status_touch_only_todays_partitions(
+    services: Services,
+) -> None:
+    """EXPLAIN: the run tree's every registry scan is planned on today's month's partition
+    alone; a task's visibility and status read the registry partition of its own day only
+    (pruned as they run: EXPLAIN ANALYZE shows every other partition never executed)."""
+    svc = services
+    history(svc, OLD, LITE_ORG_ID, 2)  # older partitions exist and hold rows
+    a = admin(svc)
+    svc.control.deploy(a, three_jobs("today"))
+    fired = svc.control.trigger(a, "today")
+    run, task = fired["run_id"], fired["tasks"][0]
+    assert len(svc.control.show_run(a, run)["tasks"]) == 1
+    today = f"_{datetime.now(UTC):%Y_%m}"
+    with svc.pool.connection() as conn:
+        f = conn.execute(Queries("dag_tasks").run_fire, {"run_id": run}).fetchone()
+        assert f is not None
+        params = {"run_id": run, "first_day": f["first_day"], "last_day": f["last_day"]}
+        planned = _relations(conn, Queries("dag_tasks").run_tree, params, analyze=False)
+        assert planned and all(r.endswith(today) for r in planned), planned
+        for q, p in (
+            (Queries("tasks").task_scope, {"task_id": task}),
+            (Queries("dispatcher").task_view, {"task_id": task}),
+        ):
+            ran = _relations(conn, q, p, analyze=True)
+            assert ran and all(r.endswith(today) for r in ran), ran
+
+
+def _relations(conn: Any, query: str, params: dict[str, Any], *, analyze: bool) -> set[str]:
+    """The time partitions a statement's plan scans (with `analyze`, those it ran at least once)."""
+    opts = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+    plan = conn.execute(f"EXPLAIN ({opts}) {query}", params).fetchone()["QUERY PLAN"]
+    out: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        rel = node.get("Relation Name")
+        if rel and rel.startswith(TABLES) and (not analyze or node.get("Actual Loops", 0) > 0):
+            out.add(rel)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    return out
