@@ -33,23 +33,23 @@ def is_history(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
-def _parents(conn: Connection[Any], actor: Actor) -> set[str]:
-    return TABLES | {r["parent"] for r in RetentionStore(conn).history_parents(org_id=actor.org_id)}
+def _exported(pool: ConnectionPool, actor: Actor) -> set[str]:
+    with pool.connection() as conn:
+        rows = RetentionStore(conn).history_parents(org_id=actor.org_id).fetchall()
+    return {PREFIX + r["parent"] for r in rows}
 
 
 def readable(pool: ConnectionPool, actor: Actor) -> list[str]:
-    """The history datasets `actor` may query: every one, for an org admin; none otherwise."""
-    if not actor.is_admin:
-        return []
-    with pool.connection() as conn:
-        return sorted(PREFIX + p for p in _parents(conn, actor))
+    """The history datasets with rows `actor` may query: an org admin's org's; none otherwise."""
+    return sorted(_exported(pool, actor)) if actor.is_admin else []
 
 
 def hidden(pool: ConnectionPool, actor: Actor, names: list[str]) -> list[str]:
-    """Of these history names, the ones `actor` may not read (or that name no table)."""
+    """Of these history names, the ones `actor` may not read or that name no table (an org
+    admin may name a table with nothing exported yet: its answer is 'no data yet')."""
     if not names:
         return []
-    known = set(readable(pool, actor))
+    known = (_exported(pool, actor) | {PREFIX + t for t in TABLES}) if actor.is_admin else set()
     return [n for n in names if n not in known]
 
 

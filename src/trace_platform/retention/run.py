@@ -60,8 +60,9 @@ class MonthResult:
     units: list[UnitResult] = field(default_factory=list)
 
 
-# Test hook: called with (step, unit) between the steps of a unit ("exported", "detached",
-# "dropped"), so a test can stop a run exactly there, as a crash would.
+# Test hook: called with (step, unit) between the steps of a unit ("uploaded": its files are
+# in the store, unrecorded; "exported", "detached", "dropped"), so a test can stop a run
+# exactly there, as a crash would.
 Hook = Callable[[str, Unit], None]
 
 
@@ -175,6 +176,8 @@ class Retention:
             batch_rows=self.batch_rows,
             on_rows=self.progress.advance,
         )
+        if self.hook is not None:
+            self.hook("uploaded", unit)
         with conn.transaction():
             rs.record_export(
                 relname=unit.relname,
