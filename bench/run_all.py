@@ -44,6 +44,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("u256_bench", []),
     ("decode_bench", []),
     ("act_bench", []),
+    ("retention_bench", []),
     ("profile_bench", []),
 ]
 
