@@ -106,7 +106,7 @@ class Retention:
 
     def _count(self, conn: psycopg.Connection[Any], unit: Unit) -> int:
         rs = RetentionStore(conn)
-        key = [k["name"] for k in rs.primary_key(table=unit.parent).fetchall()]
+        key = _key(rs, unit)
         table = unit.relname if unit.is_partition else unit.parent
         if not rs.columns(table=table).fetchall():
             return 0
@@ -150,7 +150,7 @@ class Retention:
         rs = RetentionStore(conn)
         if not export:
             self.progress.start(f"counting {unit.relname}", None)
-            key = [k["name"] for k in rs.primary_key(table=unit.parent).fetchall()]
+            key = _key(rs, unit)
             table = unit.relname if unit.is_partition else unit.parent
             c = rs.count_and_checksum(table=table, key=key, status_range=unit.status_range)
             with conn.transaction():
@@ -233,7 +233,7 @@ class Retention:
             rs.detach(parent=unit.parent, part=unit.relname)
         if self.hook is not None:
             self.hook("detached", unit)
-        key = [k["name"] for k in rs.primary_key(table=unit.parent).fetchall()]
+        key = _key(rs, unit)
         now = rs.count_and_checksum(table=unit.relname, key=key)
         if (int(now["n"]), int(now["checksum"])) != (rec["row_count"], int(rec["key_checksum"])):
             # Rows landed between the export and the detach: export the detached (now fixed)
@@ -291,3 +291,8 @@ class Retention:
                     batch_size=STATUS_BATCH, columns=["task_id"]
                 ):
                     yield batch.column(0).to_pylist()
+
+
+def _key(rs: RetentionStore, unit: Unit) -> list[str]:
+    """The columns of the unit's table's primary key (what the checksum is over)."""
+    return [k["name"] for k in rs.primary_key(table=unit.parent).fetchall()]
