@@ -131,6 +131,7 @@ def test_settings_of_the_aws_profile(s3_endpoint: str) -> None:
         state_dsn="postgresql://x@h/x",
         sqs_create_queues=False,
         object_store=ObjectStoreBackend.local,
+        operator_registry="production",
     )
     assert pinned.sqs_create_queues is False and pinned.object_store is ObjectStoreBackend.local
     with pytest.raises(ValueError, match="sqs_queue_prefix"):
