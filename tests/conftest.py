@@ -54,6 +54,7 @@ SLOW_MODULES = frozenset(
         "tests/integration/test_immutable_files.py",
         "tests/integration/test_name_owners.py",
         "tests/integration/test_query_limits.py",
+        "tests/integration/test_read_replica.py",
         "tests/integration/test_safe_change.py",
         "tests/integration/test_safe_change_attacks.py",
         "tests/integration/test_spark_isolation.py",

@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     pg_bindir: Path | None = None
     pg_os_user: str | None = None
     pool_max_size: int = 10
+    # A streaming replica of the state database (docs/operations.md, "A read replica"): the
+    # read-only paths (run trees, task status and lists, DAG and dataset lists and shows, the
+    # audit log) read it while it is at most read_replica_max_lag_seconds behind the primary,
+    # else the primary. Not TRACE_READ_DSN: that is the Query Service's published-data login.
+    read_replica_dsn: SecretStr | None = None
+    read_replica_max_lag_seconds: float = Field(default=5.0, ge=0)
 
     queue_driver: QueueBackend | None = None
     task_queue: str = "tasks"

@@ -12,6 +12,7 @@ from trace_platform.config import Profile, Settings
 from trace_platform.control.service import ControlPlane
 from trace_platform.db.invalidation import InvalidationListener
 from trace_platform.db.pool import make_pool, query_dsn, state_dsn
+from trace_platform.db.replica import ReadPools
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.identity.actors import Authenticator
@@ -41,6 +42,9 @@ class Services:
     # process's invalidation listener: an API does (its lifespan); a CLI command does not.
     listener: InvalidationListener | None = None
     authenticator: Authenticator | None = None
+    # Where the read-only paths read: TRACE_READ_REPLICA_DSN's replica while fresh enough,
+    # else `pool` (db/replica.py). Made from `pool` alone when Services are made by hand.
+    reads: ReadPools | None = None
     _query: QueryService | None = field(default=None, repr=False)
 
     @property
@@ -79,6 +83,13 @@ class Services:
             PostgresStore.connect(dsn, max_size=settings.pool_max_size), settings
         )
         listener = InvalidationListener(dsn)  # LISTEN on the primary: a replica hears nothing
+        replica = settings.read_replica_dsn
+        reads = ReadPools(
+            pool,
+            replica.get_secret_value() if replica is not None else None,
+            max_lag_seconds=settings.read_replica_max_lag_seconds,
+            max_size=settings.pool_max_size,
+        )
         services = cls(
             settings=settings,
             dsn=dsn,
@@ -86,10 +97,11 @@ class Services:
             driver=driver,
             dispatcher=dispatcher,
             publisher=OutboxPublisher(pool, driver, batch_size=settings.outbox_batch_size),
-            control=ControlPlane(pool, dispatcher),
+            control=ControlPlane(pool, dispatcher, reads),
             internal_token=token,
             listener=listener,
             authenticator=Authenticator(pool, listener),
+            reads=reads,
         )
         if lite:
             services.new_admin_key = bootstrap(settings, pool)
@@ -111,6 +123,8 @@ class Services:
             self.listener.stop()
         if self._query is not None:
             self._query.close()
+        if self.reads is not None:
+            self.reads.close()
         self.driver.close()
         self.dispatcher.pool.close()
         self.pool.close()

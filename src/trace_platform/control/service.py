@@ -14,6 +14,7 @@ from trace_platform.contract import TaskRef, TaskSpec
 from trace_platform.control.changes import DagChanges
 from trace_platform.control.identity import Identities
 from trace_platform.dag.schema import NAME
+from trace_platform.db.replica import ReadPools
 from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.dag_tasks import fire
 from trace_platform.dispatcher.models import CancelResponse, TaskView
@@ -40,7 +41,7 @@ from trace_platform.store.registry import RegistryStore
 from trace_platform.store.secrets import SecretStore
 from trace_platform.store.task_views import TaskViewStore
 from trace_platform.store.tasks import StoreTx
-from trace_platform.store.tasks.postgres import PostgresTx
+from trace_platform.store.tasks.postgres import PostgresStore, PostgresTx
 
 # Fields only the Dispatcher sets (from a DAG's deploy, its triggers and events): an ad-hoc task
 # has none, so it cannot borrow a DAG's worker pool slots (and their secrets) or join its runs.
@@ -89,9 +90,15 @@ class ControlPlane:
     """Every operation takes the acting user; the API routes and the CLI are thin shells over
     it. Whatever a user may not see answers exactly like something that does not exist."""
 
-    def __init__(self, pool: ConnectionPool, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, pool: ConnectionPool, dispatcher: Dispatcher, reads: ReadPools | None = None
+    ) -> None:
         self.pool = pool
         self.dispatcher = dispatcher
+        # The read-only paths read through `reads` (db/replica.py; docs/operations.md, "A read
+        # replica"): a streaming replica while it is fresh enough. Every write, and every read
+        # a write acts on, stays on `pool`, the primary.
+        self.reads = reads or ReadPools(pool)
         self.vault = vault_for(dispatcher.settings)
         self.changes = DagChanges(pool, dispatcher)
         self.identity = Identities(pool)  # users and API keys (control/identity.py)
@@ -126,7 +133,10 @@ class ControlPlane:
 
     def list_dags(self, actor: Actor) -> list[dict[str, Any]]:
         """DAGs the user may deploy, or whose published datasets they may read."""
-        with self.pool.connection() as conn:
+        return self.reads.read(lambda pool: self._list_dags(pool, actor))
+
+    def _list_dags(self, pool: ConnectionPool, actor: Actor) -> list[dict[str, Any]]:
+        with pool.connection() as conn:
             rows = RegistryStore(conn).list_dags(org_id=actor.org_id).fetchall()
             datasets = RegistryStore(conn).list_datasets(org_id=actor.org_id).fetchall()
         readable = {d["producer_dag_id"] for d in datasets if can_read_row(actor, d)}
@@ -140,7 +150,12 @@ class ControlPlane:
     def show_dag(self, actor: Actor, name: str, version: int | None = None) -> dict[str, Any]:
         """The spec of a DAG: org admins and its deployers only; for anyone else it does not
         exist."""
-        with self.pool.connection() as conn:
+        return self.reads.read(lambda pool: self._show_dag(pool, actor, name, version))
+
+    def _show_dag(
+        self, pool: ConnectionPool, actor: Actor, name: str, version: int | None
+    ) -> dict[str, Any]:
+        with pool.connection() as conn:
             dag = self._dag(conn, actor, name)
             if not can_deploy(actor, dag):
                 raise NotFound(f"no DAG named '{name}'")
@@ -230,9 +245,7 @@ class ControlPlane:
     # -- datasets ----------------------------------------------------------------------------
     def list_datasets(self, actor: Actor) -> list[dict[str, Any]]:
         """Only the datasets this user may read (the rest are invisible, not just locked)."""
-        with self.pool.connection() as conn:
-            rows = RegistryStore(conn).list_datasets(org_id=actor.org_id).fetchall()
-        return [r for r in rows if can_read_row(actor, r)]
+        return self.reads.read(lambda pool: _readable_datasets(pool, actor))
 
     def list_buffers(
         self,
@@ -244,17 +257,14 @@ class ControlPlane:
     ) -> list[dict[str, Any]]:
         """Batches published to buffered datasets this user may read, newest first: each
         pending, loaded or dead (with the reason the sink refused it)."""
-        readable = sorted(d["dataset_name"] for d in self.list_datasets(actor))
+        # On the primary, as the batches are: a dataset made a moment ago is not left out.
+        readable = sorted(d["dataset_name"] for d in _readable_datasets(self.pool, actor))
         return self.dispatcher.buffers.list_records(  # filtered before the limit, not after
             actor.org_id, dataset=dataset, status=status, limit=limit, datasets=readable
         )
 
     def show_dataset(self, actor: Actor, name: str) -> dict[str, Any]:
-        for row in self.list_datasets(actor):
-            if row["dataset_name"] == name:
-                return row
-        # Unknown and unreadable look the same, so names do not leak.
-        raise NotFound(f"no dataset named '{name}' that you can read")
+        return self.reads.read(lambda pool: _readable_dataset(pool, actor, name))
 
     def set_read_roles(
         self, actor: Actor, name: str, add: list[str], remove: list[str]
@@ -279,9 +289,13 @@ class ControlPlane:
 
     def dataset_versions(self, actor: Actor, name: str) -> list[dict[str, Any]]:
         """Every version of a dataset, newest first: for whoever may read the dataset."""
-        ds = self.show_dataset(actor, name)
-        with self.pool.connection() as conn:
-            return list_versions(conn, ds["dataset_uuid"])
+
+        def read(pool: ConnectionPool) -> list[dict[str, Any]]:
+            ds = _readable_dataset(pool, actor, name)
+            with pool.connection() as conn:
+                return list_versions(conn, ds["dataset_uuid"])
+
+        return self.reads.read(read)
 
     def purge_versions(
         self, actor: Actor, name: str, keep: int, *, dry_run: bool = False
@@ -290,7 +304,7 @@ class ControlPlane:
         require_admin(actor, "purge dataset versions")
         if keep < 0:
             raise Invalid(f"keep must be 0 or more; {keep} given", fields=["keep"])
-        ds = self.show_dataset(actor, name)
+        ds = _readable_dataset(self.pool, actor, name)  # the primary's: what is purged
         with self.pool.connection() as conn, conn.transaction():
             res = purge(conn, ds, keep, dry_run=dry_run)
             purged = [r["dataset_version"] for r in res["purged"]]
@@ -421,23 +435,29 @@ class ControlPlane:
         before: str | None = None,
     ) -> dict[str, Any]:
         """A page of the org's audit log, newest first: org admins only (audit.list_entries)."""
-        with self.pool.connection() as conn:
-            return audit.list_entries(
-                conn,
-                actor,
-                who=who,
-                since=since,
-                action=action,
-                dag=dag,
-                limit=limit,
-                before=before,
-            )
+
+        def read(pool: ConnectionPool) -> dict[str, Any]:
+            with pool.connection() as conn:
+                return audit.list_entries(
+                    conn,
+                    actor,
+                    who=who,
+                    since=since,
+                    action=action,
+                    dag=dag,
+                    limit=limit,
+                    before=before,
+                )
+
+        return self.reads.read(read)
 
     # -- tasks ---------------------------------------------------------------------------------
-    def _visible_task(self, actor: Actor, task_id: UUID) -> None:
+    def _visible_task(
+        self, actor: Actor, task_id: UUID, pool: ConnectionPool | None = None
+    ) -> None:
         """Org admins see their org's tasks; others the tasks of DAGs they may deploy. Anything
         else answers exactly like a task that does not exist."""
-        with self.pool.connection() as conn:
+        with (pool or self.pool).connection() as conn:
             t = TaskViewStore(conn).task_scope(task_id=task_id).fetchone()
         visible = (
             t is not None
@@ -499,12 +519,22 @@ class ControlPlane:
     def list_tasks(self, actor: Actor, limit: int = 50) -> list[dict[str, Any]]:
         """The org's most recent tasks: org admins only."""
         require_admin(actor, "list all tasks")
-        with self.pool.connection() as conn:
-            return TaskViewStore(conn).org_tasks(org_id=actor.org_id, limit=limit).fetchall()
+
+        def read(pool: ConnectionPool) -> list[dict[str, Any]]:
+            with pool.connection() as conn:
+                return TaskViewStore(conn).org_tasks(org_id=actor.org_id, limit=limit).fetchall()
+
+        return self.reads.read(read)
 
     def get_task(self, actor: Actor, task_id: UUID) -> TaskView:
-        self._visible_task(actor, task_id)
-        return self.dispatcher.get_task(task_id)
+        def read(pool: ConnectionPool) -> TaskView:
+            self._visible_task(actor, task_id, pool)
+            # The primary's through the Dispatcher's own store (its sessions carry its plans).
+            return self.dispatcher.get_task(
+                task_id, None if pool is self.pool else PostgresStore(pool)
+            )
+
+        return self.reads.read(read)
 
     def cancel_task(self, actor: Actor, task_id: UUID) -> CancelResponse:
         self._visible_task(actor, task_id)
@@ -527,17 +557,21 @@ class ControlPlane:
         self, actor: Actor, dag: str | None = None, limit: int = 20
     ) -> list[dict[str, Any]]:
         """Runs of the DAGs the user may deploy (all of the org's for admins)."""
-        with self.pool.connection() as conn:
-            rows = (
-                DagTaskStore(conn)
-                .list_runs(
-                    org_id=actor.org_id,
-                    dag_ids=self._deployable_dag_ids(conn, actor),
-                    dag=dag,
-                    limit=limit,
+
+        def read(pool: ConnectionPool) -> list[dict[str, Any]]:
+            with pool.connection() as conn:
+                return (
+                    DagTaskStore(conn)
+                    .list_runs(
+                        org_id=actor.org_id,
+                        dag_ids=self._deployable_dag_ids(conn, actor),
+                        dag=dag,
+                        limit=limit,
+                    )
+                    .fetchall()
                 )
-                .fetchall()
-            )
+
+        rows = self.reads.read(read)
         for r in rows:
             r["status"] = run_status(r)
         return rows
@@ -547,7 +581,8 @@ class ControlPlane:
         for org admins and its DAG's deployers. Running tasks stop cooperatively and emit
         nothing; a task that finished meanwhile may have started children, so passes repeat
         until one finds nothing left to cancel."""
-        run = self.show_run(actor, run_id)  # who may see it may cancel it; others: not found
+        # Who may see it may cancel it; others: not found. The primary's (a run just fired).
+        run = self._show_run(self.pool, actor, run_id)
         canceled: set[UUID] = set()
         for _ in range(_CANCEL_PASSES):
             with self.pool.connection() as conn:
@@ -586,7 +621,10 @@ class ControlPlane:
     def show_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:
         """A run and its task tree, for org admins and its DAG's deployers; for anyone else
         (another org included) it does not exist."""
-        with self.pool.connection() as conn:
+        return self.reads.read(lambda pool: self._show_run(pool, actor, run_id))
+
+    def _show_run(self, pool: ConnectionPool, actor: Actor, run_id: UUID) -> dict[str, Any]:
+        with pool.connection() as conn:
             f = DagTaskStore(conn).run_fire(run_id=run_id).fetchone()
             if f is None or not can_deploy(actor, f):
                 raise NotFound(f"no run {run_id}")
@@ -603,6 +641,20 @@ class ControlPlane:
 
 
 _CANCEL_PASSES = 10
+
+
+def _readable_datasets(pool: ConnectionPool, actor: Actor) -> list[dict[str, Any]]:
+    with pool.connection() as conn:
+        rows = RegistryStore(conn).list_datasets(org_id=actor.org_id).fetchall()
+    return [r for r in rows if can_read_row(actor, r)]
+
+
+def _readable_dataset(pool: ConnectionPool, actor: Actor, name: str) -> dict[str, Any]:
+    for row in _readable_datasets(pool, actor):
+        if row["dataset_name"] == name:
+            return row
+    # Unknown and unreadable look the same, so names do not leak.
+    raise NotFound(f"no dataset named '{name}' that you can read")
 
 
 def run_status(r: dict[str, Any]) -> str:

@@ -79,8 +79,9 @@ class Dispatcher(Lifecycle):
         return self.emitter.emit(req)
 
     # -- user-facing views ---------------------------------------------------------------
-    def get_task(self, task_id: UUID) -> TaskView:
-        with self.store.transaction() as tx:
+    def get_task(self, task_id: UUID, store: StateStore | None = None) -> TaskView:
+        """`store`: another store to read it from (a read replica's), else the Dispatcher's."""
+        with (store or self.store).transaction() as tx:
             v = tx.task_view(task_id)
             if v is None:
                 raise NotFound(f"task {task_id} does not exist")

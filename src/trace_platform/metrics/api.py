@@ -51,6 +51,21 @@ class _DispatcherCounters:
         yield from self.services.dispatcher.metrics.collect()
 
 
+class _Reads:
+    """Where the read-only paths read (db/replica.py): reads by server, fallbacks to the
+    primary and the replica's lag, looked up at each scrape."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self.services.reads is not None:
+            yield from self.services.reads.collect()
+
+
 class ApiMetrics:
     def __init__(self, services: Services) -> None:
         s = services.settings
@@ -68,6 +83,7 @@ class ApiMetrics:
             )
         )
         self.registry.register(CacheCollector())
+        self.registry.register(_Reads(services))
         ProcessCollector(namespace="trace_api", registry=self.registry)
 
 
