@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.dags import admin, three_jobs, user
-from trace_platform.contract import LITE_ORG_ID
+from trace_platform.contract import LITE_ORG_ID, CompleteRequest
 from trace_platform.db.queries import Queries
 from trace_platform.errors import Gone, Invalid, NotFound
 from trace_platform.identity import Actor, ensure_user
@@ -411,3 +411,42 @@ def _relations(conn: Any, query: str, params: dict[str, Any], *, analyze: bool) 
 
     walk(plan[0]["Plan"])
     return out
+
+
+def test_a_late_success_of_a_reaped_task_after_the_export_is_in_the_history_not_lost(
+    services: Services,
+) -> None:
+    """A task the reaper failed (its attempt lease_expired) whose worker's success lands after
+    the month was exported: the success changes no key (the attempt row's outcome, in place),
+    so a check of row count and key checksum alone dropped the partition with the export
+    still saying lease_expired. The detached table must be checked row for row."""
+    svc = services
+    [late, *_] = history(svc, OLD + timedelta(days=1), LITE_ORG_ID, 3, status="failed")
+    token = uuid.uuid4()
+    with svc.pool.connection() as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_token = %s, last_error = 'lost its lease'"
+            " WHERE task_id = %s",
+            (token, late),
+        )
+        conn.execute(
+            "UPDATE task_attempts SET lease_token = %s, outcome = 'lease_expired'"
+            " WHERE task_id = %s",
+            (token, late),
+        )
+    landed: list[str] = []
+
+    def land(at: str, unit: Unit) -> None:
+        # After the month's last unit is exported, before any detach: the worker reports.
+        if (at, unit.relname) == ("exported", f"task_status_{label(OLD)}") and not landed:
+            done = svc.dispatcher.complete(
+                CompleteRequest(task_id=late, attempt=1, lease_token=token, outcome="succeeded")
+            )
+            landed.append(done.status)
+
+    job(svc, hook=land).run(40, export=True)
+    assert landed == ["succeeded"]
+    assert not exists(svc, f"task_attempts_{label(OLD)}")
+    store = make_store(svc.settings)
+    attempts = [r for f in exported(store, "task_attempts", OLD).values() for r in f]
+    assert {r["outcome"] for r in attempts if r["task_id"] == str(late)} == {"succeeded"}

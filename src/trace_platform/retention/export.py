@@ -70,6 +70,7 @@ class Export:
     row_count: int
     checksum: int
     at: datetime  # the snapshot the rows were read in
+    row_checksum: int  # over whole rows, in that snapshot: what the drop checks against
     files: list[ExportedFile] = field(default_factory=list)
 
 
@@ -189,7 +190,13 @@ def export_unit(
             finally:
                 writers.close()
         export = Export(
-            unit, export_id, prefix, int(expected["n"]), int(expected["checksum"]), expected["at"]
+            unit,
+            export_id,
+            prefix,
+            int(expected["n"]),
+            int(expected["checksum"]),
+            expected["at"],
+            int(expected["row_checksum"]),
         )
         try:
             for org, n in sorted(writers.rows.items(), key=lambda kv: kv[0] or ""):

@@ -86,6 +86,8 @@ class Retention:
         if export and no_export:
             raise Invalid("--export and --no-export contradict each other")
         with psycopg.connect(self.dsn, row_factory=dict_row, autocommit=True) as conn:
+            # Row checksums are over the rows' text: timestamps printed as the export's are.
+            conn.execute("SET TIME ZONE 'UTC'")
             rs = RetentionStore(conn)
             months = plan(conn, older_than_days, now)
             if dry_run:
@@ -163,6 +165,7 @@ class Retention:
                     prefix="",
                     row_count=int(c["n"]),
                     key_checksum=c["checksum"],
+                    row_checksum=c["row_checksum"],
                     exported_at=c["at"],
                 )
                 rs.forget_files(relname=unit.relname)
@@ -188,6 +191,7 @@ class Retention:
                 prefix=ex.prefix,
                 row_count=ex.row_count,
                 key_checksum=ex.checksum,
+                row_checksum=ex.row_checksum,
                 exported_at=ex.at,
             )
             rs.forget_files(relname=unit.relname)
@@ -233,18 +237,15 @@ class Retention:
             rs.detach(parent=unit.parent, part=unit.relname)
         if self.hook is not None:
             self.hook("detached", unit)
-        key = _key(rs, unit)
-        now = rs.count_and_checksum(table=unit.relname, key=key)
-        if (int(now["n"]), int(now["checksum"])) != (rec["row_count"], int(rec["key_checksum"])):
-            # Rows landed between the export and the detach: export the detached (now fixed)
-            # table again; its record replaces the first one.
+        now = _figures(rs.count_and_checksum(table=unit.relname, key=_key(rs, unit)))
+        if now != _recorded(rec):
+            # Rows landed or changed in place (a reaped attempt's late success: no key moves)
+            # between the export and the detach: export the detached (now fixed) table again;
+            # its record replaces the first one.
             self._export(conn, unit, month, export=export)
             rec = rs.export_of(relname=unit.relname).fetchone()
             assert rec is not None
-            if (int(now["n"]), int(now["checksum"])) != (
-                rec["row_count"],
-                int(rec["key_checksum"]),
-            ):
+            if now != _recorded(rec):
                 raise RetentionError(f"{unit.relname} changed while detached: not dropped")
         self.progress.start(f"dropping {unit.relname}", None)
         with conn.transaction():
@@ -291,6 +292,18 @@ class Retention:
                     batch_size=STATUS_BATCH, columns=["task_id"]
                 ):
                     yield batch.column(0).to_pylist()
+
+
+def _figures(c: dict[str, Any]) -> tuple[int, int, int | None]:
+    """Rows, key checksum and whole-row checksum, as count_and_checksum gives them."""
+    return int(c["n"]), int(c["checksum"]), int(c["row_checksum"])
+
+
+def _recorded(rec: dict[str, Any]) -> tuple[int, int, int | None]:
+    """The same figures of an export's record (no row checksum: recorded before migration
+    0039, so it never equals a count and the table is exported again)."""
+    rows = rec["row_checksum"]
+    return int(rec["row_count"]), int(rec["key_checksum"]), None if rows is None else int(rows)
 
 
 def _key(rs: RetentionStore, unit: Unit) -> list[str]:

@@ -56,6 +56,7 @@ class RetentionStore(Calls):
         prefix: str,
         row_count: int,
         key_checksum: Decimal | int,
+        row_checksum: Decimal | int,
         exported_at: datetime,
     ) -> Cursor[Row]:
         return self._run(
@@ -69,6 +70,7 @@ class RetentionStore(Calls):
                 "prefix": prefix,
                 "row_count": row_count,
                 "key_checksum": Decimal(key_checksum),
+                "row_checksum": Decimal(row_checksum),
                 "exported_at": exported_at,
             },
         )

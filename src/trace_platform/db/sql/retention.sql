@@ -49,12 +49,13 @@ SELECT * FROM retention_exports WHERE relname = %(relname)s;
 -- A unit's export, once its files read back (exported_at: the snapshot it read); a re-export (the table changed before the drop)
 -- replaces the record and its files.
 INSERT INTO retention_exports (relname, parent, lo_day, hi_day, export_id, prefix, row_count,
-                               key_checksum, exported_at)
+                               key_checksum, row_checksum, exported_at)
 VALUES (%(relname)s, %(parent)s, %(lo)s, %(hi)s, %(export_id)s, %(prefix)s, %(row_count)s,
-        %(key_checksum)s, %(exported_at)s)
+        %(key_checksum)s, %(row_checksum)s, %(exported_at)s)
 ON CONFLICT (relname) DO UPDATE
 SET export_id = excluded.export_id, prefix = excluded.prefix, row_count = excluded.row_count,
-    key_checksum = excluded.key_checksum, exported_at = excluded.exported_at;
+    key_checksum = excluded.key_checksum, row_checksum = excluded.row_checksum,
+    exported_at = excluded.exported_at;
 
 -- name: forget_files
 DELETE FROM retention_export_files WHERE relname = %(relname)s;
@@ -102,8 +103,11 @@ WHERE parent = 'task_registry' AND dropped_at IS NOT NULL;
 -- name: count_and_checksum
 -- Rows and the checksum of their keys ({key}: the key columns as text joined by '|'), the
 -- same sum retention/export.py computes over the Parquet read back; `at`: the snapshot's time.
+-- row_checksum: over whole rows (their text, in the caller's UTC session), so a row updated in
+-- place since the export (no key changed) is seen before a drop.
 SELECT count(*) AS n, now() AS at,
-       coalesce(sum(('x' || left(md5({key}), 15))::bit(60)::bigint), 0) AS checksum
+       coalesce(sum(('x' || left(md5({key}), 15))::bit(60)::bigint), 0) AS checksum,
+       coalesce(sum(hashtextextended(t::text, 0)), 0) AS row_checksum
 FROM {table} t {where};
 
 -- name: detach
