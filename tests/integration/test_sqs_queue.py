@@ -336,6 +336,7 @@ def test_looked_up_queues_must_exist_with_a_redrive_policy(s3_endpoint: str) -> 
         profile=Profile.aws,
         state_dsn="postgresql://x@h/x",
         operator_registry="production",
+        sqs_create_queues=False,
     )
     assert looked_up.create is False
     with pytest.raises(SqsError, match=r"does not exist.*TRACE_SQS_CREATE_QUEUES"):
