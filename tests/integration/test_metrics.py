@@ -5,6 +5,8 @@ no API route; a worker's counts what it ran."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -366,3 +368,46 @@ def test_caches_show_their_hits_and_misses() -> None:
     assert value(got, "trace_cache_misses_total", cache=cache.name) == 1
     assert value(got, "trace_cache_evictions_total", cache=cache.name) == 1
     assert value(got, "trace_cache_entries", cache=cache.name) == 1
+
+
+def test_a_scrape_storm_takes_one_database_connection_not_the_apis_pool(
+    api: tuple[Services, str, int], dsn: str
+) -> None:
+    """Anyone on the operators' network can open many scrapes at once. Each scrape read the
+    state through the API's own pool: 30 at once, each stuck behind a slow read (the outbox
+    locked by someone else), held every connection of it, so the API's own requests waited
+    for a connection and failed. Scrapes at once share one read: one connection at most."""
+    svc, url, port = api
+    key = admin_key(svc)
+    assert httpx.get(f"{url}/v1/dags", headers=bearer(key)).status_code == 200
+    answers: list[int] = []
+
+    def one() -> None:
+        answers.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code)
+
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        storm = [threading.Thread(target=one) for _ in range(30)]
+        for t in storm:
+            t.start()
+        # The first scrape is waiting on the lock: the storm is under way.
+        wait_for(lambda: _waiting_on_outbox(dsn) >= 1, timeout=10)
+        began = time.monotonic()
+        r = httpx.get(f"{url}/v1/dags", headers=bearer(key), timeout=30)
+        took = time.monotonic() - began
+        waiting = _waiting_on_outbox(dsn)
+    for t in storm:
+        t.join(timeout=60)
+    assert r.status_code == 200, r.text
+    assert took < 1.0, f"an API request waited {took:.1f} s behind the scrapes"
+    assert waiting <= 1, f"{waiting} scrapes' reads hold connections at once"
+    assert answers == [200] * 30
+
+
+def _waiting_on_outbox(dsn: str) -> int:
+    got = rows(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query ILIKE '%%FROM outbox%%' AND pid <> pg_backend_pid()",
+    )
+    return int(got[0][0])

@@ -10,6 +10,7 @@ year of finished tasks is hundreds of millions of rows: no scrape counts them)."
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -71,11 +72,26 @@ class StateCollector:
             self.reads["queues"] = self._pgqueue
         for name in (*self.reads, *(("queues",) if depths is not None else ())):
             self.errors.labels(name)
+        # One read of the state at a time, shared: scrapes at once (anyone on the operators'
+        # network can open many) take one connection of the API's pool, never all of it.
+        self._reading = threading.Lock()
+        self._last: tuple[float, list[Metric]] = (float("-inf"), [])
 
     def describe(self) -> list[Metric]:
         return []  # registering reads nothing; a scrape does
 
     def collect(self) -> Iterator[Metric]:
+        """The state as read by this scrape, or by the read that ended after this scrape
+        began (one that was under way when it came: its figures are as fresh)."""
+        asked = time.monotonic()
+        with self._reading:
+            ended, families = self._last
+            if ended < asked:
+                families = list(self._read())
+                self._last = (time.monotonic(), families)
+        yield from families
+
+    def _read(self) -> Iterator[Metric]:
         seconds = GaugeMetricFamily(
             "trace_metrics_read_seconds", "How long each scrape-time read took", labels=["read"]
         )
