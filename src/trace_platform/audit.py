@@ -220,17 +220,21 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     time (UTC when it names no zone)."""
     now = now or datetime.now(UTC)
     m = _RELATIVE.fullmatch(text.strip())
-    if m:
-        return now - timedelta(**{_UNITS[m[2]]: int(m[1])})
     try:
+        if m:
+            return now - timedelta(**{_UNITS[m[2]]: int(m[1])})
         at = datetime.fromisoformat(text.strip())
+        # In UTC: a time whose zone puts it outside datetime's range is refused here, not
+        # when its partition is computed.
+        return at.astimezone(UTC) if at.tzinfo is not None else at.replace(tzinfo=UTC)
     except ValueError:
         raise Invalid(
             f"since {text!r} is neither a span back from now (30m, 24h, 7d, 2w) nor an ISO "
             "date or time (2026-03-01, 2026-03-01T12:00:00Z)",
             fields=["since"],
         ) from None
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    except OverflowError:
+        raise Invalid(f"since {text!r} is outside the years 1 to 9999", fields=["since"]) from None
 
 
 def start_day(at: datetime) -> int:

@@ -9,10 +9,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+import httpx
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.support.servers import admin_key, bearer, secured_api
 from tests.support.wait import wait_for
+from trace_platform.config import Settings
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db.invalidation import InvalidationListener
 from trace_platform.identity import create_key, ensure_user
@@ -111,3 +114,27 @@ def test_a_silent_listener_connection_stops_the_cache_within_a_second(
             assert auth.cache.hits == hits + 1
         finally:
             listener.stop()
+
+
+def test_out_of_range_expiries_and_spans_are_refused_by_name(settings: Settings, dsn: str) -> None:
+    """An expiry past year 9999, a --since before year 1, or an expiry already past by the
+    database's clock were 500s (an OverflowError, the table's CHECK), not answers naming the
+    field."""
+    with secured_api(settings, dsn) as (svc, url):
+        admin = bearer(admin_key(svc))
+        far = {"user": "admin", "expires_in_seconds": 1e15}
+        made = httpx.post(url + "/v1/keys", headers=admin, json=far, timeout=10)
+        assert made.status_code == 422 and "expires_in" in made.text, made.text
+        # Now by this host's clock, but already past when the database stores it.
+        now_ish = {"user": "admin", "expires_in_seconds": 1e-6}
+        made = httpx.post(url + "/v1/keys", headers=admin, json=now_ish, timeout=10)
+        assert made.status_code == 422 and "database's clock" in made.text, made.text
+        key_id = str(httpx.get(url + "/v1/keys", headers=admin, timeout=10).json()[0]["key_id"])
+        turned = httpx.post(f"{url}/v1/keys/{key_id}/rotate", headers=admin, json=far, timeout=10)
+        assert turned.status_code == 422 and "expires_in" in turned.text, turned.text
+        for since in ("999999w", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+            page = httpx.get(url + "/v1/audit", headers=admin, params={"since": since}, timeout=10)
+            assert page.status_code == 422 and "since" in page.text, (since, page.text)
+        # Nothing was stored by the refusals: the admin's one key, live.
+        (only,) = httpx.get(url + "/v1/keys", headers=admin, timeout=10).json()
+        assert only["state"] == "live"

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from trace_platform.control.identity import MAX_KEY_LIFETIME
 from trace_platform.delivery.safety import MAX_URL
 from trace_platform.query import saved
 
@@ -128,7 +129,9 @@ class KeyBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user: str = Field(max_length=128)
     name: str | None = Field(default=None, max_length=100)
-    expires_in_seconds: float | None = Field(default=None, gt=0)
+    expires_in_seconds: float | None = Field(
+        default=None, gt=0, le=MAX_KEY_LIFETIME.total_seconds()
+    )
     expires_at: datetime | None = None
 
 
@@ -138,5 +141,7 @@ class RotateBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     grace_seconds: float = Field(default=0, ge=0, le=3600)
-    expires_in_seconds: float | None = Field(default=None, gt=0)
+    expires_in_seconds: float | None = Field(
+        default=None, gt=0, le=MAX_KEY_LIFETIME.total_seconds()
+    )
     expires_at: datetime | None = None

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
@@ -34,6 +35,8 @@ MAX_KEY_NAME = 100
 MAX_GRACE_SECONDS = 3600  # a rotated key's overlap with its successor, at most
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Longer is "never" (omit the expiry); a bound also keeps the arithmetic inside datetime's range.
+MAX_KEY_LIFETIME = timedelta(days=100 * 366)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -43,7 +46,17 @@ def parse_duration(text: str) -> timedelta:
         raise Invalid(
             f"expiry {text!r} is not a positive duration like 3600, 90s, 15m, 12h, 30d or 2w"
         )
-    return timedelta(seconds=float(m[1]) * _UNIT[m[2]])
+    seconds = float(m[1]) * _UNIT[m[2]]
+    if seconds > MAX_KEY_LIFETIME.total_seconds():
+        raise Invalid(_too_long(text))
+    return timedelta(seconds=seconds)
+
+
+def _too_long(given: object) -> str:
+    return (
+        f"expires_in {given} is longer than {MAX_KEY_LIFETIME.days} days; "
+        "for a key that never expires give no expiry"
+    )
 
 
 def expiry(
@@ -57,6 +70,8 @@ def expiry(
     if expires_in is not None:
         if expires_in <= timedelta(0):
             raise Invalid("expires_in must be a positive duration")
+        if expires_in > MAX_KEY_LIFETIME:
+            raise Invalid(_too_long(f"{expires_in.total_seconds():g}s"), fields=["expires_in"])
         return now + expires_in
     if expires_at is not None:
         if expires_at.tzinfo is None:
@@ -253,7 +268,8 @@ class Identities:
                     f"{old['revoked_at']:%Y-%m-%d %H:%M:%S %Z})",
                 )
             if expires_at is None and old["expires_at"] is not None:
-                expires_at = datetime.now(UTC) + (old["expires_at"] - old["created_at"])
+                lifetime = min(old["expires_at"] - old["created_at"], MAX_KEY_LIFETIME)
+                expires_at = datetime.now(UTC) + lifetime
             new = self._new_key(
                 conn, actor, old["user_id"], old["user_name"], old["name"], expires_at
             )
@@ -283,9 +299,19 @@ class Identities:
         name: str | None,
         expires_at: datetime | None,
     ) -> dict[str, Any]:
-        key_id, key = issue_key(
-            conn, user_id, name=name, expires_at=expires_at, created_by=actor.user_id
-        )
+        try:
+            with conn.transaction():  # a savepoint: the refusal below leaves nothing stored
+                key_id, key = issue_key(
+                    conn, user_id, name=name, expires_at=expires_at, created_by=actor.user_id
+                )
+        except psycopg.errors.CheckViolation as e:
+            if e.diag.constraint_name != "api_keys_expiry_after_creation":
+                raise
+            # This host's clock said the future; the database's (which stores the key) not.
+            raise Invalid(
+                f"expiry {expires_at} is not after the key's creation by the database's clock",
+                fields=["expires_at"],
+            ) from None
         return {
             "key_id": str(key_id),
             "user": user,
