@@ -411,3 +411,41 @@ def _waiting_on_outbox(dsn: str) -> int:
         "AND query ILIKE '%%FROM outbox%%' AND pid <> pg_backend_pid()",
     )
     return int(got[0][0])
+
+
+def test_a_tenants_many_buffered_datasets_do_not_blow_up_the_series(
+    services: Services, dsn: str
+) -> None:
+    """Any user can declare buffered datasets, each with its own sink backlog and queue
+    (`buffer.<uuid>`): a series per dataset and queue made the scrape grow with them without
+    bound (100k datasets: 700k series each scrape). The largest few are named; the rest are
+    summed under `other`, so the totals still equal the database."""
+    n = 300
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET session_replication_role = replica")  # no foreign keys checked
+        conn.execute(
+            "INSERT INTO buffer_records (record_id, dataset_uuid, org_id, task_id, attempt, "
+            "start_day, job, location, content_type, created_at) SELECT gen_random_uuid(), "
+            "gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 0, 'j', "
+            "gen_random_uuid()::text, 'application/jsonl', now() - interval '1 min' "
+            "FROM generate_series(1, %s)",
+            (n,),
+        )
+        conn.execute(
+            "INSERT INTO queue_messages (queue_name, payload, visible_at) "
+            "SELECT 'buffer.' || gen_random_uuid(), '{}', now() - interval '5 s' "
+            "FROM generate_series(1, %s)",
+            (n,),
+        )
+    got = collected(StateCollector(services.pool, queues=("tasks", "lambda")))
+    sink = {k: v for k, v in got.items() if k[0] == "trace_sink_pending_batches"}
+    queues = {dict(k[1])["queue"] for k in got if k[0] == "trace_queue_messages"}
+    assert len(sink) <= 25 and len(queues) <= 25, (len(sink), len(queues))
+    assert sum(sink.values()) == n
+    ready = sum(
+        v
+        for k, v in got.items()
+        if k[0] == "trace_queue_messages" and dict(k[1])["state"] == "ready"
+    )
+    assert ready == n
+    assert {"tasks", "lambda"} <= queues

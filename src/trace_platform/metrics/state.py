@@ -32,6 +32,11 @@ QUEUE_STATES = ("ready", "delayed", "leased")
 # A scrape's reads: each bounded by this, and by this wait for a connection of the pool.
 READ_TIMEOUT_MS = 2000
 POOL_WAIT_SECONDS = 2.0
+# Series per buffered dataset (its sink backlog, its own queue): any user can declare many, so
+# only the NAMED largest are named and the rest are summed under OTHER (a bounded scrape, and
+# totals still equal to the database's).
+NAMED = 20
+OTHER = "_other"
 
 Read = Callable[[MetricsStore], list[Metric]]
 
@@ -124,6 +129,15 @@ class StateCollector:
             q = counts.setdefault(r["queue_name"], dict.fromkeys(QUEUE_STATES, 0))
             q["leased"] += r["leased"]
         dead = {r["queue_name"]: r["n"] for r in store.pgqueue_dead().fetchall()}
+        zero = dict.fromkeys(QUEUE_STATES, 0)
+        size = {q: sum(counts.get(q, zero).values()) + dead.get(q, 0) for q in counts | dead}
+        ranked = sorted(set(size) - set(self.queues), key=lambda q: (-size[q], q))
+        for q in ranked[NAMED:]:  # the task and lambda queues are always named
+            rest = counts.setdefault(OTHER, dict(zero))
+            for state, n in counts.pop(q, zero).items():
+                rest[state] += n
+            oldest[OTHER] = max(oldest.get(OTHER, 0.0), oldest.pop(q, 0.0))
+            dead[OTHER] = dead.get(OTHER, 0) + dead.pop(q, 0)
         messages = GaugeMetricFamily(
             "trace_queue_messages",
             "Messages on each queue: ready (to be received now), delayed (visible later), "
@@ -255,12 +269,20 @@ def _deliveries(store: MetricsStore) -> list[Metric]:
 
 
 def _sink(store: MetricsStore) -> list[Metric]:
-    rows = store.sink_backlog().fetchall()
+    rows = sorted(store.sink_backlog().fetchall(), key=lambda r: (-r["n"], r["dataset_uuid"]))
+    if len(rows) > NAMED:
+        rest = rows[NAMED:]
+        other = {
+            "dataset_uuid": OTHER,
+            "n": sum(r["n"] for r in rest),
+            "oldest_seconds": max(r["oldest_seconds"] for r in rest),
+        }
+        rows = [*rows[:NAMED], other]
     return [
         _gauge(
             "trace_sink_pending_batches",
-            "Buffered batches published, not yet loaded by a sink, by dataset (only datasets "
-            "with a backlog are listed)",
+            "Buffered batches published, not yet loaded by a sink, by dataset (the 20 largest "
+            "backlogs; the rest summed as _other)",
             [([r["dataset_uuid"]], r["n"]) for r in rows],
             ["dataset_uuid"],
         ),
