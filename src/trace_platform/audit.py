@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from uuid import UUID
 
 import psycopg
@@ -65,6 +65,7 @@ Outcome = Literal["ok", "dry_run", "noop"]
 Source = Literal["cli", "http", "webhook", "eventbridge", "scheduler", "system"]
 # The platform acting on its own: automatic cutovers, the cron scheduler, EventBridge schedules.
 PlatformActor = Literal["system", "scheduler", "eventbridge"]
+PLATFORM_ACTORS = frozenset(get_args(PlatformActor))  # no user may be named so
 
 MAX_DETAILS_BYTES = 8 * 1024  # names, counts and ids, not payloads (the table refuses 16 KiB)
 MAX_TEXT = 300  # a target, or one string inside details
@@ -306,7 +307,16 @@ def list_entries(
     params = read_bounds(since, before)
     rows = (
         AuditStore(conn)
-        .list(limit=limit + 1, org_id=actor.org_id, actor=who, action=action, dag=dag, **params)
+        .list(
+            limit=limit + 1,
+            org_id=actor.org_id,
+            actor=who,
+            # The platform's names match its own rows only, a user's name a user's rows only.
+            actor_kind=None if who is None else who if who in PLATFORM_ACTORS else "user",
+            action=action,
+            dag=dag,
+            **params,
+        )
         .fetchall()
     )
     page = rows[:limit]

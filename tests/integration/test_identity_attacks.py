@@ -11,14 +11,17 @@ from contextlib import contextmanager, suppress
 
 import httpx
 import psycopg
+import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.support.servers import admin_key, bearer, secured_api
 from tests.support.wait import wait_for
+from trace_platform import audit
 from trace_platform.config import Settings
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db.invalidation import InvalidationListener
-from trace_platform.identity import create_key, ensure_user
+from trace_platform.errors import Invalid
+from trace_platform.identity import create_key, ensure_user, lite_admin
 from trace_platform.identity.actors import Authenticator
 from trace_platform.services import Services
 
@@ -138,3 +141,20 @@ def test_out_of_range_expiries_and_spans_are_refused_by_name(settings: Settings,
         # Nothing was stored by the refusals: the admin's one key, live.
         (only,) = httpx.get(url + "/v1/keys", headers=admin, timeout=10).json()
         assert only["state"] == "live"
+
+
+def test_no_user_passes_for_the_platform_in_the_audit_log(services: Services) -> None:
+    """A user could be named system, scheduler or eventbridge: their actions then read in
+    `trace audit list` as the platform's own, and `--actor system` mixed them in."""
+    with services.pool.connection() as conn:
+        admin = lite_admin(conn)
+    for name in ("system", "scheduler", "eventbridge", "System"):
+        with pytest.raises(Invalid, match="reserved"):
+            services.control.add_user(admin, name, [], is_admin=True)
+    # One so named before (made by SQL, as orgs are): still not the platform when filtered.
+    with services.pool.connection() as conn, conn.transaction():
+        impostor = ensure_user(conn, LITE_ORG_ID, "system", is_admin=True)
+        audit.record(conn, impostor, "dag.pause", "hello")
+        audit.record(conn, "system", "dag.cutover", "hello", org_id=LITE_ORG_ID)
+    platform = services.control.audit_log(admin, who="system")["entries"]
+    assert [(e["actor_kind"], e["action"]) for e in platform] == [("system", "dag.cutover")]

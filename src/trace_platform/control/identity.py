@@ -84,6 +84,9 @@ def expiry(
 def _check_user_name(name: str) -> None:
     if not USER_NAME.fullmatch(name):
         raise Invalid(f"user name {name[:200]!r} must match {USER_NAME.pattern}")
+    # The audit log names the platform's own actions so; a user so named would pass for it.
+    if name.lower() in audit.PLATFORM_ACTORS:
+        raise Invalid(f"user name {name!r} is reserved: the audit log's name for the platform")
 
 
 def _check_key_name(name: str | None) -> None:

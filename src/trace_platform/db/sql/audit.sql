@@ -26,6 +26,7 @@ WHERE org_id = %(org_id)s
   AND at >= %(since)s
   AND (at, id) < (%(before_at)s, %(before_id)s)
   AND (%(actor)s::text IS NULL OR actor_name = %(actor)s)
+  AND (%(actor_kind)s::text IS NULL OR actor_kind = %(actor_kind)s)
   AND (%(action)s::text IS NULL OR action = %(action)s)
   AND (%(dag)s::text IS NULL OR dag = %(dag)s)
 ORDER BY at DESC, id DESC
