@@ -179,6 +179,25 @@ def scalar(dsn: str, statement: str) -> Any:
         return row[0] if row else None
 
 
+def run_consumers(consumers: int, consume: Callable[[int], None]) -> float:
+    """Seconds from the consumers' common start (a barrier: no thread's start-up is timed)
+    until the last has returned; `consume(i)` is consumer i's loop."""
+    start = threading.Barrier(consumers + 1)
+
+    def body(i: int) -> None:
+        start.wait()
+        consume(i)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(consumers)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 # -- pgqueue (ours) ---------------------------------------------------------------------------
 class Ours:
     def __init__(self, dsn: str, relaxed_acks: bool = True) -> None:
@@ -226,10 +245,8 @@ class Ours:
         "each" (one ack per message)."""
         self.preload(n)
         done = [0] * consumers
-        start = threading.Barrier(consumers + 1)
 
         def consume(i: int) -> None:
-            start.wait()
             held: list[str] = []
             while msgs := self.q.receive(QUEUE, batch, 60, ack=held):
                 held = []
@@ -242,14 +259,7 @@ class Ours:
                     held = [m.receipt for m in msgs]
                 done[i] += len(msgs)
 
-        threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - t0
+        elapsed = run_consumers(consumers, consume)
         # Every message acked: none left to deliver, and no batch lease still holding one.
         left = scalar(
             self.dsn,
@@ -354,21 +364,12 @@ class Bare:
         self.preload(n)
         done = [0] * consumers
         conns = [psycopg.connect(self.dsn, autocommit=True) for _ in range(consumers)]
-        start = threading.Barrier(consumers + 1)
 
         def consume(i: int) -> None:
-            start.wait()
             while got := self._take(conns[i], batch):
                 done[i] += got
 
-        threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - t0
+        elapsed = run_consumers(consumers, consume)
         for c in conns:
             c.close()
         if sum(done) != n:
@@ -731,24 +732,14 @@ class SqsBench:
             self.q.publish_many(name, part)
         self.enqueued(name, n)
         got: list[list[str]] = [[] for _ in range(consumers)]
-        start = threading.Barrier(consumers + 1)
-
         refused = [0] * consumers
 
         def consume(i: int) -> None:
-            start.wait()
             while batch := self.q.receive(name, 10, 60):
                 refused[i] += len(batch) - self.q.ack_many(name, [m.receipt for m in batch])
                 got[i].extend(m.payload["task_id"] for m in batch)
 
-        threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - t0
+        elapsed = run_consumers(consumers, consume)
         received = [tid for ids in got for tid in ids]
         distinct = set(received)
         sent = {m["task_id"] for m in msgs}
