@@ -17,10 +17,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.support.servers import admin_key, bearer, secured_api
 from tests.support.wait import wait_for
 from trace_platform import audit
+from trace_platform.api.auth import actor_dependency
 from trace_platform.config import Settings
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db.invalidation import InvalidationListener
-from trace_platform.errors import Invalid
+from trace_platform.errors import Invalid, Unauthorized
 from trace_platform.identity import create_key, ensure_user, lite_admin
 from trace_platform.identity.actors import Authenticator
 from trace_platform.services import Services
@@ -158,3 +159,19 @@ def test_no_user_passes_for_the_platform_in_the_audit_log(services: Services) ->
         audit.record(conn, "system", "dag.cutover", "hello", org_id=LITE_ORG_ID)
     platform = services.control.audit_log(admin, who="system")["entries"]
     assert [(e["actor_kind"], e["action"]) for e in platform] == [("system", "dag.cutover")]
+
+
+def test_a_removed_lite_admin_is_not_acted_as_without_a_key(services: Services) -> None:
+    """With TRACE_AUTH=permissive a key-less call acts as the Lite admin: even after another
+    admin removed that user (their keys revoked), a call with no key still acted as them, an
+    admin, so removing a compromised Lite admin changed nothing for key-less callers."""
+    assert services.settings.auth == "permissive"
+    actor = actor_dependency(services)
+    lite = actor(None)
+    assert lite.name == "admin" and lite.is_admin
+    ops_key = services.control.add_user(lite, "ops", [], is_admin=True)["api_key"]
+    ops = actor(f"Bearer {ops_key}")
+    services.control.identity.remove_user(ops, "admin")
+    with pytest.raises(Unauthorized, match="removed"):
+        actor(None)
+    assert actor(f"Bearer {ops_key}").name == "ops"

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Header
 
 from trace_platform.errors import Unauthorized
-from trace_platform.identity import Actor, lite_admin
+from trace_platform.identity import Actor, keyless_admin
 from trace_platform.services import Services
 
 ActorDependency = Callable[..., Actor]
@@ -26,7 +26,13 @@ def actor_dependency(services: Services) -> ActorDependency:
             return found
         if key is None and services.settings.auth == "permissive":
             with services.pool.connection() as conn:
-                return lite_admin(conn)
+                admin = keyless_admin(conn)
+            if admin is None:
+                raise Unauthorized(
+                    "the Lite admin was removed, so a call without a key acts as nobody: "
+                    "give an API key (Authorization: Bearer <key>)"
+                )
+            return admin
         raise Unauthorized(
             "an API key is required (Authorization: Bearer <key>)"
             if key is None

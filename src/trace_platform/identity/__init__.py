@@ -152,6 +152,14 @@ def lite_admin(conn: Connection[Any]) -> Actor:
     return actor_from_row(row)
 
 
+def keyless_admin(conn: Connection[Any]) -> Actor | None:
+    """Whom a key-less call acts as under permissive auth: the Lite admin, unless removed (an
+    admin removing them must stop key-less callers too, not only the keys)."""
+    admin = lite_admin(conn)
+    row = IdentityStore(conn).user_by_name(org_id=admin.org_id, name=admin.name).fetchone()
+    return admin if row is not None and row["removed_at"] is None else None
+
+
 def set_roles(
     conn: Connection[Any], actor: Actor, name: str, roles: list[str], is_admin: bool
 ) -> None:
