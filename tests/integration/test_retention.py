@@ -19,7 +19,7 @@ import pytest
 from tests.support.dags import admin, three_jobs, user
 from trace_platform.contract import LITE_ORG_ID, CompleteRequest
 from trace_platform.db.queries import Queries
-from trace_platform.errors import Gone, Invalid, NotFound
+from trace_platform.errors import Conflict, Gone, Invalid, NotFound
 from trace_platform.identity import Actor, ensure_user
 from trace_platform.objectstore import ObjectStore, list_all, make_store
 from trace_platform.query.engine import local_path
@@ -413,14 +413,9 @@ def _relations(conn: Any, query: str, params: dict[str, Any], *, analyze: bool) 
     return out
 
 
-def test_a_late_success_of_a_reaped_task_after_the_export_is_in_the_history_not_lost(
-    services: Services,
-) -> None:
-    """A task the reaper failed (its attempt lease_expired) whose worker's success lands after
-    the month was exported: the success changes no key (the attempt row's outcome, in place),
-    so a check of row count and key checksum alone dropped the partition with the export
-    still saying lease_expired. The detached table must be checked row for row."""
-    svc = services
+def _reaped(svc: Services) -> tuple[UUID, UUID]:
+    """A task of OLD the reaper failed, its attempt lease_expired, its lease token kept (so its
+    worker's late success would be accepted): (task id, lease token)."""
     [late, *_] = history(svc, OLD + timedelta(days=1), LITE_ORG_ID, 3, status="failed")
     token = uuid.uuid4()
     with svc.pool.connection() as conn:
@@ -434,19 +429,60 @@ def test_a_late_success_of_a_reaped_task_after_the_export_is_in_the_history_not_
             " WHERE task_id = %s",
             (token, late),
         )
-    landed: list[str] = []
+    return late, token
 
-    def land(at: str, unit: Unit) -> None:
-        # After the month's last unit is exported, before any detach: the worker reports.
-        if (at, unit.relname) == ("exported", f"task_status_{label(OLD)}") and not landed:
-            done = svc.dispatcher.complete(
-                CompleteRequest(task_id=late, attempt=1, lease_token=token, outcome="succeeded")
-            )
-            landed.append(done.status)
 
-    job(svc, hook=land).run(40, export=True)
-    assert landed == ["succeeded"]
-    assert not exists(svc, f"task_attempts_{label(OLD)}")
+def test_a_row_changed_in_place_after_the_export_is_exported_again_before_the_drop(
+    services: Services,
+) -> None:
+    """A row rewritten in place after its export changes no key (as a reaped attempt's late
+    success rewrites its outcome): a check of row count and key checksum alone dropped the
+    partition with the export still holding the old row. It is checked row for row."""
+    svc = services
+    late, _ = _reaped(svc)
+    changed: list[str] = []
+
+    def change(at: str, unit: Unit) -> None:
+        # After the month's last unit is exported, before any detach: complete_fast's update.
+        if (at, unit.relname) == ("exported", f"task_status_{label(OLD)}") and not changed:
+            with svc.pool.connection() as conn:
+                conn.execute(
+                    "UPDATE task_attempts SET outcome = 'succeeded' WHERE task_id = %s", (late,)
+                )
+            changed.append("succeeded")
+
+    job(svc, hook=change).run(40, export=True)
+    assert changed and not exists(svc, f"task_attempts_{label(OLD)}")
     store = make_store(svc.settings)
     attempts = [r for f in exported(store, "task_attempts", OLD).values() for r in f]
     assert {r["outcome"] for r in attempts if r["task_id"] == str(late)} == {"succeeded"}
+
+
+def test_a_late_success_of_a_reaped_task_is_refused_once_its_month_is_being_exported(
+    services: Services,
+) -> None:
+    """The reaper failed a task; its worker's success comes after the month's export began.
+    Accepted (complete_fast takes a failed task's current lease), it rewrote the status row
+    after its export: the row was never removed (changed since) nor exported again, left in
+    Postgres without its registry, the history saying 'failed'. Retention fences the month's
+    failed tasks first: the late report is refused, and the history is what Postgres held."""
+    svc = services
+    late, token = _reaped(svc)
+    answers: list[str] = []
+
+    def report(at: str, unit: Unit) -> None:
+        if (at, unit.relname) == ("exported", f"task_status_{label(OLD)}") and not answers:
+            try:
+                svc.dispatcher.complete(
+                    CompleteRequest(task_id=late, attempt=1, lease_token=token, outcome="succeeded")
+                )
+                answers.append("accepted")
+            except Conflict as e:
+                answers.append(e.code)
+
+    job(svc, hook=report).run(40, export=True)
+    assert status_rows(svc, OLD) == 0
+    assert answers == ["wrong_lease"]
+    store = make_store(svc.settings)
+    status = [r for f in exported(store, "task_status", OLD).values() for r in f]
+    assert {r["status"] for r in status if r["task_id"] == str(late)} == {"failed"}

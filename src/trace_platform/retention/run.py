@@ -128,6 +128,8 @@ class Retention:
                 result.units.append(UnitResult(u.relname, 0, 0, "refused"))
             return result
         rs = RetentionStore(conn)
+        # Before anything is read: no late report of a reaped task changes the month after.
+        rs.fence_failed(lo=month.lo, hi=month.hi)
         for u in month.units:
             if rs.export_of(relname=u.relname).fetchone() is None:
                 self._export(conn, u, month, export=export)

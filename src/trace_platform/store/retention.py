@@ -122,6 +122,10 @@ class RetentionStore(Calls):
     def dropped_registry_until(self) -> Cursor[Row]:
         return self._run(Q.dropped_registry_until)
 
+    def fence_failed(self, *, lo: int, hi: int) -> Cursor[Row]:
+        """The month's failed tasks refuse late reports (their lease tokens cleared)."""
+        return self._run(Q.fence_failed, {"lo": lo, "hi": hi})
+
     def delete_status(
         self, *, ids: list[UUID], lo: int, hi: int, exported_at: datetime
     ) -> Cursor[Row]:

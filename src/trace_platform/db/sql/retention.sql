@@ -138,3 +138,11 @@ SELECT task_id FROM task_status
 WHERE start_day >= %(lo)s AND start_day < %(hi)s
   AND status IN ('succeeded', 'failed', 'canceled') AND updated_at <= %(before)s
 LIMIT %(limit)s;
+
+-- name: fence_failed
+-- A month's failed tasks refuse any late report from now on: a worker whose attempt the reaper
+-- ended may still report success (complete_fast takes a failed task's current lease), which
+-- would change rows already exported. Cleared lease tokens answer it wrong_lease instead.
+UPDATE task_status SET lease_token = NULL
+WHERE status = 'failed' AND lease_token IS NOT NULL
+  AND start_day >= %(lo)s AND start_day < %(hi)s;
