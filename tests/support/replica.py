@@ -6,74 +6,56 @@ superuser replicate over 127.0.0.1 with its password."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from trace_platform.db.embedded import EmbeddedPostgres, free_port
+from trace_platform.db.embedded import ClusterInfo, EmbeddedPostgres, free_port
 
 
 class StreamingReplica:
+    """The standby's directory is laid out as an embedded cluster's (data, run, postgres.log,
+    cluster.json with its port and the primary's superuser password), so the embedded
+    cluster's own machinery runs it."""
+
     def __init__(self, primary: EmbeddedPostgres, root: Path) -> None:
         self.primary = primary
-        self.root = root
-        self.port = free_port()
-
-    @property
-    def pgdata(self) -> Path:
-        return self.root / "data"
-
-    def _run(self, *args: str) -> None:
-        cmd = [str(self.primary.bindir / args[0]), *args[1:]]
-        if self.primary.os_user:
-            cmd = ["runuser", "-u", self.primary.os_user, "--", *cmd]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            log = self.root / "postgres.log"
-            tail = log.read_text().splitlines()[-10:] if log.exists() else []
-            raise RuntimeError(f"{args[0]} failed: {proc.stderr.strip()}\n" + "\n".join(tail))
+        self.pg = EmbeddedPostgres(root, bindir=primary.bindir, os_user=primary.os_user)
 
     def start(self) -> StreamingReplica:
-        self.root.mkdir(mode=0o700)
-        (self.root / "run").mkdir(mode=0o700)
-        for path in (self.root, self.root / "run"):
-            self.primary._chown(path)
+        pg, primary = self.pg, self.primary.info()
+        assert primary is not None
+        pg.root.mkdir()
+        pg._secure_dirs()
+        pg.pgdata.mkdir(mode=0o700)  # pg_basebackup, run as the server's OS user, fills it
+        pg._chown(pg.pgdata)
         source = conninfo_to_dict(self.primary.dsn("postgres"))
-        self._run(
-            "pg_basebackup",
-            "-D",
-            str(self.pgdata),
-            "-R",  # standby.signal and primary_conninfo: it follows the primary from here on
-            "-X",
-            "stream",
-            "-c",
-            "fast",
-            "-d",
-            make_conninfo(**{k: source[k] for k in ("host", "port", "user", "password")}),
+        pg._run(
+            [
+                "pg_basebackup",
+                "-D",
+                str(pg.pgdata),
+                "-R",  # standby.signal and primary_conninfo: it follows the primary from now on
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "-d",
+                make_conninfo(**{k: source[k] for k in ("host", "port", "user", "password")}),
+            ]
         )
-        with (self.pgdata / "postgresql.auto.conf").open("a") as f:  # after the copied lines
-            f.write(f"unix_socket_directories = '{self.root / 'run'}'\nhot_standby = on\n")
-        self._run(
-            "pg_ctl",
-            "start",
-            "-w",
-            "-t",
-            "60",
-            "-D",
-            str(self.pgdata),
-            "-l",
-            str(self.root / "postgres.log"),
-            "-o",
-            f"-p {self.port}",
-        )
+        with (pg.pgdata / "postgresql.auto.conf").open("a") as f:  # after the copied lines
+            f.write(f"unix_socket_directories = '{pg.socket_dir}'\nhot_standby = on\n")
+        info = ClusterInfo(port=free_port(), password=primary.password)
+        pg._write_info(info)
+        pg._start_server(info)
         return self
 
     def dsn(self, dbname: str) -> str:
         """The superuser's DSN on the replica (its roles and passwords are the primary's)."""
-        return make_conninfo(self.primary.dsn(dbname), port=self.port)
+        return self.pg.dsn(dbname)
 
     def _sql(self, query: str) -> object:
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
@@ -111,5 +93,4 @@ class StreamingReplica:
                 time.sleep(0.02)
 
     def destroy(self) -> None:
-        if (self.pgdata / "postmaster.pid").exists():
-            self._run("pg_ctl", "stop", "-D", str(self.pgdata), "-m", "immediate", "-w")
+        self.pg.stop("immediate")
