@@ -336,6 +336,7 @@ def test_a_since_read_touches_only_the_partitions_of_its_months(services: Servic
             params = {
                 "org_id": LITE_ORG_ID,
                 "actor": None,
+                "actor_kind": None,
                 "action": None,
                 "dag": None,
                 **audit.read_bounds(since, before, now),
