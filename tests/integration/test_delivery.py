@@ -440,4 +440,4 @@ def test_a_serving_service_outlives_a_queue_outage(
     finally:
         recv.stop()
     assert arrived.verified
-    assert _by_status(s) == {"delivered": 1}
+    wait_for(lambda: _by_status(s) == {"delivered": 1}, 15, "the delivery recorded delivered")
