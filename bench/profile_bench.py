@@ -23,7 +23,7 @@ home) and its wake-ups through its own SQS queues (pgqueue's table empty).
 moto is a local emulator (Python, in memory, on the same 2 cores), not AWS: the aws runs' time
 says what the adapters cost against it, not what the profile costs against AWS's services.
 
-    .venv/bin/python bench/profile_bench.py [--blocks 2000] [--repeats 2] [--chunk 500]
+    .venv/bin/python bench/profile_bench.py [--blocks 2000] [--repeats 3] [--chunk 500]
 
 At smoke size (--smoke) it runs a 200-block chain once under each profile; two stacks and a
 dozen Spark jobs take minutes even then, so `make test` does not run it
@@ -227,7 +227,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=2000, help="the devnet's blocks (all synced)")
     ap.add_argument("--chunk", type=int, default=500, help="blocks per range (one ingest each)")
     ap.add_argument(
-        "--repeats", type=int, default=2, help="(lite, aws) pairs, interleaved, one after another"
+        "--repeats", type=int, default=3, help="(lite, aws) pairs, interleaved, one after another"
     )
     args = smoke.parse_args(ap, blocks=200, chunk=100, repeats=1)
     if args.repeats < 1:
