@@ -45,6 +45,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("decode_bench", []),
     ("act_bench", []),
     ("retention_bench", []),
+    ("tracking_bench", []),
     ("profile_bench", []),
 ]
 
