@@ -167,6 +167,23 @@ def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[i : i + size]
 
 
+def send_probes(
+    publish: Callable[[dict[str, str]], Any],
+    total: int,
+    gap: float,
+    sent: dict[str, float],
+    got: threading.Event,
+) -> None:
+    """Closed-loop latency probes: each sent (its time noted in `sent`) once the consumer set
+    `got` for the previous one (or PROBE_TIMEOUT_S passed), `gap` seconds after."""
+    for m in wakeups(total):
+        got.clear()
+        sent[m["task_id"]] = time.perf_counter()
+        publish(m)
+        got.wait(PROBE_TIMEOUT_S)
+        time.sleep(gap)
+
+
 def sql(dsn: str, *statements: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for s in statements:
@@ -292,12 +309,7 @@ class Ours:
         consumer = threading.Thread(target=consume)
         consumer.start()
         time.sleep(0.3)  # let it go idle on LISTEN
-        for m in wakeups(samples + LATENCY_WARMUP):
-            got.clear()
-            sent[m["task_id"]] = time.perf_counter()
-            self.q.publish(QUEUE, m)
-            got.wait(PROBE_TIMEOUT_S)
-            time.sleep(gap)
+        send_probes(lambda m: self.q.publish(QUEUE, m), samples + LATENCY_WARMUP, gap, sent, got)
         self.q.publish(QUEUE, {"kind": "task_wakeup", "task_id": stop_id})
         consumer.join(30)
         return lat[LATENCY_WARMUP:]
@@ -404,12 +416,9 @@ class Bare:
         consumer.start()
         time.sleep(0.3)
         with psycopg.connect(self.dsn, autocommit=True) as prod:
-            for m in wakeups(total):
-                got.clear()
-                sent[m["task_id"]] = time.perf_counter()
-                prod.execute(self.INSERT_NOTIFY, (QUEUE, Jsonb(m)))
-                got.wait(PROBE_TIMEOUT_S)
-                time.sleep(gap)
+            send_probes(
+                lambda m: prod.execute(self.INSERT_NOTIFY, (QUEUE, Jsonb(m))), total, gap, sent, got
+            )
         stop.set()
         consumer.join(5)
         listen.close()
@@ -779,12 +788,7 @@ class SqsBench:
         consumer = threading.Thread(target=consume)
         consumer.start()
         time.sleep(0.3)  # let it go idle in its long poll
-        for m in wakeups(samples + LATENCY_WARMUP):
-            got.clear()
-            sent[m["task_id"]] = time.perf_counter()
-            self.q.publish(name, m)
-            got.wait(PROBE_TIMEOUT_S)
-            time.sleep(gap)
+        send_probes(lambda m: self.q.publish(name, m), samples + LATENCY_WARMUP, gap, sent, got)
         self.q.publish(name, {"kind": "task_wakeup", "task_id": stop_id})
         consumer.join(30)
         if consumer.is_alive():
