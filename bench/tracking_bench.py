@@ -581,6 +581,10 @@ def dead_tuples(
             f"indexes +{g['idx'] / kib:8.0f} KiB  HOT {g['hot_share']:6.1%} of {g['upd']:.0f}"
             f" updates  ({g['upd'] / took:.0f}/s)"
         )
+    print(
+        "   (the unsplit side's rate is of the bare statement, without the Dispatcher's Python:"
+        " not a speed comparison)"
+    )
 
     def ratio(k: str) -> str:
         if gs[k]:
