@@ -3,10 +3,13 @@ the wrapper's own notes posted in between. Real child processes, real pipes."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -354,19 +357,32 @@ def test_a_long_line_already_in_the_pipe_comes_in_one_get_with_no_time_left(
     procs: list[Any],
 ) -> None:
     """Behind a slow heartbeat every `get` has no time left: a line longer than one read
-    must still come whole in one, not one read per heartbeat."""
+    already in the pipe must come whole in the first `get`, not one read per heartbeat.
+    The host widens its pipe to hold the whole line and says when it is written, so what
+    is measured is the reader, never how soon a loaded machine runs the writer."""
+    size = 900 * 1024  # over three reads (_CHUNK), under the widened pipe
+    assert size > 3 * host_link._CHUNK
     script = (
-        "import json, sys, time\n"
-        "sys.stdout.write(json.dumps({'type': 'done', 'pad': 'x' * (4 << 20)}) + '\\n')\n"
+        "import fcntl, json, sys, time\n"
+        "fcntl.fcntl(1, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+        f"sys.stdout.write(json.dumps({{'type': 'done', 'pad': 'x' * {size}}}) + '\\n')\n"
         "sys.stdout.flush(); time.sleep(30)\n"
     )
     link = _link(procs, script)
-    calls = 0
-    while (msg := link.get(0)) is None:
-        calls += 1
-        assert calls < 20, "a line of 4 MiB took more than 20 gets"
-        time.sleep(0.05)  # the heartbeat; the host writes on meanwhile
-    assert msg["type"] == "done" and len(msg["pad"]) == 4 << 20
+    written = time.monotonic() + 30
+    while not _pipe_holds(link, size):
+        assert time.monotonic() < written, "the host did not write its line"
+        time.sleep(0.01)
+    msg = link.get(0)
+    assert msg is not None, "a line in the pipe took more than one get"
+    assert msg["type"] == "done" and len(msg["pad"]) == size
+
+
+def _pipe_holds(link: HostLink, size: int) -> bool:
+    """Whether the host's pipe holds at least `size` unread bytes (FIONREAD)."""
+    n = array.array("i", [0])
+    fcntl.ioctl(link.proc.stdout.fileno(), termios.FIONREAD, n)  # type: ignore[union-attr]
+    return n[0] >= size
 
 
 def test_a_line_nested_deeper_than_the_stack_is_a_protocol_error(procs: list[Any]) -> None:
