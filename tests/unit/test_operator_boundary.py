@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import threading
 import time
 import uuid
@@ -191,11 +192,15 @@ def test_the_gateway_adds_no_per_request_stall() -> None:
     try:
         with httpx.Client(timeout=5) as client:  # one keep-alive connection, as Cryo's
             client.post(url, content=b"{}")
-            n, t0 = 25, time.perf_counter()
-            for _ in range(n):
+            took = []
+            for _ in range(25):
+                t0 = time.perf_counter()
                 assert client.post(url, content=b"{}").json()["result"] == "0x1"
-            took = time.perf_counter() - t0
-        assert took < n * 0.02, f"{n} requests took {took:.2f} s through the gateway"
+                took.append(time.perf_counter() - t0)
+        # The median, not the sum: a stall is on every request (~40 ms each), a loaded
+        # machine's pause on a few; the median sees the one and not the other.
+        median = statistics.median(took)
+        assert median < 0.02, f"a request took {median * 1000:.0f} ms (median) through the gateway"
     finally:
         gw.close()
         upstream.shutdown()
