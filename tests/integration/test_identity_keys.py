@@ -208,6 +208,45 @@ def test_only_the_orgs_admins_manage_its_users_and_keys(two_apis: Apis) -> None:
     assert carol not in stored and admin not in stored and eve not in stored
 
 
+def _refused_last_key(answer: httpx.Response) -> None:
+    assert answer.status_code == 409, answer.text
+    body = answer.json()
+    assert body["error"] == "last_admin_key" and "never expires" in body["message"], body
+
+
+def test_no_change_leaves_the_org_only_admin_keys_that_lapse(two_apis: Apis) -> None:
+    """The org's last admin key that never expires is kept: not revoked, not rotated into an
+    expiring one, its holder neither removed nor demoted, while the org's other admin keys
+    expire or are being rotated (they are live now, and would lock the org out later)."""
+    a, url, _, _ = two_apis
+    admin = admin_key(a)
+    h = bearer(admin)
+    durable = _key_id(url, admin, "admin")
+    # Creating never takes a key away: an expiring admin key is made.
+    soon = httpx.post(
+        url + "/v1/keys", headers=h, json={"user": "admin", "expires_in_seconds": 3600}
+    )
+    assert soon.status_code == 201, soon.text
+    _refused_last_key(httpx.delete(f"{url}/v1/keys/{durable}", headers=h))
+    _refused_last_key(
+        httpx.post(f"{url}/v1/keys/{durable}/rotate", headers=h, json={"expires_in_seconds": 60})
+    )
+    # Rotated with a grace into a key without expiry: the new one is the durable key, and the
+    # old one, being rotated, is not.
+    rotated = httpx.post(f"{url}/v1/keys/{durable}/rotate", headers=h, json={"grace_seconds": 60})
+    assert rotated.status_code == 201, rotated.text
+    new, h = rotated.json(), bearer(rotated.json()["api_key"])
+    _refused_last_key(httpx.delete(f"{url}/v1/keys/{new['key_id']}", headers=h))
+
+    # Another admin's durable key is enough; then that admin is the one kept.
+    _new_user_key(url, new["api_key"], "erin", is_admin=True)
+    revoked = httpx.delete(f"{url}/v1/keys/{new['key_id']}", headers=h)
+    assert revoked.status_code == 200, revoked.text
+    _refused_last_key(httpx.delete(url + "/v1/users/erin", headers=bearer(admin)))
+    _refused_last_key(httpx.post(url + "/v1/users", headers=bearer(admin), json={"name": "erin"}))
+    assert _get(url, admin, "/v1/keys") == 200  # the old key's grace: still an admin's key
+
+
 def test_a_lost_listener_connection_clears_the_cache(services: Services, dsn: str) -> None:
     assert services.listener is not None and services.authenticator is not None
     services.listener.retry_seconds = 0.2
@@ -295,3 +334,13 @@ def test_users_and_keys_from_the_cli(dsn: str, tmp_path: Path) -> None:
     )
     last = run(["users", "remove", "admin"], env)
     assert last.returncode == 1 and "last admin" in last.stdout
+
+    # An expiring admin key does not stand for the org's last durable one.
+    soon = run(["keys", "create", "admin", "--expires-in", "1h"], env)
+    assert soon.returncode == 0, soon.stdout + soon.stderr
+    durable = re.search(
+        r"([0-9a-f-]{36}) +│ admin .*│ never", run(["keys", "list", "--user", "admin"], env).stdout
+    )
+    assert durable
+    kept = run(["keys", "revoke", durable.group(1)], env)
+    assert kept.returncode == 1 and "never expires" in kept.stdout, kept.stdout

@@ -5,14 +5,14 @@ Trace has no platform-wide admin: every admin is an org's, and manages that org'
 keys alone (another org's keys and users answer as absent). A key is shown once, when it is
 made (create, rotate, users add); only its SHA-256 digest is stored. Changes to an org's users
 and keys are serialised by a lock on the org's row, so the org always keeps an admin (the last
-one cannot be removed or demoted) and an admin key (the last live key of its admins cannot be
-revoked, nor its holder removed)."""
+one cannot be removed or demoted) and an admin key that never expires (the last such key of its
+admins cannot be revoked, rotated into an expiring one, nor its holder removed or demoted)."""
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -273,10 +273,12 @@ class Identities:
             if expires_at is None and old["expires_at"] is not None:
                 lifetime = min(old["expires_at"] - old["created_at"], MAX_KEY_LIFETIME)
                 expires_at = datetime.now(UTC) + lifetime
+            before = _admin_keys(store, actor)
             new = self._new_key(
                 conn, actor, old["user_id"], old["user_name"], old["name"], expires_at
             )
             revoked = store.revoke_key(key_id=key_id, grace=grace_seconds).fetchone()
+            _keep_an_admin_key(store, actor, before, f"rotate key {key_id}")
             audit.record(
                 conn,
                 actor,
@@ -347,16 +349,34 @@ def _keep_an_admin(store: IdentityStore, actor: Actor, user_id: UUID, action: st
         )
 
 
-def _admin_keys(store: IdentityStore, actor: Actor) -> int:
+class AdminKeys(NamedTuple):
+    """The org's admins' keys: live now, and of those the durable ones (no expiry, no
+    revocation set), which alone cannot lapse by themselves."""
+
+    live: int
+    durable: int
+
+
+def _admin_keys(store: IdentityStore, actor: Actor) -> AdminKeys:
     row = store.admin_keys_left(org_id=actor.org_id).fetchone()
-    return int(row["n"]) if row else 0
+    return AdminKeys(int(row["n"]), int(row["durable"])) if row else AdminKeys(0, 0)
 
 
-def _keep_an_admin_key(store: IdentityStore, actor: Actor, before: int, action: str) -> None:
-    """Refuses a change that leaves the org's admins without a live key (it had one)."""
-    if before > 0 and _admin_keys(store, actor) == 0:
+def _keep_an_admin_key(store: IdentityStore, actor: Actor, before: AdminKeys, action: str) -> None:
+    """Refuses a change that leaves the org's admins without a live key, or without a durable
+    one when it had one: an expiring (or rotating) key as the last would lock the org out
+    when it lapses, with nobody left to make another (docs/identity.md)."""
+    after = _admin_keys(store, actor)
+    if before.live > 0 and after.live == 0:
         raise Conflict(
             "last_admin_key",
             f"cannot {action}: no admin of the org would have a live API key left "
             "(create another admin key first)",
+        )
+    if before.durable > 0 and after.durable == 0:
+        raise Conflict(
+            "last_admin_key",
+            f"cannot {action}: no admin of the org would have an API key that never expires "
+            "left, and the org would be locked out once the remaining ones lapse (create "
+            "another admin key without an expiry first)",
         )

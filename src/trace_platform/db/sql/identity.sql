@@ -117,8 +117,11 @@ WHERE key_id = %(key_id)s
 RETURNING revoked_at;
 
 -- name: admin_keys_left
--- Live keys of the org's admins: at least one must be left, or nobody can manage the org.
-SELECT count(*) AS n
+-- Live keys of the org's admins (n): at least one must be left, or nobody can manage the org;
+-- and of those the lasting ones (durable: no expiry, no revocation set, not even a rotation's
+-- grace), so that no change leaves the org an admin key that will lapse on its own.
+SELECT count(*) AS n,
+       count(*) FILTER (WHERE k.revoked_at IS NULL AND k.expires_at IS NULL) AS durable
 FROM api_keys k JOIN users u USING (user_id)
 WHERE u.org_id = %(org_id)s AND u.is_admin AND u.removed_at IS NULL
   AND (k.revoked_at IS NULL OR k.revoked_at > now())
