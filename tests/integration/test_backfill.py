@@ -197,3 +197,70 @@ def test_the_cli_and_http_twins(upstream: Services, api: httpx.Client) -> None:
     r = api.post(f"/v1/runs/{run_id}/cancel")
     assert r.status_code == 200 and r.json()["canceled"] == 1, r.text
     assert api.post("/v1/dags/windows/backfill", json={"bogus": 1}).status_code == 422
+
+
+# The database itself refuses the second cancel it is asked for (a real trigger): a run's
+# cancel stops half way, one task canceled and committed, the rest not.
+REFUSE_SECOND_CANCEL = """
+CREATE TABLE test_cancels (n int NOT NULL);
+INSERT INTO test_cancels VALUES (0);
+CREATE FUNCTION test_refuse_second_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.cancel_requested AND NOT OLD.cancel_requested THEN
+    UPDATE test_cancels SET n = n + 1;
+    IF (SELECT n FROM test_cancels) = 2 THEN
+      RAISE EXCEPTION 'the test refuses this cancel';
+    END IF;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_refuse_second_cancel BEFORE UPDATE ON task_status
+  FOR EACH ROW EXECUTE FUNCTION test_refuse_second_cancel();
+"""
+
+
+def _cancel_rows(services: Services, run_id: object) -> list[dict[str, Any]]:
+    return q(
+        services,
+        "SELECT outcome, details FROM audit_log WHERE action = 'run.cancel' AND target = %s "
+        "ORDER BY id",
+        str(run_id),
+    )
+
+
+def test_a_run_cancel_is_audited_once_with_what_it_canceled_even_half_done(
+    upstream: Services,
+) -> None:
+    svc, me = upstream, admin(upstream)
+    svc.control.deploy(me, NEW_DAG)
+    _run_queued(svc)
+    run_id = svc.control.changes.backfill(me, "windows")["run_id"]
+    first, *_ = claimable(svc)
+    start(svc, first)  # running: its cancel asks it to stop
+    with svc.pool.connection() as conn:
+        conn.execute(REFUSE_SECOND_CANCEL)
+    with pytest.raises(Exception, match="the test refuses this cancel"):
+        svc.control.cancel_run(me, run_id)
+    # The one task canceled before the failure stays so, and the log says which, and why the
+    # cancel stopped.
+    (half,) = _cancel_rows(svc, run_id)
+    asked = q(svc, "SELECT task_id FROM task_status WHERE cancel_requested")
+    assert [str(r["task_id"]) for r in asked] == half["details"]["tasks"]
+    assert half["outcome"] == "ok" and half["details"]["canceled"] == 1
+    assert "the test refuses this cancel" in half["details"]["stopped_by"]
+
+    with svc.pool.connection() as conn:
+        conn.execute("DROP TRIGGER test_refuse_second_cancel ON task_status")
+    assert svc.control.cancel_run(me, run_id)["canceled"] == 2  # the rest
+    rest = _cancel_rows(svc, run_id)[1]
+    assert rest["outcome"] == "ok" and "stopped_by" not in rest["details"]
+    done = half["details"]["tasks"] + rest["details"]["tasks"]
+    assert len(set(done)) == 3
+    assert half["details"]["stopping"] + rest["details"]["stopping"] == 1  # the running one
+
+    # Again: the running task is still stopping, nothing else is left: nothing is canceled,
+    # and the row says so rather than count the running task a second time.
+    assert svc.control.cancel_run(me, run_id)["canceled"] == 0
+    again = _cancel_rows(svc, run_id)[2]
+    assert again["outcome"] == "noop" and again["details"]["canceled"] == 0
+    assert svc.dispatcher.get_task(first).status == "running"

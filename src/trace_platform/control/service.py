@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from typing import Any
 from uuid import UUID
@@ -56,6 +57,8 @@ _DAG_ONLY = (
     "worker_pool",
     "max_concurrency",
 )
+
+log = logging.getLogger(__name__)
 
 
 MAX_TRIGGER_CONFIG_BYTES = 64 * 1024  # a run's config travels in every source task's event
@@ -583,7 +586,26 @@ class ControlPlane:
         until one finds nothing left to cancel."""
         # Who may see it may cancel it; others: not found. The primary's (a run just fired).
         run = self._show_run(self.pool, actor, run_id)
-        canceled: set[UUID] = set()
+        canceled: dict[UUID, str] = {}  # task -> its status after: canceled, or running (asked)
+        try:
+            self._cancel_run_tasks(run_id, run, canceled)
+        except Exception as e:
+            # Each task's cancel committed on its own: those done stay done, and the log says
+            # so (and where it stopped), unless the database cannot take the row either.
+            if canceled:
+                try:
+                    self._record_run_cancel(actor, run, canceled, stopped=e)
+                except Exception:
+                    log.exception("run %s: the audit row of a half-done cancel failed", run_id)
+            raise
+        self._record_run_cancel(actor, run, canceled)
+        return {"run_id": run_id, "canceled": len(canceled)}
+
+    def _cancel_run_tasks(
+        self, run_id: UUID, run: dict[str, Any], canceled: dict[UUID, str]
+    ) -> None:
+        """Fills `canceled` as each task's cancel commits: tasks this call changed only, not a
+        running one whose cancel was asked before (it is stopping already)."""
         for _ in range(_CANCEL_PASSES):
             with self.pool.connection() as conn:
                 tasks = (
@@ -594,29 +616,47 @@ class ControlPlane:
             todo = [
                 t["task_id"]
                 for t in tasks
-                if t["status"] in ("queued", "running", "buffered") and t["task_id"] not in canceled
+                if t["status"] in ("queued", "running", "buffered")
+                and not t["cancel_requested"]
+                and t["task_id"] not in canceled
             ]
             if not todo:
                 break
             for task_id in todo:
                 try:
-                    self.dispatcher.cancel(task_id)
+                    answer = self.dispatcher.cancel(task_id)
                 except Conflict:  # it finished meanwhile: the next pass sees its children
                     continue
-                canceled.add(task_id)
-        # Its own transaction, after the passes (each task's cancel is one of its own): a
-        # cancel that stopped half way leaves its canceled tasks canceled and no row.
+                canceled[task_id] = answer.status
+
+    def _record_run_cancel(
+        self,
+        actor: Actor,
+        run: dict[str, Any],
+        canceled: dict[UUID, str],
+        stopped: Exception | None = None,
+    ) -> None:
+        """The cancel's one row, in its own transaction after the tasks' (each of which is its
+        own): what it canceled, and if it stopped on an error, that error."""
+        details: dict[str, Any] = {
+            "canceled": len(canceled),
+            "waiting": sum(1 for s in canceled.values() if s == "canceled"),
+            "stopping": sum(1 for s in canceled.values() if s == "running"),
+            "tasks": [str(t) for t in list(canceled)[:100]],
+        }
+        if stopped is not None:
+            first = (str(stopped).splitlines() or [""])[0]
+            details["stopped_by"] = f"{type(stopped).__name__}: {first}"
         with self.pool.connection() as conn, conn.transaction():
             audit.record(
                 conn,
                 actor,
                 "run.cancel",
-                run_id,
-                {"canceled": len(canceled)},
+                run["run_id"],
+                details,
                 dag=run["dag"],
                 outcome="ok" if canceled else "noop",
             )
-        return {"run_id": run_id, "canceled": len(canceled)}
 
     def show_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:
         """A run and its task tree, for org admins and its DAG's deployers; for anyone else

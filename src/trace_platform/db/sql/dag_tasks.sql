@@ -116,8 +116,8 @@ WITH RECURSIVE tree AS (
    AND c.run_id = %(run_id)s
 )
 SELECT t.task_id, t.parent_task_id, t.depth, r.job, r.operator, r.dag_id, r.created_at,
-       s.status, s.attempt, s.started_at, s.finished_at, s.last_error, s.progress,
-       s.progress_at
+       s.status, s.cancel_requested, s.attempt, s.started_at, s.finished_at, s.last_error,
+       s.progress, s.progress_at
 FROM tree t
 JOIN task_registry r ON r.task_id = t.task_id AND r.start_day = t.start_day
  AND r.start_day BETWEEN %(first_day)s AND %(last_day)s
