@@ -137,6 +137,21 @@ def job(svc: Services, **kw: Any) -> Retention:
     return Retention(svc.dsn, make_store(svc.settings), batch_rows=7, **kw)
 
 
+class Bars:
+    """retention.run.Progress, recorded: each step's total and the rows advanced under it."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[int | None]] = {}  # description: [total, rows advanced]
+        self.current = ""
+
+    def start(self, description: str, total: int | None) -> None:
+        self.steps[description] = [total, 0]
+        self.current = description
+
+    def advance(self, rows: int) -> None:
+        self.steps[self.current][1] += rows  # type: ignore[operator]
+
+
 def test_a_month_is_exported_read_back_and_dropped_and_no_other_is_touched(
     services: Services,
 ) -> None:
@@ -150,9 +165,14 @@ def test_a_month_is_exported_read_back_and_dropped_and_no_other_is_touched(
 
     # Days since OLD's last day: OLD goes, KEPT (a month younger) stays.
     older = (datetime.now(UTC).date() - KEPT).days
-    months = job(svc).run(older, export=True)
+    bars = Bars()
+    months = job(svc, progress=bars).run(older, export=True)
     assert all(not m.refused for m in months)  # OLD, and the empty month before it
     rows = {u.relname: u.rows for m in months for u in m.units}
+    # Each export's bar: its total the unit's rows (the export's own count), all advanced.
+    assert {d.removeprefix("exporting "): v for d, v in bars.steps.items() if "exporting" in d} == {
+        k: [n, n] for k, n in rows.items()
+    }
     assert {k: v for k, v in rows.items() if k.endswith(label(OLD))} == {
         f"{t}_{label(OLD)}": 2 if t == "audit_log" else 23 for t in TABLES
     } | {f"task_status_{label(OLD)}": 23}

@@ -135,11 +135,14 @@ def export_unit(
     *,
     registry: str | None,
     batch_rows: int = 50_000,
+    on_count: Callable[[int], None] | None = None,
     on_rows: Callable[[int], None] | None = None,
 ) -> Export:
     """Exports `unit` (read in one REPEATABLE READ snapshot) under a prefix of its own, reads
     it back and checks it; raises RetentionError (and leaves no file of this try) otherwise.
-    `registry`: the same month's task_registry partition, for the org of rows without one."""
+    `registry`: the same month's task_registry partition, for the org of rows without one.
+    `on_count`: given the unit's rows in that snapshot, before any is read; `on_rows`: each
+    batch's as it is written."""
     export_id = uuid.uuid4()
     prefix = f"{unit_prefix(unit)}/{export_id}"
     table = unit.relname if unit.is_partition else unit.parent
@@ -162,6 +165,8 @@ def export_unit(
             expected = rs.count_and_checksum(
                 table=table, key=key_names, status_range=unit.status_range
             )
+            if on_count is not None:
+                on_count(int(expected["n"]))
             names = [c["name"] for c in columns]
             has_org = "org_id" in names
             query, params = export_query(
