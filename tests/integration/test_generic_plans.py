@@ -271,6 +271,9 @@ def test_a_burst_beside_a_long_history_is_read_by_key(services: Services, dsn: s
         assert counted("stranded_queued", lambda: tx.stranded_queued(600, 100)) == []
         assert counted("expired_leases", lambda: tx.expired_leases(100)) == []
         conn.rollback()
+    # The reaper reads the running rows (their leases are not indexed: migration 0040), and
+    # none of the history or the backlog; every other statement reads by key.
+    assert read.pop("expired_leases") < len(running) + 10, f"task rows read: {read}"
     assert all(n < 100 for n in read.values()), f"task rows read: {read}"
 
 
@@ -389,18 +392,22 @@ def test_the_rewake_reads_only_the_stranded_tasks(services: Services, dsn: str) 
     assert all(n < 100 for n in read.values()), f"task rows read: {read}"
 
 
-def test_the_reaper_reads_only_the_expired_leases(dsn: str) -> None:
-    """The reaper's look for expired leases (every tick) filtered every running task by an OR
-    of its lease and its deadline, in lease order: once a lease ran out, a fleet of 20,000
-    running tasks was read whole to find it. It reads the expired leases and the passed
-    deadlines each off its own index, then locks those by key."""
+def test_the_reaper_reads_the_running_tasks_and_nothing_else(dsn: str) -> None:
+    """The reaper's look for expired leases (every tick) reads the running rows once, off an
+    index of them keyed by task_id, and filters their leases and deadlines on the heap: a lease
+    is not indexed, so a heartbeat is a heap-only update (migration 0040). It reads none of the
+    history (finished tasks, the bulk of every table) nor the queued backlog, whatever the
+    statistics its plan was made from, and it locks the expired ones by key."""
 
     def connect() -> Any:
         return psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0)
 
     with connect() as early, connect() as late:
         assert _counted(early, lambda tx: tx.expired_leases(100))[0] == []  # a new install
-        _running(early, 20_000)  # a fleet at work, leased for an hour
+        done = queue_tasks(early, 20_000)  # a history of finished tasks, and a backlog
+        early.execute("UPDATE task_status SET status = 'succeeded' WHERE task_id = ANY(%s)", [done])
+        queue_tasks(early, 5_000)
+        running = _running(early, 2_000)  # a fleet at work, leased for an hour
         lost = [r["task_id"] for r in _running(early, 3)]
         early.execute(
             "UPDATE task_status SET lease_until = now() - make_interval(secs => 10 * n) "
@@ -423,7 +430,38 @@ def test_the_reaper_reads_only_the_expired_leases(dsn: str) -> None:
             ]
             got, _ = _counted(conn, lambda tx: tx.expired_leases(1))
             assert [r["task_id"] for r in got] == [lost[1]]
-    assert all(n < 100 for n in read.values()), f"task rows read: {read}"
+    bound = len(running) + len(lost) + 20  # the running rows, then each expired one by key
+    assert all(n < bound for n in read.values()), f"task rows read: {read}"
+
+
+def test_a_heartbeat_is_a_heap_only_update(dsn: str) -> None:
+    """A heartbeat changes no indexed column, so it can be a HOT update (no index entry, its
+    old version pruned with the page): the table's commonest write. Each heartbeat commits, as
+    the Dispatcher's do; this backend's statistics are flushed before each count."""
+    with psycopg.connect(dsn, row_factory=dict_row, autocommit=True, prepare_threshold=0) as conn:
+        leases = _running(conn, 50)
+        conn.execute("VACUUM task_status")  # the queued versions the claims left, gone
+
+        def counts() -> tuple[int, int]:
+            conn.execute("SELECT pg_stat_force_next_flush()")  # flushed as this backend idles
+            row = conn.execute(
+                "SELECT sum(n_tup_upd) AS upd, sum(n_tup_hot_upd) AS hot "
+                "FROM pg_stat_user_tables WHERE relname LIKE 'task\\_status\\_p%%'"
+            ).fetchone()
+            return int(row["upd"]), int(row["hot"])
+
+        upd0, hot0 = counts()
+        conn.execute(DISPATCHER_PLANS)
+        tx = PostgresTx(conn)
+        for _ in range(3):
+            for r in leases:
+                beat = HeartbeatParams(r["task_id"], r["attempt"], r["lease_token"], 60.0, {"n": 1})
+                assert tx.heartbeat(beat) is not None
+        upd, hot = counts()
+    assert upd - upd0 == 3 * len(leases)
+    # Most, not all: a HOT update needs room on its page, made by pruning the row's older
+    # versions, which Postgres skips while another scan pins the page. Before 0040, none was.
+    assert hot - hot0 >= (upd - upd0) * 2 / 3, f"{hot - hot0} of {upd - upd0} heartbeats were HOT"
 
 
 def _pooled(conn: Any, dag_id: Any, n: int, job: str, operator: str = "noop") -> list[Any]:

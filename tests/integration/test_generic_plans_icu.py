@@ -13,7 +13,7 @@ from psycopg import sql
 
 from tests.integration.test_generic_plans import (  # noqa: F401  (collected here)
     test_a_freed_slot_reads_only_its_pools_queued_tasks,
-    test_the_reaper_reads_only_the_expired_leases,
+    test_the_reaper_reads_the_running_tasks_and_nothing_else,
     test_the_rewake_reads_only_the_stranded_tasks,
 )
 from trace_platform.db.migrate import migrate

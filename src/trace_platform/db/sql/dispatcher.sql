@@ -97,30 +97,18 @@ SELECT * FROM task_status WHERE task_id = %(task_id)s;
 
 -- name: heartbeat
 -- Extends the lease; a reported progress replaces the last one (none reported keeps it).
--- The row is found by its key alone (LIMIT 1: no condition on status reaches the scan) and
--- locked, then its lease is checked on the locked row. With `status = 'running'` beside the
--- key, a plan made from statistics in which running tasks looked rare read the running rows
--- of the partition through task_status_running_idx or _deadline_idx (a scan of a whole
--- partial index) to keep one: 500 rows among 2,000 running tasks, on every heartbeat. (A
--- heartbeat that does not hold the lease locks the row as before: the caller's fencing locks
--- it next.)
-WITH st AS (
-  SELECT k.task_id
-  FROM (
-    SELECT task_id, attempt, lease_token, status FROM task_status
-    WHERE task_id = %(task_id)s
-    LIMIT 1
-    FOR UPDATE
-  ) k
-  WHERE k.attempt = %(attempt)s AND k.lease_token = %(lease_token)s AND k.status = 'running'
-)
+-- One UPDATE by key and lease, no row lock taken first (a lock writes the row once more), and
+-- no indexed column changed (not updated_at either: heartbeat_at says when it beat), so it is
+-- a heap-only update (migration 0040). The status beside the key can only reach the live
+-- status index (status, task_id), which holds the key too: one row read whichever index the
+-- plan takes. A heartbeat that does not hold the lease changes nothing; its caller says why.
 UPDATE task_status
 SET lease_until = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(),
-    updated_at = now(),
     progress = coalesce(%(progress)s::jsonb, progress),
     progress_at = CASE WHEN %(progress)s::jsonb IS NULL THEN progress_at ELSE now() END
-WHERE task_id = (SELECT task_id FROM st)
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_token)s
+  AND status = 'running'
 RETURNING status, lease_until, cancel_requested;
 
 -- name: set_succeeded
@@ -163,12 +151,12 @@ RETURNING status, cancel_requested;
 -- name: expired_leases
 -- Running attempts whose lease (missed heartbeats) or deadline (timeout_seconds) ran out,
 -- the lapsed leases first. Read by key, whatever the statistics the plan was made from:
---  * the expired ids are picked first, the lapsed leases and the passed deadlines each off
---    its own index (task_status_lease_idx, _timeout_idx: the status in collation "C" and the
---    bounded column named, as their predicates are; see migration 0020), in lease order. As
---    one scan filtered by the OR of the two, in lease order, a fleet of 20,000 running tasks
---    was read whole to find one lapsed lease. All the expired ids, not `limit` of them: a row
---    another reaper holds is skipped and the next one taken, as before.
+--  * the expired ids are picked first, in one read of the running rows off
+--    task_status_running_idx (keyed by task_id, never changed: migration 0040), lease_until
+--    and deadline_at filtered on the heap, in lease order. Neither is indexed: a heartbeat
+--    changes lease_until, and an index on it made every heartbeat a non-HOT update. All the
+--    expired ids, not `limit` of them: a row another reaper holds is skipped and the next one
+--    taken, as before.
 --  * each one's status row by its key alone (a LATERAL subquery with LIMIT 1, locked there
 --    as the loop reaches it, in the ids' order: the LIMIT stops the loop), its conditions
 --    checked outside on the locked row. With `status = 'running'` beside the key, a plan made
@@ -180,15 +168,10 @@ SELECT s.task_id, s.start_day, s.attempt, s.cancel_requested,
        (s.deadline_at < now()) AS timed_out,
        r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds
 FROM unnest(ARRAY(
-       SELECT x.task_id
-       FROM (
-         SELECT e.task_id, e.lease_until FROM task_status e
-         WHERE e.status COLLATE "C" = 'running' AND e.lease_until < now()
-         UNION
-         SELECT e.task_id, e.lease_until FROM task_status e
-         WHERE e.status COLLATE "C" = 'running' AND e.deadline_at < now()
-       ) x
-       ORDER BY x.lease_until, x.task_id)) WITH ORDINALITY AS x(task_id, n)
+       SELECT e.task_id FROM task_status e
+       WHERE e.status COLLATE "C" = 'running' AND e.task_id IS NOT NULL
+         AND (e.lease_until < now() OR e.deadline_at < now())
+       ORDER BY e.lease_until, e.task_id)) WITH ORDINALITY AS x(task_id, n)
 CROSS JOIN LATERAL (
   SELECT k.task_id, k.start_day, k.status, k.attempt, k.cancel_requested, k.lease_until,
          k.deadline_at

@@ -97,8 +97,7 @@ class LeaseCalls(TxBase):
             return None
         s.update(
             lease_until=self.now + timedelta(seconds=p.lease),
-            heartbeat_at=self.now,
-            updated_at=self.now,
+            heartbeat_at=self.now,  # not updated_at: the last change of state (as Postgres's)
         )
         if p.progress is not None:  # none reported keeps the last one (and its time)
             s.update(progress=_jsonb(p.progress), progress_at=self.now)
