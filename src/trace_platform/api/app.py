@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from trace_platform import console
 from trace_platform.api import background as bg
 from trace_platform.api.audit_source import AuditSource
 from trace_platform.api.auth import actor_dependency
@@ -75,6 +76,7 @@ def create_app(services: Services, *, background: bool = True) -> FastAPI:
         audit,
     ):
         app.include_router(routes.router(services, actor))
+    console.mount(app, services, actor)  # /console: the web console, the same users and checks
     return app
 
 

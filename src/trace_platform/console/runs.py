@@ -1,0 +1,127 @@
+"""Console pages of runs: the list, a run's task tree, and the tree live: a server-sent event
+stream that re-renders the tree partial from the control plane's `show_run` (what `GET
+/v1/runs/{id}` answers) every POLL_SECONDS and sends it when it changed. Cancel and "run
+again" are the control plane's `cancel_run` and `trigger`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from trace_platform.console.web import ConsoleRoute, form, redirect, render, templates
+from trace_platform.control.service import run_status
+from trace_platform.errors import TraceError
+from trace_platform.identity import Actor
+from trace_platform.services import Services
+
+POLL_SECONDS = 0.5
+# A stream ends after this long; the browser's EventSource reconnects by itself, so no
+# connection outlives a server's graceful shutdown by much.
+STREAM_SECONDS = 120.0
+ACTIVE = ("queued", "running", "buffered")
+
+
+def tree(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tasks nested under their parents (roots: no parent in this run), oldest first."""
+    ordered = sorted(tasks, key=lambda t: (t["created_at"], str(t["task_id"])))
+    ids = {t["task_id"] for t in ordered}
+    nodes = {t["task_id"]: {**t, "children": []} for t in ordered}
+    roots = []
+    for t in ordered:
+        parent = t["parent_task_id"]
+        if parent in ids:
+            nodes[parent]["children"].append(nodes[t["task_id"]])
+        else:
+            roots.append(nodes[t["task_id"]])
+    return roots
+
+
+def summary(run: dict[str, Any]) -> dict[str, Any]:
+    """Counts by status, and the run's status as the API's run list says it."""
+    counts: dict[str, int] = {}
+    for t in run["tasks"]:
+        counts[t["status"]] = counts.get(t["status"], 0) + 1
+    active = sum(n for s, n in counts.items() if s in ACTIVE)
+    zero = dict.fromkeys(("failed", "succeeded", "canceled"), 0)
+    status = run_status({**zero, **counts, "active": active, "tasks": len(run["tasks"])})
+    return {"counts": sorted(counts.items()), "status": status, "finished": not active}
+
+
+def tree_html(run: dict[str, Any]) -> str:
+    return templates.get_template("run_tree.html").render(
+        run=run, roots=tree(run["tasks"]), summary=summary(run)
+    )
+
+
+def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
+    cp = services.control
+    r = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
+
+    @r.get("/console/runs")
+    def run_list(request: Request, me: Actor = Depends(user), dag: str | None = None) -> Any:
+        return render(request, "runs.html", me=me, runs=cp.list_runs(me, dag, 100), dag=dag)
+
+    @r.get("/console/runs/{run_id}")
+    def run_page(request: Request, run_id: UUID, me: Actor = Depends(user)) -> HTMLResponse:
+        run = cp.show_run(me, run_id)
+        return render(request, "run.html", me=me, run=run, tree=tree_html(run))
+
+    @r.get("/console/runs/{run_id}/events")
+    async def run_events(request: Request, run_id: UUID, me: Actor = Depends(user)) -> Any:
+        # Seen before the stream starts: a run the user may not see is the API's 404 page.
+        first = await run_in_threadpool(cp.show_run, me, run_id)
+
+        async def events() -> AsyncIterator[str]:
+            run, last, until = first, "", time.monotonic() + STREAM_SECONDS
+            while time.monotonic() < until and not await request.is_disconnected():
+                html = tree_html(run)
+                if html != last:
+                    last = html
+                    yield "event: tree\n" + "".join(f"data: {ln}\n" for ln in html.split("\n"))
+                    yield "\n"
+                if summary(run)["finished"]:
+                    yield "event: done\ndata: finished\n\n"
+                    return
+                await asyncio.sleep(POLL_SECONDS)
+                try:
+                    run = await run_in_threadpool(cp.show_run, me, run_id)
+                except TraceError as e:  # e.g. its key revoked meanwhile: the stream ends
+                    yield f"event: done\ndata: {e.message}\n\n"
+                    return
+
+        return StreamingResponse(
+            events(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    @r.post("/console/runs/{run_id}/cancel")
+    def run_cancel(
+        request: Request,
+        run_id: UUID,
+        me: Actor = Depends(user),
+        _: dict[str, str] = Depends(form),
+    ) -> RedirectResponse:
+        res = cp.cancel_run(me, run_id)
+        return redirect(request, f"/runs/{run_id}", f"canceled {res['canceled']} task(s)")
+
+    @r.post("/console/runs/{run_id}/again")
+    def run_again(
+        request: Request,
+        run_id: UUID,
+        me: Actor = Depends(user),
+        _: dict[str, str] = Depends(form),
+    ) -> RedirectResponse:
+        """A new run of the same DAG with the same config (a failed run's retry)."""
+        run = cp.show_run(me, run_id)
+        new = cp.trigger(me, run["dag"], config=run.get("config") or None)
+        return redirect(request, f"/runs/{new['run_id']}", "triggered again")
+
+    return r
