@@ -60,6 +60,7 @@ ACTIONS: dict[str, str] = {
     "key.create": "key",
     "key.revoke": "key",
     "key.rotate": "key",
+    "retention.drop": "month",  # a month of history exported (or not) and dropped, every org's
 }
 Outcome = Literal["ok", "dry_run", "noop"]
 Source = Literal["cli", "http", "webhook", "eventbridge", "scheduler", "system"]
@@ -114,10 +115,12 @@ def record(
     org_id: UUID | None = None,
     dag: str | None = None,
     outcome: Outcome = "ok",
+    source: Source | None = None,
 ) -> int:
     """Appends one row in the caller's open transaction (it commits or rolls back with the
     action); returns its id. `org_id` is the actor's org for a user and must be given for the
-    platform's own actions. A DAG's actions name the DAG as `dag` by themselves."""
+    platform's own actions. A DAG's actions name the DAG as `dag` by themselves. `source`: where
+    a platform action came from when not its own schedule (an operator's `trace admin`)."""
     if action not in ACTIONS:
         raise ValueError(f"'{action}' is not an audit action (audit.ACTIONS)")
     if conn.info.transaction_status != TransactionStatus.INTRANS:
@@ -131,7 +134,7 @@ def record(
             "actor_user_id": actor.user_id,
             "actor_name": actor.name,
             "actor_key_id": actor.key_id,
-            "source": at.source,
+            "source": source or at.source,
         }
     else:
         if org_id is None:
@@ -142,7 +145,7 @@ def record(
             "actor_user_id": None,
             "actor_name": actor,
             "actor_key_id": None,
-            "source": actor,
+            "source": source or actor,
         }
     if org_id is not None and org_id != who["org_id"]:
         raise ValueError("a user's action is recorded in the user's own org")

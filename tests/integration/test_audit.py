@@ -32,6 +32,8 @@ from trace_platform.delivery.control import DeliveryControl
 from trace_platform.errors import TraceError
 from trace_platform.identity import create_key, ensure_user
 from trace_platform.identity.vault import vault_for
+from trace_platform.objectstore import make_store
+from trace_platform.retention.run import Retention
 from trace_platform.services import Services
 from trace_platform.triggers import cron
 
@@ -83,6 +85,15 @@ def test_each_action_leaves_one_row_naming_its_actor_org_and_target(services: Se
             return eventbridge.handler({**event, "scheduled_time": at}, context)
         finally:
             container.install(None)
+
+    def retention() -> Any:
+        # One old month and nothing in it: the one before last, made here.
+        sql(svc, "SELECT trace_ensure_partitions(2, 2)")
+        this_month = datetime.now(UTC).date().replace(day=1)
+        first_of_last = (this_month - timedelta(days=1)).replace(day=1)
+        days = (datetime.now(UTC).date() - first_of_last).days
+        (month,) = Retention(svc.dsn, make_store(svc.settings)).run(days, export=True)
+        return keep("month", month.label)
 
     # (what is done, the action, its target, the actor's name, its source)
     Step = tuple[str, Callable[[], Any], str, Callable[[], str] | str, str, str]
@@ -147,6 +158,7 @@ def test_each_action_leaves_one_row_naming_its_actor_org_and_target(services: Se
          "destination.change", "ops", "admin", "cli"),
         ("delivery retry", failed_delivery, "delivery.retry", lambda: str(got["delivery"]),
          "admin", "cli"),
+        ("retention", retention, "retention.drop", lambda: got["month"], "system", "cli"),
     ]  # fmt: skip
     assert {s[2] for s in steps} == set(audit.ACTIONS)  # every action of the vocabulary
     for what, act, action, target, actor, source in steps:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.dags import admin, three_jobs, user
+from trace_platform import audit
 from trace_platform.contract import LITE_ORG_ID, CompleteRequest
 from trace_platform.db.queries import Queries
 from trace_platform.errors import Conflict, Gone, Invalid, NotFound
@@ -212,6 +213,63 @@ def test_a_month_is_exported_read_back_and_dropped_and_no_other_is_touched(
     assert not exists(svc, f"task_registry_{label(OLD)}")
 
 
+def drops(svc: Services) -> list[dict[str, Any]]:
+    """The audit log's retention rows, oldest first."""
+    with svc.pool.connection() as conn:
+        return conn.execute(
+            "SELECT * FROM audit_log WHERE action = 'retention.drop' ORDER BY id"
+        ).fetchall()
+
+
+def of_month(rows: list[dict[str, Any]], d: date) -> list[dict[str, Any]]:
+    return [r for r in rows if r["target"].startswith(f"{d:%Y-%m-%d}")]
+
+
+def test_each_month_dropped_is_in_every_orgs_audit_log_and_a_dry_run_in_none(
+    services: Services,
+) -> None:
+    svc = services
+    org, eve = other_org(svc)
+    history(svc, OLD + timedelta(days=3), LITE_ORG_ID, 3)
+    history(svc, KEPT + timedelta(days=3), org, 2)
+    store = make_store(svc.settings)
+    older = (datetime.now(UTC).date() - KEPT).days
+    assert job(svc).run(older, export=True, dry_run=True)
+    assert drops(svc) == []  # a plan is no action
+
+    months = job(svc).run(older, export=True)
+    rows = drops(svc)
+    assert sorted((r["org_id"], r["target"]) for r in rows) == sorted(
+        (o, m.label) for o in (LITE_ORG_ID, org) for m in months
+    )
+    for r in rows:
+        assert (r["actor_kind"], r["actor_name"], r["source"]) == ("system", "system", "cli")
+        assert r["target_kind"] == "month" and r["outcome"] == "ok"
+    mine, theirs = sorted(of_month(rows, OLD), key=lambda r: r["org_id"] == org)
+    assert mine["details"] == theirs["details"]
+    d = mine["details"]
+    assert d["exported"] is True and d["older_than_days"] == older
+    assert d["db_role"] and "os_user" in d
+    parts = {p["table"]: p for p in d["partitions"]}
+    assert set(parts) == {f"{t}_{label(OLD)}" for t in (*TABLES, "task_status")}
+    assert parts[f"task_registry_{label(OLD)}"]["rows"] == 3
+    registry = parts[f"task_registry_{label(OLD)}"]["export"]
+    assert registry.startswith(store.uri(f"{ROOT}/task_registry/{label(OLD)}") + "/")
+    # Each org's admins read it in their own log.
+    with svc.pool.connection() as conn:
+        page = audit.list_entries(conn, eve, action="retention.drop")
+    assert [e["target"] for e in page["entries"]] == [m.label for m in reversed(months)]
+
+    # Dropped unexported: the log says there is no export.
+    newer = (datetime.now(UTC).date() - month_start(1)).days
+    gone = job(svc).run(newer, no_export=True, export=False)
+    assert [m.label for m in gone] and all(not m.refused for m in gone)
+    (kept,) = [r for r in of_month(drops(svc), KEPT) if r["org_id"] == org]
+    assert kept["details"]["exported"] is False
+    assert {p["export"] for p in kept["details"]["partitions"]} == {None}
+    assert {p["rows"] for p in kept["details"]["partitions"] if "registry" in p["table"]} == {2}
+
+
 class Crash(Exception):
     pass
 
@@ -241,8 +299,11 @@ def test_a_run_stopped_between_export_and_drop_finishes_on_the_next_losing_and_d
     # The registry goes last, and the status rows after it.
     assert exists(svc, f"task_registry_{label(OLD)}") == (step != "dropped")
     assert status_rows(svc, OLD) == 12
+    assert of_month(drops(svc), OLD) == []  # not dropped whole: not said to be
     months = job(svc).run(40, export=True)
     assert months and all(not m.refused for m in months)
+    said = [r["target"] for r in drops(svc)]  # once each, the older ones by the first run
+    assert len(set(said)) == len(said) and len(of_month(drops(svc), OLD)) == 1
     for t in ("task_registry", "task_attempts", "events", "task_status"):
         assert not exists(svc, f"{t}_{label(OLD)}")
         files = exported(store, t, OLD)

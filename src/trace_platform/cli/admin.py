@@ -67,7 +67,8 @@ def retention(
     status and progress, audit log) older than --older-than days is exported to Parquet in the
     object store, read back and checked (row count and key checksum), recorded, then detached
     and dropped, never deleted row by row. A month with unfinished tasks, the current month,
-    and any month while a DAG rebuilds are refused. Exported history stays queryable by each
+    and any month while a DAG rebuilds are refused. Each month dropped is told to every org's
+    audit log (retention.drop, actor system). Exported history stays queryable by each
     org's admins as the datasets _history_<table> (their own org's rows). Run it again after
     any failure: it finishes what was begun."""
     from trace_platform.config import get_settings

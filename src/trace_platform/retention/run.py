@@ -10,6 +10,7 @@ is run again: it finishes what was begun, duplicating and losing nothing."""
 
 from __future__ import annotations
 
+import getpass
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import psycopg
 import pyarrow.parquet as pq
 from psycopg.rows import dict_row
 
+from trace_platform import audit
 from trace_platform.errors import Conflict, Invalid
 from trace_platform.objectstore import ObjectStore, list_all
 from trace_platform.retention.export import Export, RetentionError, export_unit, unit_prefix
@@ -102,7 +104,7 @@ class Retention:
             if not rs.try_lock():
                 raise Conflict("retention_running", "another retention run is under way")
             try:
-                return [self._month(conn, m, export=export) for m in months]
+                return [self._month(conn, m, export=export, days=older_than_days) for m in months]
             finally:
                 rs.unlock()
 
@@ -121,7 +123,9 @@ class Retention:
             result.units.append(UnitResult(u.relname, self._count(conn, u), 0, action))
         return result
 
-    def _month(self, conn: psycopg.Connection[Any], month: Month, *, export: bool) -> MonthResult:
+    def _month(
+        self, conn: psycopg.Connection[Any], month: Month, *, export: bool, days: int
+    ) -> MonthResult:
         result = MonthResult(month.label, month.refused)
         if month.refused:
             for u in month.units:
@@ -134,11 +138,20 @@ class Retention:
             if rs.export_of(relname=u.relname).fetchone() is None:
                 self._export(conn, u, month, export=export)
         attached = {r["relname"] for r in rs.partitions().fetchall()}
+        # The month's audit rows commit with the last unit's drop: a month dropped has them, and
+        # a run stopped before it records them when it is run again.
+        steps = month.drop_order() + [u for u in month.units if not u.is_partition]
+        last = steps[-1] if steps else None
+
+        def done(unit: Unit) -> None:
+            if unit == last:
+                self._audit(conn, month, export=export, days=days)
+
         for u in month.drop_order():
-            self._drop(conn, u, month, attached=u.relname in attached, export=export)
+            self._drop(conn, u, month, attached=u.relname in attached, export=export, done=done)
         for u in month.units:
             if not u.is_partition:
-                self._remove_status(conn, u)
+                self._remove_status(conn, u, done=done)
         for u in month.units:
             rec = rs.export_of(relname=u.relname).fetchone()
             assert rec is not None
@@ -224,6 +237,7 @@ class Retention:
         *,
         attached: bool,
         export: bool,
+        done: Callable[[Unit], None],
     ) -> None:
         rs = RetentionStore(conn)
         rec = rs.export_of(relname=unit.relname).fetchone()
@@ -232,7 +246,9 @@ class Retention:
             return
         exists = bool(rs.columns(table=unit.relname).fetchall())
         if not exists:  # dropped by a run stopped before recording it
-            rs.mark_dropped(relname=unit.relname)
+            with conn.transaction():
+                rs.mark_dropped(relname=unit.relname)
+                done(unit)
             return
         self.progress.start(f"detaching {unit.relname}", None)
         if unit.detach_pending:
@@ -255,10 +271,13 @@ class Retention:
         with conn.transaction():
             rs.drop_table(part=unit.relname)
             rs.mark_dropped(relname=unit.relname)
+            done(unit)
         if self.hook is not None:
             self.hook("dropped", unit)
 
-    def _remove_status(self, conn: psycopg.Connection[Any], unit: Unit) -> None:
+    def _remove_status(
+        self, conn: psycopg.Connection[Any], unit: Unit, *, done: Callable[[Unit], None]
+    ) -> None:
         """task_status is hash-partitioned by task id: no month of it to drop. Its exported
         rows go by key, a batch per transaction, only finished ones unchanged since their
         export; with no export (--no-export), every finished row of the month."""
@@ -275,7 +294,36 @@ class Retention:
                     ids=ids, lo=unit.lo, hi=unit.hi, exported_at=rec["exported_at"]
                 ).rowcount
             self.progress.advance(n)
-        rs.mark_dropped(relname=unit.relname)
+        with conn.transaction():
+            rs.mark_dropped(relname=unit.relname)
+            done(unit)
+
+    def _audit(
+        self, conn: psycopg.Connection[Any], month: Month, *, export: bool, days: int
+    ) -> None:
+        """Tells every org's admins (their audit log) that this month of history went: by the
+        platform (`system`) from an operator's CLI, the database role and OS user named; each
+        table's partition, its rows and where its export lies (none: dropped unexported)."""
+        rs = RetentionStore(conn)
+        parts = []
+        for u in month.units:
+            rec = rs.export_of(relname=u.relname).fetchone()
+            assert rec is not None
+            where = self.store.uri(rec["prefix"]) if rec["prefix"] else None
+            parts.append({"table": u.relname, "rows": int(rec["row_count"]), "export": where})
+        orgs = rs.orgs_and_role().fetchall()
+        details = {
+            "older_than_days": days,
+            "exported": export,
+            "partitions": parts,
+            "db_role": orgs[0]["db_role"] if orgs else None,
+            "os_user": _os_user(),
+        }
+        for o in orgs:
+            audit.record(
+                conn, "system", "retention.drop", month.label, details, org_id=o["org_id"],
+                source="cli",
+            )  # fmt: skip
 
     def _status_ids(
         self, conn: psycopg.Connection[Any], unit: Unit, files: list[dict[str, Any]]
@@ -296,6 +344,13 @@ class Retention:
                     batch_size=STATUS_BATCH, columns=["task_id"]
                 ):
                     yield batch.column(0).to_pylist()
+
+
+def _os_user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no passwd entry and no $USER
+        return None
 
 
 def _figures(c: dict[str, Any]) -> tuple[int, int, int | None]:

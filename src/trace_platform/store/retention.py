@@ -106,6 +106,9 @@ class RetentionStore(Calls):
     def mark_dropped(self, *, relname: str) -> Cursor[Row]:
         return self._run(Q.mark_dropped, {"relname": relname})
 
+    def orgs_and_role(self) -> Cursor[Row]:
+        return self._run(Q.orgs_and_role)
+
     def exports(self) -> Cursor[Row]:
         return self._run(Q.exports)
 

@@ -71,6 +71,11 @@ WHERE relname = %(relname)s ORDER BY key;
 -- name: mark_dropped
 UPDATE retention_exports SET dropped_at = now() WHERE relname = %(relname)s AND dropped_at IS NULL;
 
+-- name: orgs_and_role
+-- Every org (each one's admins read in their audit log that a month of history went), and
+-- the database role running retention (the operator's credential is the DSN).
+SELECT o.org_id, current_user AS db_role FROM orgs o ORDER BY o.org_id;
+
 -- name: exports
 SELECT x.*, (SELECT count(*) FROM retention_export_files f WHERE f.relname = x.relname) AS files
 FROM retention_exports x ORDER BY x.lo_day, x.parent;
