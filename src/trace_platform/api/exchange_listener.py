@@ -55,6 +55,7 @@ from trace_platform.api.gateway import MAX_BODY_BYTES, nul_header, parse_json
 from trace_platform.api.routes.internal import exchange_answer
 from trace_platform.contract import LEASE_TOKENS_HEADER, ExchangeBody
 from trace_platform.dispatcher.core import Dispatcher
+from trace_platform.threaded_server import ThreadedServer
 
 log = logging.getLogger("trace_platform.api.exchange")
 
@@ -543,7 +544,7 @@ def _end(conn: socket.socket) -> None:
         socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
 
-class ExchangeListener:
+class ExchangeListener(ThreadedServer[_Server]):
     """`POST /internal/exchange` on `host:port` (port 0: any free one), served until `stop`."""
 
     def __init__(
@@ -557,22 +558,7 @@ class ExchangeListener:
         """`tls`: served over TLS with it (trace_platform.tls.server_context), else plain."""
         if not token:
             raise RuntimeError("the exchange listener needs the internal token")
-        self.server = _Server((host, port), dispatcher, token, tls)
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, name="exchange-listener", daemon=True
-        )
+        super().__init__(_Server((host, port), dispatcher, token, tls), "exchange-listener")
 
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    def start(self) -> ExchangeListener:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self.thread.is_alive():  # shutdown() waits for a serve_forever that runs
-            self.server.shutdown()
-        self.server.server_close()
+    def closed(self) -> None:
         self.server.close_connections()
-        self.thread.join(timeout=5)

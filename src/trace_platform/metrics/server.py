@@ -13,13 +13,14 @@ from __future__ import annotations
 import socket
 import socketserver
 import ssl
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from trace_platform.threaded_server import ThreadedServer
 
 PATH = "/metrics"
 CONNECTION_SECONDS = 10.0  # a connection that sends no request in this long is closed
@@ -62,7 +63,7 @@ def _only_metrics(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable
     return serve
 
 
-class MetricsServer:
+class MetricsServer(ThreadedServer[WSGIServer]):
     """`registry` on `host:port` (port 0: any free one) until `stop`."""
 
     def __init__(
@@ -77,23 +78,7 @@ class MetricsServer:
             (_Server,),
             {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET, "tls": tls},
         )
-        self.server = make_server(
+        server = make_server(
             host, port, _only_metrics(make_wsgi_app(registry)), server_class, _Handler
         )
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, name="metrics", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    def start(self) -> MetricsServer:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self.thread.is_alive():
-            self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+        super().__init__(server, "metrics")
