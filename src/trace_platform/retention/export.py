@@ -4,10 +4,12 @@ checked against what Postgres held: same row count, same checksum of the keys, s
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -128,6 +130,23 @@ class _Writers:
             w.close()
 
 
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The cyclic GC off meanwhile. With a batch of rows alive at once (tens of thousands of
+    tuples surviving into the oldest generation), Python ran a full collection about every
+    batch, 0.1-0.4 s each on this 2-core machine, freeing nothing: rows, arrays and keys hold
+    no cycles, so reference counting frees them all. Any cycle made meanwhile waits for the
+    next collection after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_no_cycle_collection()
 def export_unit(
     dsn: str,
     store: ObjectStore,
