@@ -14,25 +14,31 @@ NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 170, 34, 60, 18, 10
 
 
 def dag_graph(spec: dict[str, Any]) -> tuple[list[str], list[Edge]]:
-    """A DAG's nodes (`job:NAME`, `dataset:NAME`) and edges: job to job by input, a job to
-    the datasets it publishes, a shared read's dataset to the job reading it."""
+    """A DAG's nodes (`job:NAME`, `dataset:NAME`) and edges: a job to the datasets it
+    publishes, a dataset to the jobs reading it (a published output read by index, or a shared
+    read), and job to job for an unpublished output."""
+    published = {
+        (p["job"], p.get("output_index", 0)): p["dataset"] for p in spec.get("publish") or []
+    }
     nodes: list[str] = []
     edges: list[Edge] = []
+
+    def dataset(name: str) -> str:
+        if f"dataset:{name}" not in nodes:
+            nodes.append(f"dataset:{name}")
+        return f"dataset:{name}"
+
     for name, job in (spec.get("jobs") or {}).items():
         nodes.append(f"job:{name}")
         for i in job.get("inputs") or []:
             if "from" in i:
-                ds = f"dataset:{i['from']['dataset']}"
-                if ds not in nodes:
-                    nodes.append(ds)
-                edges.append((ds, f"job:{name}"))
+                edges.append((dataset(i["from"]["dataset"]), f"job:{name}"))
+            elif (ds := published.get((i["job"], i.get("output", 0)))) is not None:
+                edges.append((dataset(ds), f"job:{name}"))
             else:
                 edges.append((f"job:{i['job']}", f"job:{name}"))
-    for p in spec.get("publish") or []:
-        ds = f"dataset:{p['dataset']}"
-        if ds not in nodes:
-            nodes.append(ds)
-        edges.append((f"job:{p['job']}", ds))
+    for (job, _), ds in published.items():
+        edges.append((f"job:{job}", dataset(ds)))
     return nodes, edges
 
 
