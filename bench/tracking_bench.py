@@ -9,11 +9,13 @@ created through the Dispatcher (create_tasks: the tasks a root's events would st
 config and an input event of the shape event-driven tasks carry), every one then claimed through
 the Dispatcher (claim_many): N running tasks with leases, nothing written by hand.
 
-1. Heartbeat writes per second while tree queries run: `--writers` threads, each over its own
-   share of the tasks, round and round, call Dispatcher.heartbeat (what POST
-   /internal/heartbeat calls, in-process: no HTTP, so the figure is the store's heartbeat path,
-   its transaction and commit, not the API's request handling) with a progress report, for
-   `--seconds`; meanwhile `--readers` threads call ControlPlane.show_run (what GET
+1. Heartbeat writes per second while tree queries run: `--writers` threads (default 32: an
+   API process answers POST /internal/heartbeat on a pool of 40 request threads, so that many
+   heartbeats of a fleet can be in flight at once), each over its own share of the tasks,
+   round and round, call Dispatcher.heartbeat (what that route calls, in-process: no HTTP, so
+   the figure is the store's heartbeat path, its group commit (dispatcher/beats.py: the
+   heartbeats arriving while one is written go in the next statement), its statement and
+   commit, not the API's request handling) with a progress report, for `--seconds`; meanwhile `--readers` threads call ControlPlane.show_run (what GET
    /v1/runs/{id} answers: the run's firing and its task tree joined to each task's status, the
    run_tree statement) over the runs, continuously. Prints heartbeats/s over the row and per
    one-second bucket (min, median), and tree queries/s with their p50/p99 latency.
@@ -606,7 +608,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--fanout", type=int, default=9, help="children per task, two levels deep")
-    ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--writers", type=int, default=32)
     ap.add_argument("--readers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--dead-beats", type=int, default=50, help="heartbeats per task, row 2")

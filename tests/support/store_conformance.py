@@ -10,6 +10,8 @@ store's world from outside (a DAG, a worker pool, a dataset version, time passin
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -38,6 +40,7 @@ from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 from trace_platform.queue import payloads
+from trace_platform.store.tasks.params import HeartbeatParams
 
 
 def assigned(ds: UUID, version: UUID) -> DatasetRef:
@@ -132,6 +135,22 @@ def woken(d: Dispatcher) -> list[tuple[UUID, int]]:
         assert isinstance(msg, payloads.TaskWakeup)
         out.append((msg.task_id, int(r["delay_seconds"])))
     return out
+
+
+def _progress(d: Dispatcher, claims: list[Claim]) -> list[Any]:
+    """Each task's last progress report, as its status row holds it."""
+    with d.store.transaction() as tx:
+        return [(tx.status(c.task_id) or {}).get("progress") for c in claims]
+
+
+def _beat_or_error(d: Dispatcher) -> Callable[[HeartbeatRequest], Any]:
+    def beat(req: HeartbeatRequest) -> Any:
+        try:
+            return d.heartbeat(req)
+        except Conflict as e:
+            return e
+
+    return beat
 
 
 def lease(c: Claim) -> dict[str, Any]:
@@ -273,6 +292,49 @@ class StateStoreConformance:
         second = d.heartbeat(HeartbeatRequest(**lease(c), progress={"rows": 5}))
         assert second.lease_until > first.lease_until >= c.lease_until
         assert (second.status, second.cancel_requested) == ("running", False)
+
+    def test_a_batch_of_heartbeats_extends_each_lease_it_holds_and_no_other(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """The group commit's statement: each heartbeat fenced by its own attempt and lease,
+        a progress report replacing only its own task's, none reported keeping the last."""
+        held = [claim(d, d.create_task(spec()).task_id) for _ in range(3)]
+        d.heartbeat(HeartbeatRequest(**lease(held[1]), progress={"rows": 1}))
+        lost = claim(d, d.create_task(spec()).task_id)
+        complete(d, lost)
+        beats = [
+            HeartbeatParams(c.task_id, c.attempt, c.lease_token, 60.0, p)
+            for c, p in zip(held, [{"rows": 7}, None, {"rows": 9}], strict=True)
+        ]
+        forged = HeartbeatParams(held[0].task_id, 1, uuid.uuid4(), 60.0, {"rows": 666})
+        ended = HeartbeatParams(lost.task_id, lost.attempt, lost.lease_token, 60.0, None)
+        with d.store.statement() as tx:
+            rows = tx.heartbeat_many([*beats[1:], ended])
+            rows_forged = tx.heartbeat_many([forged, beats[0]])
+        assert set(rows) == {held[1].task_id, held[2].task_id}
+        assert set(rows_forged) == {held[0].task_id}  # the forged one took nothing
+        for c in held:
+            got = {**rows, **rows_forged}[c.task_id]
+            assert got["status"] == "running" and got["lease_until"] > c.lease_until
+        assert _progress(d, held) == [{"rows": 7}, {"rows": 1}, {"rows": 9}]
+        assert d.get_task(lost.task_id).status == "succeeded"
+
+    def test_heartbeats_from_many_threads_each_land_or_are_refused_alone(
+        self, d: Dispatcher
+    ) -> None:
+        """Concurrent heartbeats go together (HeartbeatBatcher): each caller gets its own
+        task's answer, a wrong lease among them is refused alone, and a task beating twice at
+        once is written once per heartbeat."""
+        held = [claim(d, d.create_task(spec()).task_id) for _ in range(12)]
+        forged = {**lease(held[0]), "lease_token": uuid.uuid4()}
+        reqs = [HeartbeatRequest(**lease(c), progress={"i": i}) for i, c in enumerate(held)]
+        reqs += [HeartbeatRequest(**lease(held[1]), progress={"i": 1})] * 3
+        reqs.append(HeartbeatRequest(**forged))
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(_beat_or_error(d), reqs))
+        assert all(a.status == "running" for a in answers[:-1]), answers
+        assert isinstance(answers[-1], Conflict) and answers[-1].code == "wrong_lease"
+        assert _progress(d, held) == [{"i": i} for i in range(12)]
 
     def test_a_wrong_token_or_stale_attempt_is_fenced_off(
         self, d: Dispatcher, harness: Harness

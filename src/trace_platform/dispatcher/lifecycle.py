@@ -32,6 +32,7 @@ from trace_platform.contract import (
     TaskPayload,
 )
 from trace_platform.dispatcher import access, reads, state
+from trace_platform.dispatcher.beats import HeartbeatBatcher
 from trace_platform.dispatcher.commits import (
     Emitter,
     check_commits,
@@ -122,6 +123,7 @@ class Lifecycle:
         self.slots = slots
         self.emitter = emitter
         self.metrics = DispatcherMetrics()  # heartbeats and reaps, for /metrics
+        self.beats = HeartbeatBatcher(self._write_heartbeats)
 
     # -- claim ---------------------------------------------------------------------------
     def claim_many(
@@ -397,9 +399,7 @@ class Lifecycle:
             lease=self.settings.lease_seconds,
             progress=req.progress,
         )
-        # One statement, its own transaction: one round trip on the commonest write there is.
-        with self.store.statement() as tx:
-            row = tx.heartbeat(params)
+        row = self.beats.beat(params)  # written with the others arriving meanwhile
         if row is not None:
             self.metrics.heartbeat(accepted=True)
             return HeartbeatResponse(**row)
@@ -412,6 +412,14 @@ class Lifecycle:
                 f"(task is {st['status']})",
                 status=st["status"],
             )
+
+    def _write_heartbeats(self, beats: list[HeartbeatParams]) -> dict[UUID, dict[str, Any]]:
+        """One statement, its own transaction: one round trip for a batch of heartbeats."""
+        with self.store.statement() as tx:
+            if len(beats) > 1:
+                return tx.heartbeat_many(beats)
+            row = tx.heartbeat(beats[0])
+            return {} if row is None else {beats[0].task_id: row}
 
     # -- completion ----------------------------------------------------------------------
     @staticmethod

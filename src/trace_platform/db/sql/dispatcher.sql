@@ -111,6 +111,24 @@ WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_
   AND status = 'running'
 RETURNING status, lease_until, cancel_requested;
 
+-- name: heartbeat_many
+-- `heartbeat` for a batch (the Dispatcher's group commit: heartbeats that arrive while one is
+-- being written go together), in one round trip: each row fenced by its own attempt and lease
+-- token (parallel arrays, one entry per task). The rows by key through `= ANY` (an index scan
+-- takes the keys in order, partition by partition: two batches lock in one order, no
+-- deadlock). HOT, as `heartbeat`. Returns the rows extended; any other did not hold its lease.
+UPDATE task_status s
+SET lease_until = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(),
+    progress = coalesce(b.progress, s.progress),
+    progress_at = CASE WHEN b.progress IS NULL THEN s.progress_at ELSE now() END
+FROM unnest(%(task_ids)s::uuid[], %(attempts)s::bigint[], %(lease_tokens)s::uuid[],
+            %(progress)s::jsonb[]) AS b(task_id, attempt, lease_token, progress)
+WHERE s.task_id = ANY(%(task_ids)s::uuid[])
+  AND s.task_id = b.task_id AND s.attempt = b.attempt AND s.lease_token = b.lease_token
+  AND s.status = 'running'
+RETURNING s.task_id, s.status, s.lease_until, s.cancel_requested;
+
 -- name: set_succeeded
 UPDATE task_status
 SET status = 'succeeded', lease_until = NULL, finished_at = now(), updated_at = now(),

@@ -133,6 +133,21 @@ class PostgresTx:
     def heartbeat(self, p: HeartbeatParams) -> Row | None:
         return self._one(_Q.heartbeat, {**fields(p), "progress": _json(p.progress)})
 
+    def heartbeat_many(self, beats: list[HeartbeatParams]) -> dict[UUID, Row]:
+        if not beats:
+            return {}
+        rows = self._all(
+            _Q.heartbeat_many,
+            {
+                "task_ids": [b.task_id for b in beats],
+                "attempts": [b.attempt for b in beats],
+                "lease_tokens": [b.lease_token for b in beats],
+                "progress": [_json(b.progress) for b in beats],
+                "lease": beats[0].lease,
+            },
+        )
+        return {r.pop("task_id"): r for r in rows}
+
     def complete_fast(self, p: LeaseCheck) -> bool:
         return self._one(_Q.complete_fast, fields(p)) is not None
 

@@ -92,6 +92,11 @@ class StoreTx(Protocol):
         None when the attempt does not hold it."""
         ...
 
+    def heartbeat_many(self, beats: list[HeartbeatParams]) -> dict[UUID, Row]:
+        """`heartbeat` for several tasks (each task at most once, each fenced by its own
+        lease): the rows of those extended, by task id; a task missing did not hold it."""
+        ...
+
     def complete_fast(self, p: LeaseCheck) -> bool:
         """A plain success of the current attempt (no slot held) in one step; False: the full
         path must decide."""

@@ -103,6 +103,9 @@ class LeaseCalls(TxBase):
             s.update(progress=_jsonb(p.progress), progress_at=self.now)
         return _pick(s, ("status", "lease_until", "cancel_requested"))
 
+    def heartbeat_many(self, beats: list[HeartbeatParams]) -> dict[UUID, Row]:
+        return {b.task_id: row for b in beats if (row := self.heartbeat(b)) is not None}
+
     def claim_many(self, p: ClaimManyParams) -> list[Row]:
         rows = []
         asks = zip(p.task_ids, zip(p.worker_ids, p.lease_tokens, strict=True), strict=True)
