@@ -67,6 +67,18 @@ def stored(svc: Services) -> dict[str, Any]:
     return {**counts, "cursors": [(c["trigger"], c["last_fire_at"]) for c in cursors]}
 
 
+def one_run_more(svc: Services, before: dict[str, Any]) -> dict[str, Any]:
+    """What is stored now, checked to hold one run, one task and one outbox row more than
+    `before` (a fire of a one-source DAG)."""
+    after = stored(svc)
+    assert (after["runs"], after["tasks"], after["outbox"]) == (
+        before["runs"] + 1,
+        before["tasks"] + 1,
+        before["outbox"] + 1,
+    )
+    return after
+
+
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """The suite's settings with API keys required, as in the aws profile."""
@@ -118,12 +130,7 @@ def test_a_scheduler_tick_fires_once(svc: Services) -> None:
     before = stored(svc)
     first = eventbridge.handler(scheduler_input(), None)
     assert first["created"] is True and len(first["tasks"]) == 1
-    after = stored(svc)
-    assert (after["runs"], after["tasks"], after["outbox"]) == (
-        before["runs"] + 1,
-        before["tasks"] + 1,
-        before["outbox"] + 1,
-    )
+    after = one_run_more(svc, before)
     fire = fire_row(svc, first["run_id"])
     assert fire == {
         "kind": "cron",
@@ -341,12 +348,7 @@ def test_a_webhook_event_fires_once(svc: Services, name: str, config: dict[str, 
     before = stored(svc)
     status, first = answer(apigateway.handler(event, None))
     assert status == 201 and first["created"] is True and len(first["tasks"]) == 1
-    after = stored(svc)
-    assert (after["runs"], after["tasks"], after["outbox"]) == (
-        before["runs"] + 1,
-        before["tasks"] + 1,
-        before["outbox"] + 1,
-    )
+    after = one_run_more(svc, before)
     fire = fire_row(svc, first["run_id"])
     key = next(v for k, v in event["headers"].items() if k.lower() == "idempotency-key")
     assert fire == {"kind": "webhook", "fire_key": key, "config": config}

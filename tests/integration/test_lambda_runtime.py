@@ -26,11 +26,12 @@ from tests.support.wait import wait_for
 from trace_platform.aws.invokers import AwsInvoker, Invoker, LocalInvoker, Reply, answered
 from trace_platform.aws.lambda_runner import LambdaRunner, judge
 from trace_platform.config import Settings
-from trace_platform.contract import ClaimRequest, DatasetRef, TaskPayload, TaskSpec
+from trace_platform.contract import Claim, ClaimRequest, DatasetRef, TaskPayload, TaskSpec
 from trace_platform.db.embedded import free_port
 from trace_platform.lite.bootstrap import internal_token
 from trace_platform.lite.stack import ApiServer, LiteStack
 from trace_platform.objectstore import make_store
+from trace_platform.queue.driver import Message
 from trace_platform.queue.pgqueue import PgQueue
 from trace_platform.sandbox import resolve
 from trace_platform.services import Services
@@ -83,6 +84,30 @@ def local(settings: Settings) -> LocalInvoker:
         TIMEOUT,
         extra_env={"TRACE_OPERATOR_REGISTRY": "testing"},
     )
+
+
+class ByHand:
+    """A Lambda invoker the test drives step by step (no loop takes its queue's messages)."""
+
+    def __init__(
+        self, settings: Settings, local: LocalInvoker, driver: PgQueue, client: DispatcherClient
+    ) -> None:
+        self.driver, self.client, self.queue = driver, client, settings.lambda_queue
+        self.runner = LambdaRunner(driver, client, local, queue_name=self.queue)
+
+    def wakeup(self, what: str = "the wake-up on the lambda queue") -> Message:
+        (msg,) = wait_for(lambda: self.driver.receive(self.queue, 1, 30), 30, what)
+        return msg
+
+    def claim(self, task_id: uuid.UUID) -> Claim:
+        return self.client.claim(task_id, self.runner.worker_id)
+
+
+@pytest.fixture
+def by_hand(
+    settings: Settings, local: LocalInvoker, driver: PgQueue, client: DispatcherClient
+) -> ByHand:
+    return ByHand(settings, local, driver, client)
 
 
 @pytest.fixture
@@ -191,25 +216,19 @@ def test_an_invocation_that_ends_badly_is_retried_by_the_dispatcher(
 
 
 def test_a_late_answer_of_an_earlier_attempt_lands_nothing(
-    services: Services,
-    settings: Settings,
-    local: LocalInvoker,
-    driver: PgQueue,
-    client: DispatcherClient,
+    services: Services, by_hand: ByHand
 ) -> None:
     """Attempt 1's invocation answers (a success with events) only after its lease ran out and
     attempt 2 was claimed: its report is refused, nothing of it lands; attempt 2's does."""
-    runner = LambdaRunner(driver, client, local, queue_name=settings.lambda_queue)
+    runner = by_hand.runner
     task_id = lambda_task(services, "emit_events", max_attempts=3, count=2, final=1)
-    (msg,) = wait_for(
-        lambda: driver.receive(settings.lambda_queue, 1, 30), 30, "the wake-up on the lambda queue"
-    )
-    first = client.claim(task_id, runner.worker_id)
+    msg = by_hand.wakeup()
+    first = by_hand.claim(task_id)
     late = runner.invoke(first, msg)
     assert late is not None and judge(late[0], late[1])[0] is not None  # a valid success
     expire_lease(services, task_id)  # the reaper takes attempt 1 back, and wakes a retry
     wait_for(lambda: services.dispatcher.get_task(task_id).status == "queued", 30, "reaped")
-    second = client.claim(task_id, runner.worker_id)
+    second = by_hand.claim(task_id)
     assert second.attempt == 2
     runner.report(first, *late)
     view = services.dispatcher.get_task(task_id)
@@ -451,22 +470,14 @@ def test_the_deployed_handler_runs_the_operator_on_its_store_held_to_the_task(
 
 
 # -- hostile timing and routing ----------------------------------------------------------------
-def test_an_answer_after_a_cancel_lands_nothing(
-    services: Services,
-    settings: Settings,
-    local: LocalInvoker,
-    driver: PgQueue,
-    client: DispatcherClient,
-) -> None:
+def test_an_answer_after_a_cancel_lands_nothing(services: Services, by_hand: ByHand) -> None:
     """The user cancels a running lambda task; its heartbeat says so while the function runs
     (Lambda cannot be stopped). The function's success, answered after, lands nothing: the
     attempt ends canceled with no event, as a worker wrapper's canceled operator does."""
-    runner = LambdaRunner(driver, client, local, queue_name=settings.lambda_queue)
+    runner = by_hand.runner
     task_id = lambda_task(services, "emit_events", count=2, final=1, sleep=2.5)
-    (msg,) = wait_for(
-        lambda: driver.receive(settings.lambda_queue, 1, 30), 30, "the wake-up on the lambda queue"
-    )
-    claim = client.claim(task_id, runner.worker_id)
+    msg = by_hand.wakeup()
+    claim = by_hand.claim(task_id)
     services.dispatcher.cancel(task_id)  # the next heartbeat (within 1 s) answers it
     runner.run_claimed(claim, msg)
     assert runner.invocations == 1  # the function ran (the cancel came after the claim)
@@ -476,24 +487,19 @@ def test_an_answer_after_a_cancel_lands_nothing(
 
 
 def test_a_forged_wakeup_of_a_container_task_is_handed_back_not_invoked(
-    services: Services,
-    settings: Settings,
-    local: LocalInvoker,
-    driver: PgQueue,
-    client: DispatcherClient,
+    services: Services, settings: Settings, driver: PgQueue, by_hand: ByHand
 ) -> None:
     """A wake-up on the lambda queue naming a task of another runtime (forged, or left by an
     older version): the invoker never runs it as a Lambda. Its claim is handed back at once
     (no try used) and the Dispatcher wakes it again on its own runtime's queue."""
     from trace_platform.queue import payloads
 
-    runner = LambdaRunner(driver, client, local, queue_name=settings.lambda_queue)
+    runner = by_hand.runner
     spec = TaskSpec(job="box", operator="noop", outputs=[DatasetRef(dataset_uuid=uuid.uuid4())])
     task_id = services.dispatcher.create_task(spec).task_id
     assert services.dispatcher.get_task(task_id).status == "queued"
     driver.publish(settings.lambda_queue, payloads.encode(payloads.TaskWakeup(task_id=task_id)))
-    (msg,) = wait_for(lambda: driver.receive(settings.lambda_queue, 1, 30), 30, "the forgery")
-    runner.handle(msg)
+    runner.handle(by_hand.wakeup("the forgery"))
     assert runner.invocations == 0
     view = services.dispatcher.get_task(task_id)
     assert view.status == "queued", view
