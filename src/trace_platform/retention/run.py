@@ -171,19 +171,16 @@ class Retention:
             table = unit.relname if unit.is_partition else unit.parent
             c = rs.count_and_checksum(table=table, key=key, status_range=unit.status_range)
             with conn.transaction():
-                rs.record_export(
-                    relname=unit.relname,
-                    parent=unit.parent,
-                    lo=unit.lo,
-                    hi=unit.hi,
-                    export_id=UUID(int=0),
-                    prefix="",
-                    row_count=int(c["n"]),
-                    key_checksum=c["checksum"],
-                    row_checksum=c["row_checksum"],
-                    exported_at=c["at"],
+                _record(
+                    rs,
+                    unit,
+                    UUID(int=0),
+                    "",
+                    int(c["n"]),
+                    c["checksum"],
+                    c["row_checksum"],
+                    c["at"],
                 )
-                rs.forget_files(relname=unit.relname)
             return None
         ex = export_unit(
             self.dsn,
@@ -199,19 +196,9 @@ class Retention:
         if self.hook is not None:
             self.hook("uploaded", unit)
         with conn.transaction():
-            rs.record_export(
-                relname=unit.relname,
-                parent=unit.parent,
-                lo=unit.lo,
-                hi=unit.hi,
-                export_id=ex.export_id,
-                prefix=ex.prefix,
-                row_count=ex.row_count,
-                key_checksum=ex.checksum,
-                row_checksum=ex.row_checksum,
-                exported_at=ex.at,
+            _record(
+                rs, unit, ex.export_id, ex.prefix, ex.row_count, ex.checksum, ex.row_checksum, ex.at
             )
-            rs.forget_files(relname=unit.relname)
             for f in ex.files:
                 rs.record_file(
                     relname=unit.relname,
@@ -344,6 +331,33 @@ class Retention:
                     batch_size=STATUS_BATCH, columns=["task_id"]
                 ):
                     yield batch.column(0).to_pylist()
+
+
+def _record(
+    rs: RetentionStore,
+    unit: Unit,
+    export_id: UUID,
+    prefix: str,
+    rows: int,
+    key_checksum: int,
+    row_checksum: int,
+    at: datetime,
+) -> None:
+    """Records `unit`'s export (unexported: its count alone, prefix ''), in place of any
+    earlier record and its files."""
+    rs.record_export(
+        relname=unit.relname,
+        parent=unit.parent,
+        lo=unit.lo,
+        hi=unit.hi,
+        export_id=export_id,
+        prefix=prefix,
+        row_count=rows,
+        key_checksum=key_checksum,
+        row_checksum=row_checksum,
+        exported_at=at,
+    )
+    rs.forget_files(relname=unit.relname)
 
 
 def _os_user() -> str | None:
