@@ -253,6 +253,36 @@ def test_a_reaper_back_from_an_outage_lets_the_fleet_beat_before_judging_it(
     assert services.dispatcher.get_task(ref.task_id).status == "running"
 
 
+def test_a_lease_lapsed_in_an_outage_is_ended_only_after_a_lease_watched(
+    services: Services, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API (or its database) was away longer than a lease: every running attempt's lease
+    lapsed with no beat able to land. Back, the reaper ends none of those leases before it has
+    watched a whole lease (the workers beat again meanwhile); a passed deadline, which no beat
+    moves, it ends at once; a lease still lapsed then, it ends as before."""
+    lease = 3.0
+    d = services.dispatcher
+    monkeypatch.setattr(d, "settings", d.settings.model_copy(update={"lease_seconds": lease}))
+    (lapsed, _), (late, _) = _claimed(services, "w-lapsed"), _claimed(services, "w-late")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 minute' WHERE task_id = %s",
+            [lapsed.task_id],
+        )
+        conn.execute(
+            "UPDATE task_status SET deadline_at = now() - interval '1 second' WHERE task_id = %s",
+            [late.task_id],
+        )
+    with reaper(services) as started:
+        wait_for(lambda: d.get_task(late.task_id).status != "running", 10, "the deadline ended")
+        if time.monotonic() - started < lease:  # else a loaded machine's first tick was slow
+            assert d.get_task(lapsed.task_id).status == "running"
+        wait_for(lambda: d.get_task(lapsed.task_id).status != "running", 20, "the lease ended")
+        assert time.monotonic() - started >= lease
+    assert "exceeded its timeout" in (d.get_task(late.task_id).last_error or "")
+    assert "lost its lease" in (d.get_task(lapsed.task_id).last_error or "")
+
+
 def test_a_reaper_that_lost_the_database_watches_again_before_judging(
     api: httpx.Client, services: Services, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -622,11 +622,11 @@ class Lifecycle:
         self.intents.wake(tx, st["task_id"], delay)
         return row["next_attempt_at"]
 
-    def reap(self, limit: int = 100) -> int:
-        """Fails attempts whose lease or deadline expired; retries or finishes their tasks.
-        Safe to run in many processes at once (SKIP LOCKED)."""
+    def reap(self, limit: int = 100, leases: bool = True) -> int:
+        """Fails attempts whose lease (unless `leases` is False) or deadline expired; retries
+        or finishes their tasks. Safe to run in many processes at once (SKIP LOCKED)."""
         with self.store.transaction() as tx:
-            rows = tx.expired_leases(limit)
+            rows = tx.expired_leases(limit, leases)
             for st in rows:
                 self._end_lapsed(
                     tx,

@@ -22,27 +22,35 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
     registry's), then lapsed leases and deadlines (the lifecycle's), then stranded wake-ups."""
     last_partitions = 0.0
     registry = WorkerRegistry.of(dispatcher)
-    # Since when this reaper has watched the registry without a gap: a worker is declared dead
-    # only for a silence seen here, not for one while this process (or the database) was away
-    # and no beat could land (an API back from a restart would otherwise end the whole fleet).
+    # Since when this reaper has watched without a gap: a worker is declared dead, or a lapsed
+    # lease ended, only for a silence seen here, not for one while this process (or the
+    # database) was away and no beat could land (an API back from a restart, or a database
+    # back from an outage longer than a lease, would otherwise end the whole fleet's work).
+    # Deadlines are ended at once: no beat moves them.
     watching: float | None = None
+    last_tick = time.monotonic()
+    lease = dispatcher.settings.lease_seconds
     while not stop.is_set():
         seen = False
+        if time.monotonic() - last_tick > max(lease, 2 * interval):  # this process stalled
+            watching = None
         try:
             if time.monotonic() - last_partitions > _PARTITIONS_EVERY:
                 ensure_partitions(dispatcher)
                 if registry is not None:
                     registry.prune()
                 last_partitions = time.monotonic()
+            watching = time.monotonic() if watching is None else watching
+            watched = time.monotonic() - watching
             if registry is not None:
-                watching = time.monotonic() if watching is None else watching
-                registry.reap_dead(time.monotonic() - watching)
-            seen = True
-            while dispatcher.reap() > 0:
+                registry.reap_dead(watched)
+            while dispatcher.reap(leases=watched >= lease) > 0:
                 pass
+            seen = True
             dispatcher.rewake(dispatcher.settings.rewake_after_seconds)
         except Exception as e:  # keep reaping after any transient failure
             log.warning("reaper: %s", e)
-        if not seen:  # the registry was not reached: the watch starts again
+        if not seen:  # the database was not reached: the watch starts again
             watching = None
+        last_tick = time.monotonic()
         stop.wait(interval)

@@ -182,13 +182,15 @@ RETURNING status, cancel_requested;
 --  * its registry row by key (a LATERAL subquery with LIMIT 1, never flattened): as a join, a
 --    plan made while the tables were empty (the first tick of a new install) hash-joined a
 --    sequential scan of every task ever registered, on every tick.
+-- `leases` false: the passed deadlines only (a reaper back from an outage gives the workers a
+-- lease's time to beat again before it ends a lease that lapsed while no beat could land).
 SELECT s.task_id, s.start_day, s.attempt, s.cancel_requested,
        (s.deadline_at < now()) AS timed_out,
        r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_max_seconds
 FROM unnest(ARRAY(
        SELECT e.task_id FROM task_status e
        WHERE e.status COLLATE "C" = 'running' AND e.task_id IS NOT NULL
-         AND (e.lease_until < now() OR e.deadline_at < now())
+         AND ((%(leases)s AND e.lease_until < now()) OR e.deadline_at < now())
        ORDER BY e.lease_until, e.task_id)) WITH ORDINALITY AS x(task_id, n)
 CROSS JOIN LATERAL (
   SELECT k.task_id, k.start_day, k.status, k.attempt, k.cancel_requested, k.lease_until,
@@ -203,7 +205,7 @@ CROSS JOIN LATERAL (
   WHERE k.task_id = s.task_id AND k.start_day = s.start_day
   LIMIT 1
 ) r
-WHERE s.status = 'running' AND (s.lease_until < now() OR s.deadline_at < now())
+WHERE s.status = 'running' AND ((%(leases)s AND s.lease_until < now()) OR s.deadline_at < now())
 ORDER BY x.n
 LIMIT %(limit)s
 FOR UPDATE OF s SKIP LOCKED;

@@ -184,8 +184,8 @@ class PostgresTx:
     def request_cancel(self, task_id: UUID) -> Row | None:
         return self._one(_Q.request_cancel, {"task_id": task_id})
 
-    def expired_leases(self, limit: int) -> list[Row]:
-        return self._all(_Q.expired_leases, {"limit": limit})
+    def expired_leases(self, limit: int, leases: bool = True) -> list[Row]:
+        return self._all(_Q.expired_leases, {"limit": limit, "leases": leases})
 
     def revoke_worker_leases(self, worker_ids: list[str]) -> list[Row]:
         return self._all(_Q.revoke_worker_leases, {"worker_ids": worker_ids})

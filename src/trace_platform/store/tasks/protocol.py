@@ -124,8 +124,9 @@ class StoreTx(Protocol):
         or None when the task is finished (or missing)."""
         ...
 
-    def expired_leases(self, limit: int) -> list[Row]:
-        """Running attempts past their lease or deadline (locked, skipping locked ones)."""
+    def expired_leases(self, limit: int, leases: bool = True) -> list[Row]:
+        """Running attempts past their lease or deadline (locked, skipping locked ones);
+        with `leases` False, past their deadline only."""
         ...
 
     def revoke_worker_leases(self, worker_ids: list[str]) -> list[Row]:

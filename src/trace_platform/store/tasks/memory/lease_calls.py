@@ -198,13 +198,13 @@ class LeaseCalls(TxBase):
         s.update(cancel_requested=True, updated_at=self.now)
         return _pick(s, ("status", "cancel_requested"))
 
-    def expired_leases(self, limit: int) -> list[Row]:
+    def expired_leases(self, limit: int, leases: bool = True) -> list[Row]:
         now = self.now
         rows = [
             (s, r)
             for s, r in self._joined()
             if s["status"] == "running"
-            and (_lt(s["lease_until"], now) or _lt(s["deadline_at"], now))
+            and ((leases and _lt(s["lease_until"], now)) or _lt(s["deadline_at"], now))
         ]
         # ORDER BY lease_until: NULLs last, as Postgres sorts them ascending.
         rows.sort(key=lambda sr: (sr[0]["lease_until"] is None, sr[0]["lease_until"] or now))
