@@ -104,6 +104,14 @@ class Creator(threading.Thread):
             return 0.0, float("inf")
         return 10 * len(took) / (b - a), 1000 * max(took)
 
+    def per_second(self, a: float, b: float) -> list[int]:
+        """Tasks created in each whole second from a to b (a pause shows as a low one)."""
+        counts = [0] * int(b - a)
+        for t, _ in self.times:
+            if a <= t < a + len(counts):
+                counts[int(t - a)] += 10
+        return counts
+
 
 def _ready() -> None:
     """Nothing: the retention process started, its imports done, before any window is timed."""
@@ -198,6 +206,11 @@ def _run(svc: Services, dsn: str, n: int, baseline: float, root: Path) -> int:
         f"task creations during retention:        {during[0]:,.0f}/s, longest {during[1]:.1f} ms"
         f" (median {1000 * statistics.median(per) if per else float('nan'):.1f} ms)"
     )
+    if seconds := creator.per_second(t0, t1):
+        print(
+            f"  per second during: min {min(seconds):,}, median "
+            f"{statistics.median(seconds):,.0f} (over {len(seconds)} s)"
+        )
     print(
         f"ratio during/before: {during[0] / before[0]:.2f}x throughput; "
         f"longest pause {during[1]:.0f} ms"
