@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Message, Receive, Scope, Send
 
 from trace_platform.api.auth import ActorDependency
-from trace_platform.console import dags, data, runs
+from trace_platform.console import analytics, dags, data, runs
 from trace_platform.console.web import (
     SECURITY_HEADERS,
     ConsoleRoute,
@@ -33,7 +33,7 @@ def mount(app: FastAPI, services: Services, actor: ActorDependency) -> None:
     """Adds the console's pages and its static files to the API's app."""
     user = user_of(actor)
     app.include_router(_session(actor))
-    for pages in (dags, runs, data):
+    for pages in (dags, runs, data, analytics):
         app.include_router(pages.router(services, user))
     static = StaticFiles(directory=str(files("trace_platform.console") / "static"))
     app.mount("/console/static", _Headers(static), name="console-static")

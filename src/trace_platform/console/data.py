@@ -6,7 +6,7 @@ Reads go through the same control plane, Query Service and DeliveryControl calls
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -92,16 +92,20 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
             form=fields,
         )
 
-    @r.post("/console/query.csv")
-    def export_csv(
-        request: Request, me: Actor = Depends(user), fields: dict[str, str] = Depends(form)
+    @r.post("/console/query.{fmt}")
+    def export(
+        request: Request,
+        fmt: Literal["csv", "parquet"],
+        me: Actor = Depends(user),
+        fields: dict[str, str] = Depends(form),
     ) -> Response:
-        """The query's result as CSV, as `POST /v1/query` with `format: csv` answers it."""
+        """The query's result as CSV or Parquet, as `POST /v1/query` with that `format`
+        answers it (the Query Service's row cap, not the results table's)."""
         result = services.query.query(me, fields.get("sql", ""))
         return Response(
-            formats.encode(result.table, "csv"),
-            media_type=formats.MEDIA_TYPES["csv"],
-            headers={"Content-Disposition": 'attachment; filename="query.csv"'},
+            formats.encode(result.table, fmt),
+            media_type=formats.MEDIA_TYPES[fmt],
+            headers={"Content-Disposition": f'attachment; filename="query.{fmt}"'},
         )
 
     @r.get("/console/alerts")

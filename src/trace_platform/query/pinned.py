@@ -12,6 +12,7 @@ from uuid import UUID
 
 from trace_platform.errors import Conflict
 from trace_platform.identity import Actor
+from trace_platform.query import saved
 from trace_platform.query.pins import Pin
 from trace_platform.query.service import QueryService, Result
 from trace_platform.store.names import NameStore
@@ -65,6 +66,15 @@ def query(
         qs.release(plan)
         raise
     return qs.execute(plan, **kw)
+
+
+def saved_query(
+    qs: QueryService, actor: Actor, name: str, params: dict[str, Any], **kw: Any
+) -> Result:
+    """Saved query `name` (query/saved.py) with its parameters, pinned to its producer."""
+    q = saved.load(name)
+    what = f"saved query '{name}'"
+    return query(qs, actor, q.sql, q.params(params), producer=q.producer, what=what, **kw)
 
 
 def export(

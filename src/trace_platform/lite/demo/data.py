@@ -12,7 +12,7 @@ from trace_platform.contract import ChainIdentity
 from trace_platform.identity import Actor, lite_admin
 from trace_platform.lite.demo.dag import DAG_NAME
 from trace_platform.lite.demo.plan import DemoPlan
-from trace_platform.query import pinned, saved
+from trace_platform.query import pinned
 from trace_platform.services import Services
 from trace_platform.store.demo import ROWS_NOW_SQL, DemoStore
 
@@ -81,10 +81,7 @@ def complete(svc: Services, plan: DemoPlan) -> bool:
 
 
 def saved_rows(svc: Services, me: Actor, name: str, **params: Any) -> list[dict[str, Any]]:
-    q = saved.load(name)
-    out = pinned.query(
-        svc.query, me, q.sql, q.params(params), producer=q.producer, what=f"saved query '{name}'"
-    ).as_json()
+    out = pinned.saved_query(svc.query, me, name, params).as_json()
     cols = [c["name"] for c in out["columns"]]
     return [dict(zip(cols, r, strict=True)) for r in out["rows"]]
 
