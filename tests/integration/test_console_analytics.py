@@ -124,9 +124,23 @@ def test_without_the_datasets_or_their_read_role_each_analytic_is_not_available(
                 page = c.get("/console/analytics", params=params)
                 assert page.status_code == 200, page.text
                 assert page.text.count("not available") == 4, page.text
+                assert inline_problems(page.text) == []
                 assert "<td>" not in page.text and "<svg" not in page.text
                 for secret in (*SUPPLY, STAKE, *HOLDERS):
                     assert str(secret) not in page.text.replace(TOKEN, "")
+
+
+def test_before_any_commit_each_analytic_says_it_has_no_data_yet(
+    secure: tuple[Services, str],
+) -> None:
+    svc, url = secure
+    svc.control.deploy(admin(svc), platform_dag())  # deployed, never run
+    with console(url, admin_key(svc)) as c:
+        page = c.get("/console/analytics", params={"token": TOKEN})
+        assert page.status_code == 200, page.text
+        # The Query Service's reason, per analytic.
+        assert page.text.count("not available") == 4, page.text
+        assert "dataset &#39;staking_concentration&#39; has no data yet" in page.text
 
 
 def test_a_query_exported_as_parquet_holds_the_csvs_rows(demo: tuple[Services, str]) -> None:
