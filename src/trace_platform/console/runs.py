@@ -6,6 +6,7 @@ again" are the control plane's `cancel_run` and `trigger`."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -14,6 +15,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from trace_platform.console.web import ConsoleRoute, form, redirect, render, templates
 from trace_platform.control.service import run_status
@@ -22,6 +24,11 @@ from trace_platform.identity import Actor
 from trace_platform.services import Services
 
 POLL_SECONDS = 0.5
+# Live streams held open at once, by one user and by everyone: each polls Postgres on the
+# request thread pool the API's routes and its workers' heartbeats share, so streams opened
+# by the hundred would starve them. Past either, 429 (a browser's EventSource then stops).
+STREAMS_PER_USER = 4
+STREAMS_TOTAL = 32
 # A stream ends after this long; the browser's EventSource reconnects by itself, so no
 # connection outlives a server's graceful shutdown by much.
 STREAM_SECONDS = 120.0
@@ -54,6 +61,67 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
     return {"counts": sorted(counts.items()), "status": status, "finished": not active}
 
 
+class TooManyStreams(TraceError):
+    status_code = 429
+    code = "too_many_streams"
+
+
+def sse_event(name: str, text: str) -> str:
+    """One server-sent event: a data line per line of `text`. A line ends at CR, LF or CR LF
+    for the browser, so each is split here: a CR in a task's error (any text its code raised)
+    must not end the data and start a field of its own (a forged `done` or `tree`)."""
+    return f"event: {name}\n" + "".join(f"data: {ln}\n" for ln in _LINES.split(text)) + "\n"
+
+
+_LINES = re.compile(r"\r\n|\r|\n")
+
+
+class _Slots:
+    """Who holds live streams, counted on the event loop's thread."""
+
+    def __init__(self) -> None:
+        self.held: dict[UUID, int] = {}
+
+    def take(self, me: Actor) -> Callable[[], None]:
+        mine = self.held.get(me.user_id, 0)
+        if mine >= STREAMS_PER_USER:
+            raise TooManyStreams(
+                f"you have {mine} live streams open (at most {STREAMS_PER_USER}): close a run's "
+                "page, or reload this one later"
+            )
+        if sum(self.held.values()) >= STREAMS_TOTAL:
+            raise TooManyStreams("the console has as many live streams open as it serves")
+        self.held[me.user_id] = mine + 1
+
+        def give_back() -> None:
+            left = self.held[me.user_id] - 1
+            if left:
+                self.held[me.user_id] = left
+            else:
+                del self.held[me.user_id]
+
+        return give_back
+
+
+class _Stream(StreamingResponse):
+    """A stream that gives its slot back however it ends (finished, the client gone, an
+    error)."""
+
+    def __init__(self, events: AsyncIterator[str], give_back: Callable[[], None]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+        self.give_back = give_back
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.give_back()
+
+
 def tree_html(run: dict[str, Any]) -> str:
     return templates.get_template("run_tree.html").render(
         run=run, roots=tree(run["tasks"]), summary=summary(run)
@@ -73,10 +141,18 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
         run = cp.show_run(me, run_id)
         return render(request, "run.html", me=me, run=run, tree=tree_html(run))
 
+    slots = _Slots()
+
+    def poll(request: Request, run_id: UUID) -> dict[str, Any]:
+        # The key is checked again at each poll (the API's cached check: a revocation, an
+        # expiry or a changed role announced by the database ends the stream at once).
+        return cp.show_run(user(request), run_id)
+
     @r.get("/console/runs/{run_id}/events")
     async def run_events(request: Request, run_id: UUID, me: Actor = Depends(user)) -> Any:
         # Seen before the stream starts: a run the user may not see is the API's 404 page.
         first = await run_in_threadpool(cp.show_run, me, run_id)
+        give_back = slots.take(me)
 
         async def events() -> AsyncIterator[str]:
             run, last, until = first, "", time.monotonic() + STREAM_SECONDS
@@ -84,23 +160,18 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
                 html = tree_html(run)
                 if html != last:
                     last = html
-                    yield "event: tree\n" + "".join(f"data: {ln}\n" for ln in html.split("\n"))
-                    yield "\n"
+                    yield sse_event("tree", html)
                 if summary(run)["finished"]:
-                    yield "event: done\ndata: finished\n\n"
+                    yield sse_event("done", "finished")
                     return
                 await asyncio.sleep(POLL_SECONDS)
                 try:
-                    run = await run_in_threadpool(cp.show_run, me, run_id)
+                    run = await run_in_threadpool(poll, request, run_id)
                 except TraceError as e:  # e.g. its key revoked meanwhile: the stream ends
-                    yield f"event: done\ndata: {e.message}\n\n"
+                    yield sse_event("done", e.message)
                     return
 
-        return StreamingResponse(
-            events(),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+        return _Stream(events(), give_back)
 
     @r.post("/console/runs/{run_id}/cancel")
     def run_cancel(

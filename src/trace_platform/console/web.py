@@ -74,12 +74,17 @@ def user_of(actor: ActorDependency) -> Callable[[Request], Actor]:
 
 
 def _same_origin(request: Request) -> bool:
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
     origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        # Browsers send Origin on every cross-site POST; a missing one is a same-site form of
-        # an old browser or a non-browser client, which the token still checks.
-        return origin is None
-    return origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
+    if origin is not None:  # "null" (a sandboxed or privacy-stripped page) is not ours either
+        return origin == own
+    # No Origin: a non-browser client or an old browser, which the token still checks; but a
+    # browser that says the post came from another site (Fetch metadata, or the page it left)
+    # is believed.
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    referer = request.headers.get("referer")
+    return referer is None or referer == own or referer.startswith(own + "/")
 
 
 async def form(request: Request) -> dict[str, str]:
@@ -156,7 +161,11 @@ class ConsoleRoute(TraceRoute):
                 response = await handler(request)
             except Unauthorized as e:
                 response = render(request, "login.html", 401, error=e.message)
-                response.delete_cookie(KEY_COOKIE, path=PREFIX)
+                # Only a key that was refused is forgotten: a request that came without one
+                # (a link from another site: SameSite=Strict keeps the cookie back) must not
+                # log the browser out.
+                if KEY_COOKIE in request.cookies:
+                    response.delete_cookie(KEY_COOKIE, path=PREFIX)
             except TraceError as e:
                 response = render(
                     request, "error.html", e.status_code, error=e.message, code=e.code

@@ -1,0 +1,263 @@
+"""The web console attacked as a hostile user or another tenant would: a key revoked while its
+live stream runs, operator text that tries to forge stream events or markup, streams held open
+by the hundred, a cross-site link that would log the browser out, cross-site and origin-less
+posts, every state change a token-checked POST, and markup in query results."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
+
+from tests.support.console import console, csrf_of, inline_problems, post
+from tests.support.dags import admin, three_jobs
+from tests.support.servers import admin_key, bearer
+from tests.support.wait import wait_for
+from trace_platform.api.app import create_app
+from trace_platform.console import runs
+from trace_platform.console.web import form
+from trace_platform.contract import ClaimRequest, CompleteRequest
+from trace_platform.identity import create_key, ensure_user
+from trace_platform.services import Services
+
+SSE_LINE = re.compile(r"\r\n|\r|\n")
+
+
+@pytest.fixture
+def hello(secure: tuple[Services, str]) -> Iterator[tuple[Services, str, str]]:
+    """A deployed three-job DAG `hello` and one run of it (no worker: it stays queued):
+    (services, URL, run id)."""
+    svc, url = secure
+    svc.control.deploy(admin(svc), three_jobs())
+    run = svc.control.trigger(admin(svc), "hello")
+    yield svc, url, str(run["run_id"])
+
+
+def second_admin(svc: Services, name: str) -> str:
+    """An org admin of the Lite org besides its own admin: their key."""
+    with svc.pool.connection() as conn, conn.transaction():
+        return create_key(conn, ensure_user(conn, admin(svc).org_id, name, is_admin=True).user_id)
+
+
+def sse(r: httpx.Response) -> Iterator[tuple[str, str]]:
+    """(event, data) as a browser's EventSource parses the stream: a line ends at CR LF, CR or
+    LF (not only LF)."""
+    buf, event, data = "", "", []
+    for chunk in r.iter_text():
+        buf += chunk
+        while (m := SSE_LINE.search(buf)) and not (m.group() == "\r" and m.end() == len(buf)):
+            line, buf = buf[: m.start()], buf[m.end() :]
+            if line == "":
+                if data:
+                    yield event or "message", "\n".join(data)
+                event, data = "", []
+                continue
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+
+
+def api_routes(routes: list[BaseRoute]) -> Iterator[APIRoute]:
+    """Every route of an app, into its included routers (FastAPI keeps them nested)."""
+    for r in routes:
+        if isinstance(r, APIRoute):
+            yield r
+        elif (inner := getattr(r, "original_router", None)) is not None:
+            yield from api_routes(inner.routes)
+
+
+def test_a_key_revoked_mid_stream_ends_the_stream_at_once(
+    hello: tuple[Services, str, str],
+) -> None:
+    svc, url, run_id = hello
+    ann = second_admin(svc, "ann")
+    with console(url, ann) as c, c.stream("GET", f"/console/runs/{run_id}/events") as r:
+        events = sse(r)
+        assert next(events)[0] == "tree"
+        removed = httpx.delete(f"{url}/v1/users/ann", headers=bearer(admin_key(svc)))
+        assert removed.status_code == 200, removed.text
+        wait_for(
+            lambda: httpx.get(f"{url}/v1/dags", headers=bearer(ann)).status_code == 401,
+            what="the API to refuse ann's key",
+        )
+        # The run changes after the key is refused: a stream still acting as ann would send
+        # its new tree (canceled) to someone who may no longer see it.
+        svc.control.cancel_run(admin(svc), uuid.UUID(run_id))
+        event, data = next(events)
+        assert (event, "revoked" in data) == ("done", True), (event, data)
+
+
+def test_operator_text_cannot_forge_stream_events_or_markup(
+    hello: tuple[Services, str, str],
+) -> None:
+    svc, url, run_id = hello
+    (source,) = svc.control.show_run(admin(svc), uuid.UUID(run_id))["tasks"]
+    d = svc.dispatcher
+    c = d.claim(ClaimRequest(task_id=source["task_id"], worker_id="w"))
+    # A task's error is what its code raised: any text, written by whoever wrote the job.
+    forged = (
+        "boom\r\revent: done\rdata: forged\r\r"
+        "event: tree\rdata: Status: succeeded\r\r<img src=x onerror=alert(1)>"
+    )
+    d.complete(
+        CompleteRequest(
+            task_id=c.task_id,
+            attempt=c.attempt,
+            lease_token=c.lease_token,
+            outcome="failed",
+            error=forged,
+            retryable=False,
+        )
+    )
+    with console(url, admin_key(svc)) as cl:
+        page = cl.get(f"/console/runs/{run_id}")
+        assert "<img" not in page.text and inline_problems(page.text) == []
+        with cl.stream("GET", f"/console/runs/{run_id}/events") as r:
+            events = list(sse(r))
+    assert [e for e, _ in events] == ["tree", "done"], events
+    tree, done = events[0][1], events[1][1]
+    assert "forged" in tree and "&lt;img" in tree and "<img" not in tree
+    assert 'data-status="failed"' in tree and done == "finished"
+
+
+def test_live_streams_are_bounded_per_user_and_in_all(
+    hello: tuple[Services, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc, url, run_id = hello
+    path = f"/console/runs/{run_id}/events"
+    with console(url, admin_key(svc)) as c, ExitStack() as held:
+        streams = [held.enter_context(c.stream("GET", path)) for _ in range(runs.STREAMS_PER_USER)]
+        assert all(s.status_code == 200 for s in streams)
+        refused = c.get(path)
+        assert refused.status_code == 429 and "streams" in refused.text
+        # Another user is not starved by the first one's streams.
+        with console(url, second_admin(svc, "ann")) as other:
+            with other.stream("GET", path) as theirs:
+                assert theirs.status_code == 200
+            # Nor held to the first one's count when the process-wide cap is what binds.
+            monkeypatch.setattr(runs, "STREAMS_TOTAL", runs.STREAMS_PER_USER)
+            assert other.get(path).status_code == 429
+            monkeypatch.undo()
+        # A closed stream gives its place back.
+        streams[0].close()
+        with ExitStack() as again:
+
+            def admitted() -> bool:
+                r = again.enter_context(c.stream("GET", path))
+                return r.status_code == 200
+
+            wait_for(admitted, what="the closed stream's place to be given back")
+    # Every stream closed: a user starts from none again.
+    with console(url, admin_key(svc)) as c, ExitStack() as held:
+        for _ in range(runs.STREAMS_PER_USER):
+            wait_for(
+                lambda: held.enter_context(c.stream("GET", path)).status_code == 200,
+                what="a place",
+            )
+
+
+def test_a_cross_site_link_does_not_log_the_browser_out(secure: tuple[Services, str]) -> None:
+    svc, url = secure
+    with console(url, admin_key(svc)) as c:
+        # A SameSite=Strict cookie is not sent on a navigation from another site: that request
+        # arrives with no key, and its answer must not delete the key the browser holds.
+        with httpx.Client(base_url=url) as navigated:
+            r = navigated.get("/console/dags")
+            assert r.status_code == 401
+            assert not [v for v in r.headers.get_list("set-cookie") if "console_key" in v]
+        assert c.get("/console/dags").status_code == 200
+        # A key that is refused is dropped.
+        c.cookies.set("trace_console_key", "trc_nope", path="/console")
+        r = c.get("/console/dags")
+        assert r.status_code == 401
+        assert [v for v in r.headers.get_list("set-cookie") if "console_key=" in v]
+
+
+def test_cross_site_and_origin_less_posts_are_refused(hello: tuple[Services, str, str]) -> None:
+    svc, url, _ = hello
+    before = len(svc.control.list_runs(admin(svc)))
+    with httpx.Client(base_url=url) as attacker:
+        # Login CSRF: the attacker's own token pair, from another origin, logs nobody in.
+        token = csrf_of(attacker.get("/console/login"))
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": "null"},
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Referer": "http://evil.example/page"},
+        ):
+            r = attacker.post(
+                "/console/login", data={"key": admin_key(svc), "csrf": token}, headers=headers
+            )
+            assert r.status_code == 403, headers
+            assert "trace_console_key" not in attacker.cookies
+    with console(url, admin_key(svc)) as c:
+        token = c.cookies.get("trace_console_csrf", path="/console") or ""
+        for headers in (
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Sec-Fetch-Site": "same-site"},
+            {"Referer": "http://evil.example/page"},
+            {"Origin": f"{url}.evil.example"},
+        ):
+            r = c.post("/console/dags/hello/trigger", data={"csrf": token}, headers=headers)
+            assert r.status_code == 403, headers
+        assert len(svc.control.list_runs(admin(svc))) == before
+        # A same-origin page's form, and a client that sends no Origin (the token checks it).
+        for headers in ({"Origin": url, "Sec-Fetch-Site": "same-origin"}, {"Referer": url + "/"}):
+            r = c.post("/console/dags/hello/trigger", data={"csrf": token}, headers=headers)
+            assert r.status_code == 303, headers
+        assert len(svc.control.list_runs(admin(svc))) == before + 2
+
+
+def test_every_console_change_is_a_post_that_checks_the_token(
+    hello: tuple[Services, str, str],
+) -> None:
+    svc, url, run_id = hello
+    routes = [
+        r
+        for r in api_routes(create_app(svc, background=False).routes)
+        if r.path.startswith("/console")
+    ]
+    changes = [r for r in routes if r.methods - {"GET", "HEAD"}]
+    assert changes and all(r.methods == {"POST"} for r in changes)
+    # Every POST reads its form through the token and origin check; no GET does.
+    for r in routes:
+        checked = any(d.call is form for d in r.dependant.dependencies)
+        assert checked == (r in changes), r.path
+    fill = {
+        "name": "hello",
+        "action": "trigger",
+        "fmt": "csv",
+        "run_id": run_id,
+        "delivery_id": uuid.uuid4(),
+    }
+    with console(url, admin_key(svc)) as c:
+        for r in changes:
+            path = r.path.format(**fill)
+            assert c.post(path, data={"sql": "SELECT 1"}).status_code == 403, path
+    assert len(svc.control.list_runs(admin(svc))) == 1
+
+
+def test_markup_in_query_results_and_chart_labels_is_text(
+    secure: tuple[Services, str],
+) -> None:
+    svc, url = secure
+    evil = "<img src=x onerror=alert(1)>"
+    sql = f'SELECT \'{evil}\' AS "{evil}", 1 AS "y</title><script>alert(1)</script>"'
+    with console(url, admin_key(svc)) as c:
+        r = post(
+            c, "/console/query", {"sql": sql, "x": evil, "y": "y</title><script>alert(1)</script>"}
+        )
+        assert r.status_code == 200 and "<svg" in r.text, r.text
+        assert "<img" not in r.text and "<script>alert" not in r.text
+        assert inline_problems(r.text) == []
+        bad = post(c, "/console/query", {"sql": f'SELECT * FROM "{evil}"'})
+        assert bad.status_code == 422 and "<img" not in bad.text
