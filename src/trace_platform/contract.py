@@ -23,6 +23,9 @@ MAX_EVENTS_PER_CALL = 1000
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_ERROR_CHARS = 20_000  # a failure's text as stored (a longer one is cut by the worker)
 MAX_PROGRESS_BYTES = 4096  # a progress report is a few counters, stored on every heartbeat
+# An attempt number as stored (INT): one past it names no attempt, and in a batch of heartbeats
+# (one bigint[] for all) a number past bigint failed every heartbeat of the batch.
+MAX_ATTEMPT = 2**31 - 1
 
 
 class _Body(BaseModel):
@@ -112,7 +115,7 @@ class LeaseRef(_Body):
     one exception is a claim's `claim_id`, which becomes the token, in the claim's body)."""
 
     task_id: UUID
-    attempt: int = Field(gt=0)
+    attempt: int = Field(gt=0, le=MAX_ATTEMPT)
     lease_token: UUID
     # Accepted from older callers, unused and never sent: the task's status row
     # (hash-partitioned by task_id) holds its start_day, which prunes every lookup joined to it.
@@ -354,7 +357,7 @@ class CompleteItem(CompleteBody):
     travels in LEASE_TOKENS_HEADER)."""
 
     task_id: UUID
-    attempt: int = Field(gt=0)
+    attempt: int = Field(gt=0, le=MAX_ATTEMPT)
 
 
 class CompleteBatchBody(_Body):

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from trace_platform.api.routes import trace_router
 from trace_platform.contract import (
+    MAX_ATTEMPT,
     MAX_BATCH,
     BatchError,
     BufferPublishBody,
@@ -52,7 +53,7 @@ from trace_platform.services import Services
 
 def lease_ref(
     task_id: UUID,
-    attempt: Annotated[int, Query(gt=0)],
+    attempt: Annotated[int, Query(gt=0, le=MAX_ATTEMPT)],
     x_lease_token: Annotated[UUID, Header()],
 ) -> LeaseRef:
     """Every fenced call's lease reference, the one way it travels (see `LeaseRef`)."""

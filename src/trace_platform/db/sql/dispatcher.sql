@@ -117,16 +117,22 @@ RETURNING status, lease_until, cancel_requested;
 -- token (parallel arrays, one entry per task). The rows by key through `= ANY` (an index scan
 -- takes the keys in order, partition by partition: two batches lock in one order, no
 -- deadlock). HOT, as `heartbeat`. Returns the rows extended; any other did not hold its lease.
+-- The status is matched through the batch (`b.status`, 'running' on every entry), never as a
+-- condition of the scan alone: with `s.status = 'running'` there, a generic plan made while
+-- running tasks looked rare read every running row off the live status index and kept the
+-- batch's by filter (1,500 rows for a batch of 2 among 2,000 running tasks, every batch).
 UPDATE task_status s
 SET lease_until = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(),
     progress = coalesce(b.progress, s.progress),
     progress_at = CASE WHEN b.progress IS NULL THEN s.progress_at ELSE now() END
 FROM unnest(%(task_ids)s::uuid[], %(attempts)s::bigint[], %(lease_tokens)s::uuid[],
-            %(progress)s::jsonb[]) AS b(task_id, attempt, lease_token, progress)
+            %(progress)s::jsonb[],
+            array_fill('running'::text, ARRAY[cardinality(%(task_ids)s::uuid[])]))
+       AS b(task_id, attempt, lease_token, progress, status)
 WHERE s.task_id = ANY(%(task_ids)s::uuid[])
   AND s.task_id = b.task_id AND s.attempt = b.attempt AND s.lease_token = b.lease_token
-  AND s.status = 'running'
+  AND s.status = b.status
 RETURNING s.task_id, s.status, s.lease_until, s.cancel_requested;
 
 -- name: set_succeeded

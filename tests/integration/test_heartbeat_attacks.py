@@ -1,0 +1,153 @@
+"""Attacks on the heartbeat's group commit (dispatcher/beats.py, `heartbeat_many`), its HOT
+single statement and the reaper's outage grace (issue 42), against the harness's Postgres and
+the real internal API. A batch is formed for real: the first heartbeat's row is held locked by
+another transaction, so the ones arriving meanwhile wait for the next statement together."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg.rows import dict_row
+
+from tests.integration.test_generic_plans import _rows_read, _running
+from tests.support.tasks import queue_tasks
+from tests.support.wait import wait_for
+from trace_platform.contract import (
+    LEASE_TOKEN_HEADER,
+    Claim,
+    ClaimRequest,
+    HeartbeatRequest,
+    TaskSpec,
+)
+from trace_platform.services import Services
+from trace_platform.store.tasks.params import HeartbeatParams
+from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
+
+
+def _claimed(services: Services, n: int) -> list[Claim]:
+    d = services.dispatcher
+    refs = [d.create_task(TaskSpec(job="beat", operator="noop")) for _ in range(n)]
+    return [d.claim(ClaimRequest(task_id=r.task_id, worker_id="w")) for r in refs]
+
+
+def _beat_http(api: httpx.Client, c: Claim, attempt: int | None = None, body: str = "{}") -> int:
+    r = api.post(
+        "/internal/heartbeat",
+        params={"task_id": str(c.task_id), "attempt": attempt or c.attempt},
+        headers={LEASE_TOKEN_HEADER: str(c.lease_token), "Content-Type": "application/json"},
+        content=body,
+    )
+    return r.status_code
+
+
+@contextmanager
+def _row_locked(dsn: str, task_id: uuid.UUID) -> Iterator[None]:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT 1 FROM task_status WHERE task_id = %s FOR UPDATE", [task_id])
+        yield
+        conn.rollback()
+
+
+def _waiting_on_a_lock(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def in_one_batch(
+    services: Services, dsn: str, leader: Claim, calls: list[Callable[[], Any]]
+) -> list[Any]:
+    """Each of `calls` (heartbeats) in a thread, all written in one statement: a heartbeat of
+    `leader`, whose row another transaction holds, leads first and waits on the lock while the
+    others queue behind it; then the lock goes. Each call's answer, or the error it raised."""
+    beats = services.dispatcher.beats
+    results: list[Any] = [None] * len(calls)
+    answered: list[int] = []  # those answered before reaching the batcher (refused)
+
+    def run(i: int, call: Callable[[], Any]) -> None:
+        try:
+            results[i] = call()
+        except Exception as e:  # the caller's answer, whatever it is
+            results[i] = e
+        answered.append(i)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    with _row_locked(dsn, leader.task_id):
+        first = threading.Thread(target=_own_beat, args=(services, leader))
+        first.start()
+        wait_for(lambda: _waiting_on_a_lock(dsn), 10, "the first heartbeat waiting on the lock")
+        for t in threads:
+            t.start()
+        wait_for(
+            lambda: len(beats._pending) + len(answered) == len(calls),
+            10,
+            "the others queued behind it",
+        )
+    for t in [first, *threads]:
+        t.join(timeout=30)
+        assert not t.is_alive(), "a heartbeat caller never answered"
+    return results
+
+
+def _own_beat(services: Services, c: Claim) -> None:
+    services.dispatcher.heartbeat(HeartbeatRequest(**_lease(c)))
+
+
+def _lease(c: Claim) -> dict[str, Any]:
+    return {"task_id": c.task_id, "attempt": c.attempt, "lease_token": c.lease_token}
+
+
+def test_one_poisoned_heartbeat_does_not_fail_the_honest_ones_of_its_batch(
+    api: httpx.Client, services: Services, dsn: str
+) -> None:
+    """Heartbeats of different workers' tasks share a statement (one bigint[] of their
+    attempts). An attempt past bigint (the API bounded it below only) failed the whole batch
+    with a DataError: every honest heartbeat beside it was answered 422, which a worker takes
+    as its lease lost (it abandons the attempt). Now refused alone, as no stored attempt (the
+    column is INT), and the honest ones of its batch land."""
+    lead, *honest = _claimed(services, 4)
+    bad = _claimed(services, 2)
+    calls: list[Callable[[], Any]] = [lambda c=c: _beat_http(api, c) for c in honest]
+    calls += [
+        lambda: _beat_http(api, bad[0], attempt=2**63),
+        lambda: _beat_http(api, bad[1], attempt=2**31),
+    ]
+    answers = in_one_batch(services, dsn, lead, calls)
+    assert answers[: len(honest)] == [200] * len(honest), answers
+    assert answers[len(honest) :] == [422, 422], answers
+
+
+def test_a_batch_of_heartbeats_reads_its_tasks_by_key(dsn: str) -> None:
+    """`heartbeat_many` under the Dispatcher's generic plans, made from statistics in which
+    running tasks were a handful (a fleet started since the last ANALYZE): with `status =
+    'running'` a condition of the scan, the plan read every running row off the live status
+    index and kept the batch's by filter (1,509 rows for a batch of 2 among 2,000 running
+    tasks, on every batch). Each batch reads its own rows."""
+    with psycopg.connect(dsn, row_factory=dict_row, autocommit=True) as conn:
+        queue_tasks(conn, 6)
+        _running(conn, 2)
+        conn.execute("ANALYZE")
+        leases = _running(conn, 2_000)  # a fleet at work, not yet analysed
+    read: dict[int, int] = {}
+    with psycopg.connect(dsn, row_factory=dict_row, prepare_threshold=0) as conn:
+        tx = PostgresTx(conn)
+        for k in (2, 50, 400):
+            conn.execute(DISPATCHER_PLANS)
+            beats = [
+                HeartbeatParams(r["task_id"], r["attempt"], r["lease_token"], 60.0, {"k": k})
+                for r in leases[:k]
+            ]
+            before = _rows_read(conn)
+            assert set(tx.heartbeat_many(beats)) == {b.task_id for b in beats}
+            read[k] = _rows_read(conn) - before
+            conn.commit()  # each batch commits, as the Dispatcher's do
+    assert all(n <= k for k, n in read.items()), f"task rows read by batch size: {read}"
