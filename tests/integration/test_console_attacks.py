@@ -5,10 +5,12 @@ posts, every state change a token-checked POST, and markup in query results."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
+from typing import Any
 
 import httpx
 import pytest
@@ -127,6 +129,30 @@ def test_operator_text_cannot_forge_stream_events_or_markup(
     tree, done = events[0][1], events[1][1]
     assert "forged" in tree and "&lt;img" in tree and "<img" not in tree
     assert 'data-status="failed"' in tree and done == "finished"
+
+
+def test_the_live_tree_is_read_and_rendered_off_the_event_loop(
+    hello: tuple[Services, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big run's tree takes long to render (~0.4 s for 10,000 tasks): on the event loop,
+    every stream's poll would stall every request of the process, workers' included."""
+    svc, url, run_id = hello
+    on_loop: list[bool] = []
+    render = runs.tree_html
+
+    def spy(run: dict[str, Any]) -> str:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # a pool thread
+            on_loop.append(False)
+        return render(run)
+
+    monkeypatch.setattr(runs, "tree_html", spy)
+    svc.control.cancel_run(admin(svc), uuid.UUID(run_id))
+    with console(url, admin_key(svc)) as c, c.stream("GET", f"/console/runs/{run_id}/events") as r:
+        assert [e for e, _ in sse(r)] == ["tree", "done"]
+    assert on_loop and not any(on_loop)
 
 
 def test_live_streams_are_bounded_per_user_and_in_all(
@@ -261,3 +287,11 @@ def test_markup_in_query_results_and_chart_labels_is_text(
         assert inline_problems(r.text) == []
         bad = post(c, "/console/query", {"sql": f'SELECT * FROM "{evil}"'})
         assert bad.status_code == 422 and "<img" not in bad.text
+        # A DAG that does not validate: its problems on the deploy page, its text kept.
+        yaml = f"name: '{evil}'\njobs: {{}}\n"
+        refused = post(c, "/console/deploy", {"yaml": yaml, "do": "diff"})
+        assert refused.status_code == 422
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "String should match pattern" in refused.text and "<img" not in refused.text
+        assert "name: &#39;&lt;img src=x onerror=alert(1)&gt;&#39;" in refused.text
+        assert inline_problems(refused.text) == []

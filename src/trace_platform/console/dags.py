@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from trace_platform.console.svg import dag_graph, graph_svg
 from trace_platform.console.web import ConsoleRoute, form, redirect, render
 from trace_platform.control.changes import plan_json
+from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Invalid, NotFound
 from trace_platform.identity import Actor
 from trace_platform.services import Services
@@ -120,7 +121,10 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
         """`diff` shows what a deploy would change (dry run), `deploy` deploys."""
         text = fields.get("yaml", "")
         dry = fields.get("do") != "deploy"
-        res = cp.deploy(me, text, "<console>", dry_run=dry, manual_cutover="manual" in fields)
+        try:
+            res = cp.deploy(me, text, "<console>", dry_run=dry, manual_cutover="manual" in fields)
+        except DagInvalid as e:  # every problem beside the text, kept to be fixed
+            return render(request, "deploy.html", 422, me=me, text=text, plan=None, error=str(e))
         plan = plan_json(res)
         if not dry:
             return redirect(request, f"/dags/{res.name}", f"deployed version {res.version}")
