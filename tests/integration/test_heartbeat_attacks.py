@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from tests.integration.test_generic_plans import _rows_read, _running
@@ -25,6 +26,7 @@ from trace_platform.contract import (
     HeartbeatRequest,
     TaskSpec,
 )
+from trace_platform.dispatcher.reaper import run_reaper
 from trace_platform.services import Services
 from trace_platform.store.tasks.params import HeartbeatParams
 from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
@@ -151,3 +153,39 @@ def test_a_batch_of_heartbeats_reads_its_tasks_by_key(dsn: str) -> None:
             read[k] = _rows_read(conn) - before
             conn.commit()  # each batch commits, as the Dispatcher's do
     assert all(n <= k for k, n in read.items()), f"task rows read by batch size: {read}"
+
+
+def test_a_reaper_whose_database_calls_fail_now_and_then_still_ends_a_dead_lease(
+    services: Services, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper's outage grace (a lease lapsed while it could not watch is ended only after
+    a whole lease watched) restarted its watch on any failed tick. A database that fails one
+    call in three (a flaky network, statement timeouts under load) never gave it a lease's
+    worth of ticks in a row: a dead worker's lease was never ended. A failure shorter than a
+    beat stopped no beat: the watch goes on through it."""
+    d = services.dispatcher
+    monkeypatch.setattr(d, "settings", d.settings.model_copy(update={"lease_seconds": 1.0}))
+    (dead,) = _claimed(services, 1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 minute' WHERE task_id = %s",
+            [dead.task_id],
+        )
+    reap, calls = d.reap, [0]
+
+    def flaky(*args: Any, **kwargs: Any) -> int:
+        calls[0] += 1
+        if calls[0] % 3 == 0:
+            raise psycopg.OperationalError("connection lost (injected)")
+        return reap(*args, **kwargs)
+
+    monkeypatch.setattr(d, "reap", flaky)
+    stop = threading.Event()
+    t = threading.Thread(target=run_reaper, args=(d, stop, 0.05))
+    t.start()
+    try:
+        wait_for(lambda: d.get_task(dead.task_id).status != "running", 20, "the lease ended")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert "lost its lease" in (d.get_task(dead.task_id).last_error or "")

@@ -286,8 +286,9 @@ def test_a_lease_lapsed_in_an_outage_is_ended_only_after_a_lease_watched(
 def test_a_reaper_that_lost_the_database_watches_again_before_judging(
     api: httpx.Client, services: Services, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The database away (here: the registry unreadable) while the reaper runs on: no beat
-    lands meanwhile, so once it is back the reaper watches for three beats again first."""
+    """The database away (here: the registry unreadable) while the reaper runs on, for longer
+    than a beat: no beat lands meanwhile, so once it is back the reaper watches for three
+    beats again first. (A failure shorter than a beat stops no beat, and keeps the watch.)"""
     beat = 0.5
     body = registration(beat_seconds=beat)
     assert api.post("/internal/workers/register", json=body).status_code == 200
@@ -302,12 +303,16 @@ def test_a_reaper_that_lost_the_database_watches_again_before_judging(
         wait_for(lambda: beating_for(DEAD_AFTER_BEATS * beat + 0.2), 10, "the watch to age")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE workers RENAME TO workers_away")
+            away = time.monotonic()
             # The records' messages, not caplog.text: a JSON log formatter another test of the
             # process installed escapes the quotes in the text.
             wait_for(
-                lambda: any('workers" does not exist' in r.getMessage() for r in caplog.records),
+                lambda: (
+                    any('workers" does not exist' in r.getMessage() for r in caplog.records)
+                    and time.monotonic() - away > 2 * services.settings.heartbeat_seconds
+                ),
                 10,
-                "a failed tick",
+                "failed ticks for longer than a beat",
             )
             conn.execute("UPDATE workers_away SET last_beat = now() - interval '60 s'")
             conn.execute("ALTER TABLE workers_away RENAME TO workers")

@@ -26,31 +26,31 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
     # lease ended, only for a silence seen here, not for one while this process (or the
     # database) was away and no beat could land (an API back from a restart, or a database
     # back from an outage longer than a lease, would otherwise end the whole fleet's work).
+    # A gap is a time without reaching the database (a stall of this process included) longer
+    # than a beat: a failed tick or two within it stopped no beat, and restarting the watch on
+    # each let a database failing now and then keep a dead worker's lease for ever.
     # Deadlines are ended at once: no beat moves them.
-    watching: float | None = None
-    last_tick = time.monotonic()
+    watching = 0.0
+    reached: float | None = None  # when a tick last reached the database
     lease = dispatcher.settings.lease_seconds
+    gap = max(dispatcher.settings.heartbeat_seconds, 2 * interval)
     while not stop.is_set():
-        seen = False
-        if time.monotonic() - last_tick > max(lease, 2 * interval):  # this process stalled
-            watching = None
         try:
-            if time.monotonic() - last_partitions > _PARTITIONS_EVERY:
+            now = time.monotonic()
+            if reached is None or now - reached > gap:  # back from a gap: the watch starts
+                watching = now
+            if now - last_partitions > _PARTITIONS_EVERY:
                 ensure_partitions(dispatcher)
                 if registry is not None:
                     registry.prune()
                 last_partitions = time.monotonic()
-            watching = time.monotonic() if watching is None else watching
             watched = time.monotonic() - watching
             if registry is not None:
                 registry.reap_dead(watched)
             while dispatcher.reap(leases=watched >= lease) > 0:
                 pass
-            seen = True
+            reached = time.monotonic()
             dispatcher.rewake(dispatcher.settings.rewake_after_seconds)
         except Exception as e:  # keep reaping after any transient failure
             log.warning("reaper: %s", e)
-        if not seen:  # the database was not reached: the watch starts again
-            watching = None
-        last_tick = time.monotonic()
         stop.wait(interval)
