@@ -17,8 +17,9 @@ import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
+from tests.support.alerts import add_delivery
 from tests.support.console import console, csrf_of, inline_problems, post
-from tests.support.dags import admin, three_jobs
+from tests.support.dags import admin, three_jobs, user
 from tests.support.servers import admin_key, bearer
 from tests.support.wait import wait_for
 from trace_platform.api.app import create_app
@@ -225,6 +226,20 @@ def test_cross_site_and_origin_less_posts_are_refused(hello: tuple[Services, str
             )
             assert r.status_code == 403, headers
             assert "trace_console_key" not in attacker.cookies
+    with httpx.Client(base_url=url) as victim:
+        # A token planted before the login (session fixation) is worth nothing after it.
+        victim.cookies.set("trace_console_csrf", "planted", path="/console")
+        r = victim.post("/console/login", data={"key": admin_key(svc), "csrf": "planted"})
+        assert r.status_code == 303
+        (fresh,) = [v for v in r.headers.get_list("set-cookie") if "console_csrf=" in v]
+        fresh = fresh.split(";")[0].removeprefix("trace_console_csrf=")
+        assert fresh != "planted"
+    # The browser now holds the fresh token in place of the planted one.
+    held = {"trace_console_key": admin_key(svc), "trace_console_csrf": fresh}
+    with httpx.Client(base_url=url, cookies=held) as after:
+        for token, status in (("planted", 403), (fresh, 303)):
+            r = after.post("/console/dags/hello/trigger", data={"csrf": token})
+            assert r.status_code == status, token
     with console(url, admin_key(svc)) as c:
         token = c.cookies.get("trace_console_csrf", path="/console") or ""
         for headers in (
@@ -235,12 +250,12 @@ def test_cross_site_and_origin_less_posts_are_refused(hello: tuple[Services, str
         ):
             r = c.post("/console/dags/hello/trigger", data={"csrf": token}, headers=headers)
             assert r.status_code == 403, headers
-        assert len(svc.control.list_runs(admin(svc))) == before
+        assert len(svc.control.list_runs(admin(svc))) == before + 1
         # A same-origin page's form, and a client that sends no Origin (the token checks it).
         for headers in ({"Origin": url, "Sec-Fetch-Site": "same-origin"}, {"Referer": url + "/"}):
             r = c.post("/console/dags/hello/trigger", data={"csrf": token}, headers=headers)
             assert r.status_code == 303, headers
-        assert len(svc.control.list_runs(admin(svc))) == before + 2
+        assert len(svc.control.list_runs(admin(svc))) == before + 3
 
 
 def test_every_console_change_is_a_post_that_checks_the_token(
@@ -295,3 +310,76 @@ def test_markup_in_query_results_and_chart_labels_is_text(
         assert "String should match pattern" in refused.text and "<img" not in refused.text
         assert "name: &#39;&lt;img src=x onerror=alert(1)&gt;&#39;" in refused.text
         assert inline_problems(refused.text) == []
+
+
+def test_deliveries_are_their_orgs_admins_and_their_payloads_are_text(
+    secure: tuple[Services, str],
+) -> None:
+    svc, url = secure
+    evil = "<img src=x onerror=alert(1)>"
+    with svc.pool.connection() as conn:
+        failed = add_delivery(
+            conn, admin(svc).org_id, status="failed", reason=evil, rule=evil, body=evil
+        )
+    _, bob = user(svc, "bob")
+    other = uuid.uuid4()
+    with svc.pool.connection() as conn, conn.transaction():
+        conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'other')", (other,))
+        eve = create_key(conn, ensure_user(conn, other, "eve", is_admin=True).user_id)
+
+    def status() -> str:
+        with svc.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT status FROM deliveries WHERE delivery_id = %s", (failed,)
+            ).fetchone()
+        assert row is not None
+        return str(row["status"])
+
+    for key in (bob, eve):
+        with console(url, key) as c:
+            assert c.get(f"/console/deliveries/{failed}").status_code in (403, 404)
+            alerts = c.get("/console/alerts")
+            assert alerts.status_code == 200 and str(failed)[:8] not in alerts.text
+            assert post(c, f"/console/deliveries/{failed}/retry").status_code in (403, 404, 409)
+    assert status() == "failed"
+    with console(url, admin_key(svc)) as c:
+        for page in (c.get(f"/console/deliveries/{failed}"), c.get("/console/alerts")):
+            assert page.status_code == 200 and str(failed)[:8] in page.text
+            assert "<img" not in page.text and inline_problems(page.text) == []
+        assert post(c, f"/console/deliveries/{failed}/retry").status_code == 303
+    assert status() == "pending"
+
+
+DOWN = """
+name: down
+jobs:
+  use: {operator: noop, inputs: [{from: {dataset: hello_clean}}], outputs: [{backend: parquet}]}
+publish:
+  - {job: use, output_index: 0, dataset: down_out}
+"""
+
+
+def test_lineage_names_only_what_the_user_may_read(hello: tuple[Services, str, str]) -> None:
+    svc, url, _ = hello
+    cp, me = svc.control, admin(svc)
+    cp.deploy(me, DOWN)
+    cp.set_deploy_roles(me, "down", ["dev"])
+    _, dev = user(svc, "dev", ["dev"])
+    with console(url, admin_key(svc)) as c:  # what there is to leak
+        page = c.get("/console/datasets/hello_clean").text
+        assert "/console/datasets/hello_raw" in page and "/console/datasets/down_out" in page
+    with console(url, dev) as c:
+        for path in ("/console/dags", "/console/datasets", "/console/datasets/down_out"):
+            r = c.get(path)
+            assert r.status_code == 200 and "down" in r.text, path
+            assert "hello" not in r.text, path
+        # down's graph names the dataset its spec reads (as GET /v1/dags/down shows it),
+        # nothing further up.
+        graph = c.get("/console/dags/down").text
+        assert "hello_clean" in graph and "hello_raw" not in graph
+        cp.set_read_roles(me, "hello_clean", ["dev"], [])
+        down_out = c.get("/console/datasets/down_out").text
+        assert "/console/datasets/hello_clean" in down_out and "hello_raw" not in down_out
+        clean = c.get("/console/datasets/hello_clean").text
+        assert "/console/datasets/down_out" in clean and "hello_raw" not in clean
+        assert c.get("/console/datasets/hello_raw").status_code == 404
