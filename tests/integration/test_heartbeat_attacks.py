@@ -189,3 +189,32 @@ def test_a_reaper_whose_database_calls_fail_now_and_then_still_ends_a_dead_lease
         stop.set()
         t.join(timeout=10)
     assert "lost its lease" in (d.get_task(dead.task_id).last_error or "")
+
+
+def test_a_reaper_skips_a_lease_a_heartbeat_is_extending_and_then_sees_it_extended(
+    services: Services, dsn: str
+) -> None:
+    """The heartbeat takes no row lock first: a batch extending a lapsed lease holds the row
+    only while it writes. The reaper, reading the lapsed lease meanwhile, skips the locked
+    row (never waits, never ends it on the version it read), and once the batch commits the
+    lease is no longer lapsed: the attempt is extended, not also failed."""
+    d = services.dispatcher
+    racing, other = _claimed(services, 2)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 second' "
+            "WHERE task_id = ANY(%s)",
+            [[racing.task_id, other.task_id]],
+        )
+    beats = [
+        HeartbeatParams(c.task_id, c.attempt, c.lease_token, 60.0, None) for c in (racing, other)
+    ]
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        assert set(PostgresTx(conn).heartbeat_many(beats)) == {racing.task_id, other.task_id}
+        assert d.reap() == 0  # both rows held by the batch in flight: skipped
+        conn.commit()
+    assert d.reap() == 0
+    for c in (racing, other):
+        task = d.get_task(c.task_id)
+        assert (task.status, task.attempt) == ("running", c.attempt)
+    assert d.heartbeat(HeartbeatRequest(**_lease(racing))).status == "running"
