@@ -11,7 +11,9 @@ the Dispatcher (claim_many): N running tasks with leases, nothing written by han
 
 1. Heartbeat writes per second while tree queries run: `--writers` threads (default 32: an
    API process answers POST /internal/heartbeat on a pool of 40 request threads, so that many
-   heartbeats of a fleet can be in flight at once), each over its own share of the tasks,
+   heartbeats of a fleet can be in flight at once) in `--processes` processes (default 2, as
+   two API processes: one Python process's GIL, not Postgres, bounds its heartbeats; each
+   process has its own pool and group commit), each thread over its own share of the tasks,
    round and round, call Dispatcher.heartbeat (what that route calls, in-process: no HTTP, so
    the figure is the store's heartbeat path, its group commit (dispatcher/beats.py: the
    heartbeats arriving while one is written go in the next statement), its statement and
@@ -45,6 +47,7 @@ Run: `.venv/bin/python bench/tracking_bench.py [--seconds 30]`.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import statistics
@@ -226,6 +229,70 @@ def drive(
     out.took = time.perf_counter() - out.t0
     if failures:
         raise failures[0]
+    return out
+
+
+def _beat_process(
+    settings: Settings,
+    dsn: str,
+    leases: list[Lease],
+    threads: int,
+    seconds: float,
+    gate: Any,
+    results: Any,
+) -> None:
+    """One API process's heartbeats: its own Services (pool, Dispatcher, group commit)."""
+    svc = Services.build(settings, dsn)
+    try:
+        gate.wait(timeout=120)
+        results.put(drive(dispatcher_beat(svc, "tree"), leases, threads, seconds=seconds))
+    except BaseException as e:  # said as text: not every psycopg error pickles
+        results.put(RuntimeError(f"{type(e).__name__}: {e}"))
+    finally:
+        svc.close()
+
+
+def drive_processes(
+    settings: Settings, dsn: str, leases: list[Lease], processes: int, threads: int, seconds: float
+) -> Load:
+    """`drive` in `processes` processes at once (as many API processes), `threads` writers
+    split among them, each over its own share of the tasks; their loads merged (perf_counter
+    is the machine's monotonic clock: one timeline across the processes)."""
+    ctx = multiprocessing.get_context("spawn")
+    gate = ctx.Barrier(processes + 1)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_beat_process,
+            args=(
+                settings,
+                dsn,
+                leases[i::processes],
+                threads // processes,
+                seconds,
+                gate,
+                results,
+            ),
+            daemon=True,
+        )
+        for i in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    gate.wait(timeout=120)
+    got = [results.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    for g in got:
+        if isinstance(g, BaseException):
+            raise refuse(f"a writer process failed: {g}")
+    out = Load(t0=min(g.t0 for g in got))
+    for g in got:
+        out.counts.update(g.counts)
+        out.last_until.update(g.last_until)
+        out.buckets.update(g.buckets)  # each by its own start: they start within a moment
+        out.cpu += g.cpu
+    out.took = max(g.t0 + g.took for g in got) - out.t0
     return out
 
 
@@ -437,7 +504,12 @@ def heartbeats_under_reads(
         for r in readers:
             r.start()
         pg0, (busy0, io0) = postgres_cpu(stats), machine_busy()
-        load_ = drive(dispatcher_beat(svc, "tree"), leases, args.writers, seconds=args.seconds)
+        if args.processes > 1:
+            load_ = drive_processes(
+                settings, dsn, leases, args.processes, args.writers, args.seconds
+            )
+        else:
+            load_ = drive(dispatcher_beat(svc, "tree"), leases, args.writers, seconds=args.seconds)
         pg1, (busy1, io1) = postgres_cpu(stats), machine_busy()
     finally:
         stop.set()
@@ -455,7 +527,8 @@ def heartbeats_under_reads(
         raise refuse("no tree query completed during the heartbeats")
     full = [load_.buckets[s] for s in range(int(args.seconds))]  # the whole seconds
     print(
-        f"1. heartbeats, {args.writers} writer threads (Dispatcher.heartbeat in-process, no HTTP)"
+        f"1. heartbeats, {args.writers} writer threads in {args.processes} process(es) (each as "
+        "an API process: its own pool and group commit; Dispatcher.heartbeat in-process, no HTTP)"
         f" over {len(leases)} running tasks, {args.readers} tree-reader threads "
         f"(ControlPlane.show_run, {len(run_ids)} runs of {per_run} tasks), {load_.took:.1f} s:"
     )
@@ -609,10 +682,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--fanout", type=int, default=9, help="children per task, two levels deep")
     ap.add_argument("--writers", type=int, default=32)
+    ap.add_argument(
+        "--processes", type=int, default=2, help="writer processes (API processes), row 1"
+    )
     ap.add_argument("--readers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--dead-beats", type=int, default=50, help="heartbeats per task, row 2")
-    args = smoke.parse_args(ap, runs=2, fanout=2, writers=2, readers=1, seconds=1.5, dead_beats=2)
+    args = smoke.parse_args(
+        ap, runs=2, fanout=2, writers=2, processes=2, readers=1, seconds=1.5, dead_beats=2
+    )
     per_run = 1 + args.fanout + args.fanout**2
     print(f"load average before: {loadavg()}")
     with migrated_postgres("trace-tracking-bench-") as (root, dsn):
