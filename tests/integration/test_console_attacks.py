@@ -23,7 +23,7 @@ from tests.support.dags import admin, three_jobs, user
 from tests.support.servers import admin_key, bearer
 from tests.support.wait import wait_for
 from trace_platform.api.app import create_app
-from trace_platform.console import runs
+from trace_platform.console import live, runs
 from trace_platform.console.web import form
 from trace_platform.contract import ClaimRequest, CompleteRequest
 from trace_platform.identity import create_key, ensure_user
@@ -162,7 +162,7 @@ def test_live_streams_are_bounded_per_user_and_in_all(
     svc, url, run_id = hello
     path = f"/console/runs/{run_id}/events"
     with console(url, admin_key(svc)) as c, ExitStack() as held:
-        streams = [held.enter_context(c.stream("GET", path)) for _ in range(runs.STREAMS_PER_USER)]
+        streams = [held.enter_context(c.stream("GET", path)) for _ in range(live.STREAMS_PER_USER)]
         assert all(s.status_code == 200 for s in streams)
         refused = c.get(path)
         assert refused.status_code == 429 and "streams" in refused.text
@@ -171,7 +171,7 @@ def test_live_streams_are_bounded_per_user_and_in_all(
             with other.stream("GET", path) as theirs:
                 assert theirs.status_code == 200
             # Nor held to the first one's count when the process-wide cap is what binds.
-            monkeypatch.setattr(runs, "STREAMS_TOTAL", runs.STREAMS_PER_USER)
+            monkeypatch.setattr(live, "STREAMS_TOTAL", live.STREAMS_PER_USER)
             assert other.get(path).status_code == 429
             monkeypatch.undo()
         # A closed stream gives its place back.
@@ -185,7 +185,7 @@ def test_live_streams_are_bounded_per_user_and_in_all(
             wait_for(admitted, what="the closed stream's place to be given back")
     # Every stream closed: a user starts from none again.
     with console(url, admin_key(svc)) as c, ExitStack() as held:
-        for _ in range(runs.STREAMS_PER_USER):
+        for _ in range(live.STREAMS_PER_USER):
             wait_for(
                 lambda: held.enter_context(c.stream("GET", path)).status_code == 200,
                 what="a place",
