@@ -81,11 +81,27 @@ class Generator:
         self.big_holders = big_token.holders(spec.seed)
         self.validators: list[int] = []
         self.block = int(rpc.call("eth_blockNumber"), 16)
+        self.nonces: dict[str, int] = {}  # each sender's next nonce (_nonce)
         # The large-amount token's script: one step per block, after setup, before the head.
         self.big_steps = big_token.schedule(self.block + 3, spec.blocks - 1)
 
+    def _nonce(self, sender: str) -> int:
+        """The sender's next nonce, counted here: a batch's calls are not always run one by one
+        (two equal deployments with the node's own nonce once came out one transaction, "already
+        imported"), and every transaction a sender makes is made here."""
+        n = self.nonces.get(sender)
+        if n is None:
+            n = int(self.rpc.call("eth_getTransactionCount", sender, "pending"), 16)
+        self.nonces[sender] = n + 1
+        return n
+
     def _tx(self, sender: str, to: str | None, data: str, value: int = 0) -> tuple[str, list[Any]]:
-        tx: dict[str, Any] = {"from": sender, "data": data, "gas": hex(3_000_000)}
+        tx: dict[str, Any] = {
+            "from": sender,
+            "data": data,
+            "gas": hex(3_000_000),
+            "nonce": hex(self._nonce(sender)),
+        }
         if to is not None:
             tx["to"] = to
         if value:
@@ -107,7 +123,7 @@ class Generator:
         r.call("anvil_setCode", STAKING_ADDRESS, staking["bytecode_runtime"])
         # Both tokens in one block, the ordinary one first (its address stays the first
         # deployment's, which the demo defaults to).
-        self._mine([self._tx(DEPLOYER, None, token["bytecode"])] * 2)
+        self._mine([self._tx(DEPLOYER, None, token["bytecode"]) for _ in range(2)])
         block = r.call("eth_getBlockByNumber", hex(self.block), False)
         self.token, self.big_token = (
             r.call("eth_getTransactionReceipt", tx)["contractAddress"]
