@@ -44,6 +44,7 @@ ACTIONS: dict[str, str] = {
     "dag.trigger": "dag",  # by hand, a webhook, the scheduler or EventBridge
     "dag.deploy_roles": "dag",
     "run.cancel": "run",
+    "run.retry": "run",
     "task.create": "task",
     "task.cancel": "task",
     "dataset.read_roles": "dataset",

@@ -126,6 +126,8 @@ def test_each_action_leaves_one_row_naming_its_actor_org_and_target(services: Se
          dry_run=True), "dag.backfill", "hello", "admin", "cli"),
         ("run cancel", lambda: cp.cancel_run(a, got["run"]["run_id"]), "run.cancel",
          lambda: str(got["run"]["run_id"]), "admin", "cli"),
+        ("run retry", lambda: cp.retry_run(a, got["run"]["run_id"]), "run.retry",
+         lambda: str(got["run"]["run_id"]), "admin", "cli"),
         ("task create", ad_hoc_task, "task.create", lambda: str(got["task"].task_id), "admin",
          "cli"),
         ("task cancel", lambda: cp.cancel_task(a, got["task"].task_id), "task.cancel",

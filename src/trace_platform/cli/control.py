@@ -341,6 +341,15 @@ def runs_cancel(run_id: UUID) -> None:
     console.print(f"run {run_id}: {res['canceled']} task(s) canceled")
 
 
+@runs_app.command("retry")
+def runs_retry(run_id: UUID) -> None:
+    """Queue again every task of a run that ended failed (timed out or lost its lease on its
+    last try included), each with a fresh budget of tries; canceled ones stay canceled, and the
+    tasks under a failed one follow once it succeeds."""
+    res = run_op(services().control.retry_run, me(), run_id)
+    console.print(f"run {run_id}: {res['message']}")
+
+
 # -- datasets ------------------------------------------------------------------------------
 @datasets_app.command("list")
 def datasets_list() -> None:

@@ -84,6 +84,17 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
         res = cp.cancel_run(me, run_id)
         return redirect(request, f"/runs/{run_id}", f"canceled {res['canceled']} task(s)")
 
+    @r.post("/console/runs/{run_id}/retry")
+    def run_retry(
+        request: Request,
+        run_id: UUID,
+        me: Actor = Depends(user),
+        _: dict[str, str] = Depends(form),
+    ) -> RedirectResponse:
+        """The run's failed tasks queued again (the control plane's `retry_run`)."""
+        res = cp.retry_run(me, run_id)
+        return redirect(request, f"/runs/{run_id}", res["message"])
+
     @r.post("/console/runs/{run_id}/again")
     def run_again(
         request: Request,

@@ -658,6 +658,69 @@ class ControlPlane:
                 outcome="ok" if canceled else "noop",
             )
 
+    def retry_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:
+        """Queues again each task of the run that ended failed (timed out or lost its lease on
+        its last try included), at once, with a fresh budget of tries; its next attempt is
+        N+1, so no report of an attempt from before lands. Canceled tasks stay canceled (a
+        cancel was someone's decision: `trigger` runs the DAG again). Tasks under a failed
+        one were never made: they follow when it succeeds. For org admins and the DAG's
+        deployers, as cancel; refused for a paused DAG or a run of a version no longer live
+        (retired by a cutover, rolled back, abandoned)."""
+        run = self._show_run(self.pool, actor, run_id)
+        failed = [t["task_id"] for t in run["tasks"] if t["status"] == "failed"]
+        retried: list[dict[str, Any]] = []
+        with self.pool.connection() as conn, conn.transaction():
+            store = DagTaskStore(conn)
+            # Shared, as a completion holds it: a cutover or rollback (exclusive) is wholly
+            # before this or wholly after, never between the version's check and the re-queue.
+            store.lock_dag_shared(dag_id=run["dag_id"])
+            dag = store.run_version_state(
+                dag_id=run["dag_id"], version=run["dag_version"]
+            ).fetchone()
+            assert dag is not None  # a fire's DAG is never deleted (a foreign key)
+            if dag["paused"]:
+                raise Conflict(
+                    "dag_paused",
+                    f"DAG '{run['dag']}' is paused: resume it to retry run {run_id}",
+                )
+            if dag["version_state"] not in ("active", "building"):
+                raise Conflict(
+                    "version_not_live",
+                    f"run {run_id} is of DAG '{run['dag']}' version {run['dag_version']}, which "
+                    f"is {(dag['version_state'] or 'gone').replace('_', ' ')} (the live one is "
+                    f"{dag['active_version']}): trigger a new run instead",
+                )
+            if failed:
+                retried = store.retry_failed_tasks(
+                    task_ids=failed, run_id=run_id, user_id=actor.user_id
+                ).fetchall()
+            for t in retried:  # woken as the reaper's retry is: an outbox row, same commit
+                self.dispatcher.intents.wake(conn, t["task_id"])
+            audit.record(
+                conn,
+                actor,
+                "run.retry",
+                run_id,
+                {
+                    "retried": len(retried),
+                    "failed": len(failed),
+                    "tasks": [
+                        {"task_id": str(t["task_id"]), "job": t["job"], "after": t["attempt"]}
+                        for t in retried[:100]
+                    ],
+                },
+                dag=run["dag"],
+                outcome="ok" if retried else "noop",
+            )
+        return {
+            "run_id": run_id,
+            "retried": len(retried),
+            "tasks": [t["task_id"] for t in retried],
+            "message": f"{len(retried)} failed task(s) queued again"
+            if retried
+            else "nothing to retry: no task of this run ended failed",
+        }
+
     def show_run(self, actor: Actor, run_id: UUID) -> dict[str, Any]:
         """A run and its task tree, for org admins and its DAG's deployers; for anyone else
         (another org included) it does not exist."""

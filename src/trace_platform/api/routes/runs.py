@@ -34,4 +34,10 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
         """Cancels every unfinished task of the run (running ones cooperatively)."""
         return cp.cancel_run(user, run_id)
 
+    @r.post("/v1/runs/{run_id}/retry")
+    def retry_run(run_id: UUID, user: Actor = Depends(actor)) -> dict[str, Any]:
+        """Queues again every task of the run that ended failed, each with a fresh budget of
+        tries (its next attempt numbered on from the last); `retried`: 0 when none had."""
+        return cp.retry_run(user, run_id)
+
     return r

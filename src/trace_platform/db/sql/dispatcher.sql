@@ -698,10 +698,14 @@ DO UPDATE SET state = EXCLUDED.state, updated_by_task = EXCLUDED.updated_by_task
 
 -- name: untried_attempts
 -- Attempts that are not tries (they do not count against max_attempts): lost to a concurrent
--- state save, or handed back by a worker shutting down.
-SELECT count(*) AS n FROM task_attempts
-WHERE task_id = %(task_id)s AND start_day = %(start_day)s
-  AND outcome IN ('state_conflict', 'released');
+-- state save, or handed back by a worker shutting down; and every attempt up to the task's
+-- latest retry by hand (task_retries: its run retried, a fresh budget of tries from there).
+SELECT r.after + (SELECT count(*) FROM task_attempts
+                  WHERE task_id = %(task_id)s AND start_day = %(start_day)s
+                    AND attempt > r.after
+                    AND outcome IN ('state_conflict', 'released')) AS n
+FROM (SELECT coalesce(max(after_attempt), 0) AS after FROM task_retries
+      WHERE task_id = %(task_id)s) AS r;
 
 -- name: task_dag_paused
 SELECT d.name, d.paused FROM task_registry r JOIN dags d ON d.dag_id = r.dag_id
