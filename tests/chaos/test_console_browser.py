@@ -119,8 +119,9 @@ def test_the_console_drives_a_lite_stack(stack: LiteStack, browser: Any, tmp_pat
     page.wait_for_url("**/console/dags/hello")
     expect(page.get_by_role("heading", name="Rebuild of version 2")).to_be_visible()
     wait_for(lambda: rebuilt(svc), 120, "the rebuild of version 2 to complete")
-    page.reload()  # this page is not live
+    # No reload: the rebuild panel is live, its cutover button enabled once nothing blocks.
     expect(page.get_by_text("Complete: ready to cut over")).to_be_visible()
+    expect(page.get_by_role("button", name="Cut over to version 2")).to_be_enabled()
     s.shot("rebuild")
     page.get_by_role("button", name="Cut over to version 2").click()
     expect(page.get_by_role("status")).to_have_text("cut over to version 2")

@@ -6,7 +6,6 @@ posts, every state change a token-checked POST, and markup in query results."""
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -18,7 +17,14 @@ from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
 from tests.support.alerts import add_delivery
-from tests.support.console import console, csrf_of, inline_problems, post
+from tests.support.console import (
+    check_stream_caps,
+    console,
+    csrf_of,
+    inline_problems,
+    post,
+    sse,
+)
 from tests.support.dags import admin, three_jobs, user
 from tests.support.servers import admin_key, bearer
 from tests.support.wait import wait_for
@@ -28,8 +34,6 @@ from trace_platform.console.web import form
 from trace_platform.contract import ClaimRequest, CompleteRequest
 from trace_platform.identity import create_key, ensure_user
 from trace_platform.services import Services
-
-SSE_LINE = re.compile(r"\r\n|\r|\n")
 
 
 @pytest.fixture
@@ -46,27 +50,6 @@ def second_admin(svc: Services, name: str) -> str:
     """An org admin of the Lite org besides its own admin: their key."""
     with svc.pool.connection() as conn, conn.transaction():
         return create_key(conn, ensure_user(conn, admin(svc).org_id, name, is_admin=True).user_id)
-
-
-def sse(r: httpx.Response) -> Iterator[tuple[str, str]]:
-    """(event, data) as a browser's EventSource parses the stream: a line ends at CR LF, CR or
-    LF (not only LF)."""
-    buf, event, data = "", "", []
-    for chunk in r.iter_text():
-        buf += chunk
-        while (m := SSE_LINE.search(buf)) and not (m.group() == "\r" and m.end() == len(buf)):
-            line, buf = buf[: m.start()], buf[m.end() :]
-            if line == "":
-                if data:
-                    yield event or "message", "\n".join(data)
-                event, data = "", []
-                continue
-            field, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
 
 
 def api_routes(routes: list[BaseRoute]) -> Iterator[APIRoute]:
@@ -161,28 +144,7 @@ def test_live_streams_are_bounded_per_user_and_in_all(
 ) -> None:
     svc, url, run_id = hello
     path = f"/console/runs/{run_id}/events"
-    with console(url, admin_key(svc)) as c, ExitStack() as held:
-        streams = [held.enter_context(c.stream("GET", path)) for _ in range(live.STREAMS_PER_USER)]
-        assert all(s.status_code == 200 for s in streams)
-        refused = c.get(path)
-        assert refused.status_code == 429 and "streams" in refused.text
-        # Another user is not starved by the first one's streams.
-        with console(url, second_admin(svc, "ann")) as other:
-            with other.stream("GET", path) as theirs:
-                assert theirs.status_code == 200
-            # Nor held to the first one's count when the process-wide cap is what binds.
-            monkeypatch.setattr(live, "STREAMS_TOTAL", live.STREAMS_PER_USER)
-            assert other.get(path).status_code == 429
-            monkeypatch.undo()
-        # A closed stream gives its place back.
-        streams[0].close()
-        with ExitStack() as again:
-
-            def admitted() -> bool:
-                r = again.enter_context(c.stream("GET", path))
-                return r.status_code == 200
-
-            wait_for(admitted, what="the closed stream's place to be given back")
+    check_stream_caps(url, admin_key(svc), second_admin(svc, "ann"), path, monkeypatch)
     # Every stream closed: a user starts from none again.
     with console(url, admin_key(svc)) as c, ExitStack() as held:
         for _ in range(live.STREAMS_PER_USER):

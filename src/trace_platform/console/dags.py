@@ -1,6 +1,7 @@
 """Console pages of DAGs: the list, a DAG's graph, versions and their diff, the live rebuild,
 and the safe-change buttons (deploy with its diff first, cutover, rollback, pause, resume,
-trigger). Every read and change is the control plane's, as `/v1/dags` calls it: who may not
+trigger). The rebuild panel is live: a server-sent event stream (console/live.py) re-renders it
+from `changes.status` while the rebuild it follows is in flight. Every read and change is the control plane's, as `/v1/dags` calls it: who may not
 see a DAG gets the API's not-found, who may not change it the API's refusal."""
 
 from __future__ import annotations
@@ -13,8 +14,17 @@ import yaml
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from trace_platform.console import live
 from trace_platform.console.svg import dag_graph, graph_svg
-from trace_platform.console.web import ConsoleRoute, form, redirect, render
+from trace_platform.console.web import (
+    CSRF_COOKIE,
+    PREFIX,
+    ConsoleRoute,
+    form,
+    redirect,
+    render,
+    templates,
+)
 from trace_platform.control.changes import plan_json
 from trace_platform.dag.validate import DagInvalid
 from trace_platform.errors import Invalid, NotFound
@@ -24,6 +34,20 @@ from trace_platform.services import Services
 
 def _spec_text(spec: dict[str, Any]) -> list[str]:
     return yaml.safe_dump(spec, sort_keys=True).splitlines()
+
+
+def _ended(status: dict[str, Any], followed: int | None) -> str | None:
+    """Why a stream following the rebuild of version `followed` stops (None: it goes on)."""
+    building = status["building_version"]
+    if followed is None:
+        return "No rebuild in flight."
+    if building == followed:
+        return None
+    if building is not None:
+        return f"Superseded by the rebuild of version {building}."
+    if status["active_version"] == followed:
+        return f"Cut over to version {followed}."
+    return f"The rebuild of version {followed} was abandoned (a rollback or a newer deploy)."
 
 
 def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
@@ -76,6 +100,28 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
                 _spec_text(old), _spec_text(new), f"version {a}", f"version {b}", lineterm=""
             )
         )
+
+    @r.get("/console/dags/{name}/rebuild/events")
+    async def rebuild_events(request: Request, name: str, me: Actor = Depends(user)) -> Any:
+        followed: list[int | None] = []  # the version building at the first read
+
+        def read(who: Actor) -> live.Snapshot:
+            # The page's own call: a DAG the user may not deploy is the API's 404.
+            status = cp.changes.status(who, name)
+            building = status["building_version"]
+            if not followed:
+                followed.append(building)
+            ended = _ended(status, followed[0])
+            html = templates.get_template("dag_rebuild.html").render(
+                prefix=PREFIX,
+                csrf=request.cookies.get(CSRF_COOKIE, ""),
+                name=name,
+                status=status,
+                ended=ended,
+            )
+            return html, ended
+
+        return await live.stream(request, me, user, read, "rebuild")
 
     @r.post("/console/dags/{name}/{action}")
     def dag_action(
