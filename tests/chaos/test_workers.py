@@ -170,7 +170,11 @@ def test_killed_worker_is_reaped_retried_and_fenced(
     reaping = threading.Event()
     reaping.set()
     real_reap = d.reap
-    monkeypatch.setattr(d, "reap", lambda limit=100: real_reap(limit) if reaping.is_set() else 0)
+    monkeypatch.setattr(
+        d,
+        "reap",
+        lambda limit=100, leases=True: real_reap(limit, leases) if reaping.is_set() else 0,
+    )
     ref = d.create_task(
         TaskSpec(job="long", operator="sleep", config={"seconds": 60}, max_attempts=3)
     )
