@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from trace_platform.chain import Rpc, calldata, topic0
-from trace_platform.devnet import ChainSpec, Devnet
+from trace_platform.devnet import ChainSpec, Devnet, node
 from trace_platform.devnet.big_token import MAX, SCRIPT, replay
 from trace_platform.devnet.chain import STAKING_ADDRESS
+from trace_platform.devnet.node import AnvilNode
 
 pytestmark = pytest.mark.slow
 SPEC = ChainSpec(seed=11, blocks=240, accounts=40, validators=4, epoch_blocks=50)
@@ -140,3 +141,26 @@ def test_the_large_amount_token_follows_its_script(devnet: tuple[Devnet, Rpc]) -
     assert max(replay()[1]) == MAX
     for holder, balance in zip(chain.big_holders, replay()[0], strict=True):
         assert rpc.eth_call(chain.big_token, calldata("balanceOf(address)", holder)) == balance
+
+
+def test_a_node_that_lost_its_port_to_another_starts_on_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two devnets starting at once both saw 8545 free: the second's anvil could not bind it,
+    the first's answered there, and the second chain was generated onto the first node ("nonce
+    too low", "already imported" in a full run). A node is ready only on the port its own log
+    says it listens on; one that lost its port starts again on a port of its own."""
+    first = AnvilNode(tmp_path / "first", tmp_path)
+    taken = first.start()
+    try:
+        monkeypatch.setattr(node, "DEFAULT_PORT", taken.port)
+        monkeypatch.setattr(node, "port_free", lambda port: True)  # it looked free a moment ago
+        second = AnvilNode(tmp_path / "second", tmp_path)
+        got = second.start()
+        try:
+            assert got.pid != taken.pid and got.port != taken.port
+            assert second.running() and first.running()
+        finally:
+            second.stop()
+    finally:
+        first.stop()

@@ -21,14 +21,11 @@ from markupsafe import Markup
 
 from trace_platform.console.svg import chart_svg
 from trace_platform.console.web import ConsoleRoute, render
-from trace_platform.db.queries import Queries
 from trace_platform.errors import TraceError
 from trace_platform.identity import Actor
 from trace_platform.query import pinned
-from trace_platform.registry.reserved import PLATFORM_DAG
 from trace_platform.services import Services
 
-BLOCKS_SQL: str = Queries("console").analytics_blocks
 TOKEN = re.compile(r"0x[0-9a-f]{40}")
 POINTS = 200  # blocks drawn per chart unless the form asks for a step
 BARS = 200  # bars drawn at most (chart_svg's default)
@@ -112,9 +109,7 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
         """A step giving about POINTS blocks over the synced range (1 if it cannot be read:
         the panels then say why)."""
         try:
-            out = pinned.query(
-                qs, me, BLOCKS_SQL, None, producer=PLATFORM_DAG, what="the analytics page"
-            )
+            out = pinned.saved_query(qs, me, "synced_blocks", {})
         except TraceError:
             return 1
         lo, hi = (out.table.column(i)[0].as_py() for i in (0, 1))

@@ -49,7 +49,11 @@ class Devnet:
                 self.node.stop()
                 info = self.node.start()
                 rpc = Rpc(info.url)
-            chain = Generator(rpc, spec).run(progress)
+            try:
+                chain = Generator(rpc, spec).run(progress)
+            except BaseException:
+                self.node.stop()  # a half-made chain is no devnet: nothing left listening
+                raise
             self.chain_file.write_text(chain.to_json())
             return info, chain
         finally:

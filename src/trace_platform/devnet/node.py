@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from trace_platform.db.embedded import free_port, port_free
+from trace_platform.db.embedded import port_free
 
 ANVIL_PACKAGE = "@foundry-rs/anvil@1.7.1"
 DEFAULT_PORT = 8545
@@ -126,46 +127,64 @@ class AnvilNode:
             return info
         anvil = find_anvil(self.home)
         self.root.mkdir(parents=True, exist_ok=True)
-        # The conventional 8545 when it is free (example DAGs point there), else any port.
-        port = DEFAULT_PORT if port_free(DEFAULT_PORT) else free_port()
-        log = (self.root / "anvil.log").open("ab")
-        proc = subprocess.Popen(
-            [
-                str(anvil),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--chain-id",
-                str(chain_id),
-                "--no-mining",
-                "--timestamp",
-                str(genesis_time),
-            ],
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-        info = NodeInfo(proc.pid, port, chain_id)
+        # The conventional 8545 when it is free (example DAGs point there), else a port anvil
+        # binds itself (0). Another node started at the same moment may take 8545 first: ours
+        # then fails to bind, and is started again on a port of its own.
+        for port in ([DEFAULT_PORT] if port_free(DEFAULT_PORT) else []) + [0]:
+            info = self._launch(anvil, port, chain_id, genesis_time)
+            if info is not None:
+                self.info_file.write_text(
+                    json.dumps({"pid": info.pid, "port": info.port, "chain_id": chain_id})
+                )
+                return info
+        raise DevnetError(f"anvil did not start; see {self.root / 'anvil.log'}")
+
+    def _launch(self, anvil: Path, port: int, chain_id: int, genesis_time: int) -> NodeInfo | None:
+        """Starts anvil on `port` (0: its own choice) and waits until it says where it listens
+        and answers there; None if it exited first (its port was taken). The port is read from
+        this node's own log: a node that answers on a port could be another's (two nodes racing
+        for 8545: ours exits, theirs answers, and a chain would be generated onto theirs)."""
+        log_path = self.root / "anvil.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                [
+                    str(anvil),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--chain-id",
+                    str(chain_id),
+                    "--no-mining",
+                    "--timestamp",
+                    str(genesis_time),
+                ],
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 30
         while True:
-            try:
-                httpx.post(
-                    info.url,
-                    json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []},
-                    timeout=1,
-                )
-                break
-            except httpx.HTTPError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise DevnetError(
-                        f"anvil did not start; see {self.root / 'anvil.log'}"
-                    ) from None
-                time.sleep(0.05)
-        self.info_file.write_text(
-            json.dumps({"pid": info.pid, "port": info.port, "chain_id": chain_id})
-        )
-        return info
+            bound = _listening(log_path, offset)
+            if bound is not None:
+                info = NodeInfo(proc.pid, bound, chain_id)
+                try:
+                    httpx.post(
+                        info.url,
+                        json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []},
+                        timeout=1,
+                    )
+                    if proc.poll() is None:
+                        return info
+                except httpx.HTTPError:
+                    pass
+            if proc.poll() is not None:
+                return None
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise DevnetError(f"anvil did not start; see {log_path}")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         info = self.info()
@@ -181,3 +200,11 @@ class AnvilNode:
             except OSError:
                 pass
         self.info_file.unlink(missing_ok=True)
+
+
+def _listening(log: Path, offset: int) -> int | None:
+    """The port in the "Listening on 127.0.0.1:PORT" line anvil wrote after `offset`."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        m = re.search(rb"Listening on 127\.0\.0\.1:(\d+)", f.read())
+    return int(m.group(1)) if m else None
