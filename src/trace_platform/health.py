@@ -38,10 +38,13 @@ def _http_ok(url: str, ca_bundle: Path | None = None, *, verify: bool = True) ->
 
     def check() -> None:
         tls = None
-        if url.startswith("https:"):
+        if url.startswith("https:") and verify:
             tls = client_context(ca_bundle)
-            if not verify:
-                tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+        elif url.startswith("https:"):
+            # A context of its own: client_context(None) is the process's shared verifying
+            # one (every worker client and gateway), which must never be loosened.
+            tls = ssl.create_default_context()
+            tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
         # urlopen raises HTTPError for any status >= 400.
         healthz = f"{url.rstrip('/')}/healthz"
         with urllib.request.urlopen(healthz, timeout=TIMEOUT, context=tls) as r:

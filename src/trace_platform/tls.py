@@ -42,7 +42,8 @@ def uvicorn_tls(settings: Settings) -> dict[str, Any]:
 
 def client_context(ca_bundle: Path | None) -> ssl.SSLContext:
     """What a worker verifies the API with: the CAs of `ca_bundle` (PEM) alone when given,
-    else certifi's. Hostnames are always checked."""
+    else certifi's. Hostnames are always checked. Without a bundle the context is the process's
+    shared one (verified_tls): read it, never change it."""
     if ca_bundle is None:
         from trace_platform.sandbox.gateway import verified_tls
 

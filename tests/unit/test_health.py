@@ -6,6 +6,7 @@ back when it cannot parse it."""
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Iterator
 
 import pytest
@@ -39,3 +40,16 @@ def test_no_secret_is_in_a_failed_checks_answer(refused_port: int) -> None:
     failed = health.run("sink", settings)
     assert [f.split(":")[0] for f in failed][:2] == ["state store", "data login"]
     assert not any("S3CRET" in f for f in failed), failed
+
+
+def test_an_unverified_check_leaves_the_shared_verifying_context_alone(refused_port: int) -> None:
+    """The api check only asks whether https answers; it once switched verification off on the
+    process's shared context, after which every worker client in the process trusted any
+    certificate (found as a flaky TLS test)."""
+    from trace_platform.sandbox.gateway import verified_tls
+
+    check = health._http_ok(f"https://127.0.0.1:{refused_port}", verify=False)
+    with pytest.raises(OSError):
+        check()
+    shared = verified_tls()
+    assert shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
