@@ -260,7 +260,7 @@ def test_a_lease_lapsed_in_an_outage_is_ended_only_after_a_lease_watched(
     lapsed with no beat able to land. Back, the reaper ends none of those leases before it has
     watched a whole lease (the workers beat again meanwhile); a passed deadline, which no beat
     moves, it ends at once; a lease still lapsed then, it ends as before."""
-    lease = 3.0
+    lease = 1.5
     d = services.dispatcher
     monkeypatch.setattr(d, "settings", d.settings.model_copy(update={"lease_seconds": lease}))
     (lapsed, _), (late, _) = _claimed(services, "w-lapsed"), _claimed(services, "w-late")

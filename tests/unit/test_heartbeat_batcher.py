@@ -120,3 +120,44 @@ def test_a_failed_write_fails_every_heartbeat_of_its_batch_and_the_next_one_lead
         batcher.beat(_beat())
     assert batcher.beat(_beat()) == {}  # not left leading: the next caller writes
     assert calls == [1, 1]
+
+
+def test_each_caller_of_a_failed_batch_raises_its_own_error() -> None:
+    """One exception object raised in several threads at once gathers all their tracebacks:
+    each caller gets its own copy, of the write's type, caused by the write's error."""
+    writes = Writes()
+    failure = ConnectionError("the database went away")
+
+    def write(beats: list[HeartbeatParams]) -> dict[UUID, dict[str, Any]]:
+        writes(beats)
+        raise failure
+
+    batcher = HeartbeatBatcher(write)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(batcher.beat, _beat())
+        assert writes.first_started.wait(10)
+        rest = [pool.submit(batcher.beat, _beat()) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while len(batcher._pending) < 3 and time.monotonic() < deadline:  # queued meanwhile
+            time.sleep(0.001)
+        writes.release.set()
+        errors = [f.exception(10) for f in [first, *rest]]
+    assert all(isinstance(e, ConnectionError) and e.__cause__ is failure for e in errors)
+    assert len({id(e) for e in errors}) == 4 and failure not in errors
+
+
+def test_a_leader_failing_before_its_write_leaves_the_batcher_to_the_next() -> None:
+    batcher = HeartbeatBatcher(lambda beats: {b.task_id: {} for b in beats})
+    take = batcher._take
+
+    def broken() -> list[Any]:
+        batcher._take = take  # type: ignore[method-assign]
+        raise MemoryError("while taking the batch")
+
+    batcher._take = broken  # type: ignore[method-assign]
+    with pytest.raises(MemoryError):
+        batcher.beat(_beat())
+    done = threading.Event()
+    threading.Thread(target=lambda: (batcher.beat(_beat()), done.set()), daemon=True).start()
+    assert done.wait(10), "the batcher was left led by nobody"
+    assert batcher._pending == []

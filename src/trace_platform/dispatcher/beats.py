@@ -8,6 +8,7 @@ per row: batching is how one process writes thousands a second (bench/tracking_b
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,19 +50,36 @@ class HeartbeatBatcher:
         me = _Beat(params, threading.Condition(self._lock))
         with self._lock:
             self._pending.append(me)
-        while True:
-            with self._lock:
-                while self._leading and not me.done:
+            while not me.done:
+                if self._leading:
                     me.woken.wait()
-                if me.done:
-                    break
+                    continue
+                # This caller leads; its own heartbeat may be left for the next batch (over
+                # `max_batch` older ones, or its task already in this one): it goes round again.
                 self._leading = True
-                batch = self._take()
-            # This caller leads; its own heartbeat may be left for the next batch (over
-            # `max_batch` older ones, or its task already in this one): it goes round again.
-            self._lead(batch)
+                batch: list[_Beat] = []
+                try:
+                    batch = self._take()
+                    self._lock.release()  # written without the lock: others queue meanwhile
+                    try:
+                        self._write_into(batch)
+                    finally:
+                        self._lock.acquire()
+                except BaseException:  # failed before its write: its own beat is not left queued
+                    if me in self._pending:
+                        self._pending.remove(me)
+                    raise
+                finally:  # whatever happened, the batch is answered and another may lead
+                    for b in batch:
+                        b.done = True
+                        b.woken.notify()
+                    self._leading = False
+                    if self._pending:
+                        self._pending[0].woken.notify()
         if me.error is not None:
-            raise me.error
+            # Each caller raises its own copy: one exception object raised in several threads
+            # at once would gather all their tracebacks.
+            raise copy.copy(me.error) from me.error
         return me.row
 
     def _take(self) -> list[_Beat]:
@@ -79,19 +97,12 @@ class HeartbeatBatcher:
         self._pending = rest
         return batch
 
-    def _lead(self, batch: list[_Beat]) -> None:
+    def _write_into(self, batch: list[_Beat]) -> None:
         try:
             rows = self._write([b.params for b in batch])
-            for b in batch:
-                b.row = rows.get(b.params.task_id)
         except BaseException as e:  # every heartbeat of the batch fails as one alone would
             for b in batch:
                 b.error = e
-        finally:
-            with self._lock:  # each of the batch woken, and the oldest waiting one to lead
-                for b in batch:
-                    b.done = True
-                    b.woken.notify()
-                self._leading = False
-                if self._pending:
-                    self._pending[0].woken.notify()
+        else:
+            for b in batch:
+                b.row = rows.get(b.params.task_id)

@@ -416,10 +416,7 @@ class Lifecycle:
     def _write_heartbeats(self, beats: list[HeartbeatParams]) -> dict[UUID, dict[str, Any]]:
         """One statement, its own transaction: one round trip for a batch of heartbeats."""
         with self.store.statement() as tx:
-            if len(beats) > 1:
-                return tx.heartbeat_many(beats)
-            row = tx.heartbeat(beats[0])
-            return {} if row is None else {beats[0].task_id: row}
+            return tx.heartbeat_many(beats)
 
     # -- completion ----------------------------------------------------------------------
     @staticmethod

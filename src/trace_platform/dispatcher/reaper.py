@@ -30,7 +30,7 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
     # than a beat: a failed tick or two within it stopped no beat, and restarting the watch on
     # each let a database failing now and then keep a dead worker's lease for ever.
     # Deadlines are ended at once: no beat moves them.
-    watching = 0.0
+    watching: float  # set by the first tick (nothing reached yet)
     reached: float | None = None  # when a tick last reached the database
     lease = dispatcher.settings.lease_seconds
     gap = max(dispatcher.settings.heartbeat_seconds, 2 * interval)
@@ -47,6 +47,7 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
             watched = time.monotonic() - watching
             if registry is not None:
                 registry.reap_dead(watched)
+                reached = time.monotonic()  # reached, whatever fails later in the tick
             while dispatcher.reap(leases=watched >= lease) > 0:
                 pass
             reached = time.monotonic()

@@ -95,28 +95,15 @@ FOR UPDATE OF s;
 -- name: status
 SELECT * FROM task_status WHERE task_id = %(task_id)s;
 
--- name: heartbeat
--- Extends the lease; a reported progress replaces the last one (none reported keeps it).
--- One UPDATE by key and lease, no row lock taken first (a lock writes the row once more), and
--- no indexed column changed (not updated_at either: heartbeat_at says when it beat), so it is
--- a heap-only update (migration 0040). The status beside the key can only reach the live
--- status index (status, task_id), which holds the key too: one row read whichever index the
--- plan takes. A heartbeat that does not hold the lease changes nothing; its caller says why.
-UPDATE task_status
-SET lease_until = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    progress = coalesce(%(progress)s::jsonb, progress),
-    progress_at = CASE WHEN %(progress)s::jsonb IS NULL THEN progress_at ELSE now() END
-WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_token)s
-  AND status = 'running'
-RETURNING status, lease_until, cancel_requested;
-
 -- name: heartbeat_many
--- `heartbeat` for a batch (the Dispatcher's group commit: heartbeats that arrive while one is
--- being written go together), in one round trip: each row fenced by its own attempt and lease
--- token (parallel arrays, one entry per task). The rows by key through `= ANY` (an index scan
--- takes the keys in order, partition by partition: two batches lock in one order, no
--- deadlock). HOT, as `heartbeat`. Returns the rows extended; any other did not hold its lease.
+-- Extends the leases of a batch of running attempts (the Dispatcher's group commit: heartbeats
+-- that arrive while one is being written go together; a lone one is a batch of one), in one
+-- round trip: each row fenced by its own attempt and lease token (parallel arrays, one entry
+-- per task, sent in task_id order so two batches lock in one order). A reported progress
+-- replaces the last one (none reported keeps it). No row lock taken first and no indexed column
+-- changed (not updated_at either: heartbeat_at says when it beat): a heap-only update
+-- (migration 0040). Returns the rows extended; any other did not hold its lease (its caller
+-- says why).
 -- The arrays go in binary (`%(x)b`): as text, each JSON element is escaped for the array
 -- literal, the larger part of the caller's CPU for a batch.
 -- The status is matched through the batch (`b.status`, 'running' on every entry), never as a

@@ -131,11 +131,15 @@ class PostgresTx:
         return self._all(_Q.claim_many, fields(p))
 
     def heartbeat(self, p: HeartbeatParams) -> Row | None:
-        return self._one(_Q.heartbeat, {**fields(p), "progress": _json(p.progress)})
+        # The batch's statement for one: one statement guards the plan (see heartbeat_many).
+        return self.heartbeat_many([p]).get(p.task_id)
 
     def heartbeat_many(self, beats: list[HeartbeatParams]) -> dict[UUID, Row]:
         if not beats:
             return {}
+        # In task_id order, as complete_fast_many: two API processes' batches then lock their
+        # common rows in one order whatever plan the statement takes (no deadlock).
+        beats = sorted(beats, key=lambda b: b.task_id)
         rows = self._all(
             _Q.heartbeat_many,
             {
