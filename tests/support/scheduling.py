@@ -108,20 +108,30 @@ class LongestFirst(LoadScopeScheduling):
 class DurationRecorder:
     """With TRACE_TEST_DURATIONS_OUT set, writes each test's setup+call+teardown seconds there
     at the end of the run (the controller sees every worker's reports): how
-    tests/durations.json is refreshed."""
+    tests/durations.json is refreshed. A test that failed or was skipped keeps the time the
+    file had for it: a long test that failed fast (or never ran) would otherwise be scheduled
+    as a short one, late, and stretch the next runs' wall time."""
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
         self.seconds: dict[str, float] = {}
+        self.unsound: set[str] = set()
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         key = report.nodeid
         self.seconds[key] = self.seconds.get(key, 0.0) + report.duration
+        if report.failed or report.skipped:
+            self.unsound.add(key)
 
     @pytest.hookimpl
     def pytest_sessionfinish(self) -> None:
         if os.environ.get("PYTEST_XDIST_WORKER"):
             return  # only the controller holds every worker's reports
-        rounded = {k: round(v, 2) for k, v in sorted(self.seconds.items())}
+        before = load_costs(self.out)
+        seconds = {
+            k: before[k] if k in self.unsound and k in before else v
+            for k, v in self.seconds.items()
+        }
+        rounded = {k: round(v, 2) for k, v in sorted(seconds.items())}
         self.out.write_text(json.dumps(rounded, indent=0) + "\n")

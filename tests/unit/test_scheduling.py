@@ -117,3 +117,35 @@ def test_modules_of_one_shared_group_are_one_unit_in_collection_order(
     assert sent.index("tests/chaos/test_a.py::test_long") + 1 == sent.index(
         "tests/chaos/test_b.py::test_long"
     )
+
+
+def test_a_failed_or_skipped_test_keeps_its_recorded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long test that failed at once (or was skipped) is not recorded as short: the next
+    runs would hand it out last and wait for it at the end."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    out = tmp_path / "durations.json"
+    out.write_text(json.dumps({"t::long_failed": 300.0, "t::long_skipped": 200.0, "t::ok": 9.0}))
+    recorder = scheduling.DurationRecorder(str(out))
+    for nodeid, seconds, outcome in [
+        ("t::long_failed", 0.5, "passed"),  # setup
+        ("t::long_failed", 4.0, "failed"),  # call
+        ("t::long_skipped", 0.0, "skipped"),
+        ("t::ok", 1.0, "passed"),
+        ("t::new_failed", 2.0, "failed"),  # nothing to keep: its own time
+    ]:
+        report = SimpleNamespace(
+            nodeid=nodeid,
+            duration=seconds,
+            failed=outcome == "failed",
+            skipped=outcome == "skipped",
+        )
+        recorder.pytest_runtest_logreport(report)  # type: ignore[arg-type]
+    recorder.pytest_sessionfinish()
+    assert json.loads(out.read_text()) == {
+        "t::long_failed": 300.0,
+        "t::long_skipped": 200.0,
+        "t::new_failed": 2.0,
+        "t::ok": 1.0,
+    }
