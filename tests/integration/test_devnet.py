@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from trace_platform.chain import Rpc, calldata, topic0
+from trace_platform.chain import Rpc, RpcError, calldata, topic0
 from trace_platform.devnet import ChainSpec, Devnet, node
 from trace_platform.devnet.big_token import MAX, SCRIPT, replay
-from trace_platform.devnet.chain import STAKING_ADDRESS
+from trace_platform.devnet.chain import DEPLOYER, STAKING_ADDRESS, Generator, account
 from trace_platform.devnet.node import AnvilNode
 
 pytestmark = pytest.mark.slow
@@ -164,3 +167,88 @@ def test_a_node_that_lost_its_port_to_another_starts_on_its_own(
             second.stop()
     finally:
         first.stop()
+
+
+def test_two_starts_under_one_root_each_read_their_own_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two starts under one root (two `trace devnet up` at once) shared one anvil.log: a launch
+    whose anvil had not yet said where it listens read the other's "Listening on" line, took
+    that node for its own and generated its chain onto it. Here the second launch's anvil is
+    held back until the first node is up and the held launch has read its log since."""
+    gate, lock = tmp_path / "gate", tmp_path / "held"
+    wrapper = tmp_path / "anvil"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if mkdir "{lock}" 2>/dev/null; then\n'  # the first launch only: held at the gate
+        f'  while [ ! -e "{gate}" ]; do sleep 0.02; done\n'
+        "fi\n"
+        f'exec "{node.find_anvil(tmp_path)}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("TRACE_ANVIL_BIN", str(wrapper))
+    # Settled: the held launch read its log after the first node was up, or returned already.
+    first_up, settled = threading.Event(), threading.Event()
+    listening = node._listening
+
+    def spied(*args: Any) -> int | None:
+        up = first_up.is_set()
+        port = listening(*args)
+        if up and threading.current_thread() is not threading.main_thread():
+            settled.set()
+        return port
+
+    monkeypatch.setattr(node, "_listening", spied)
+    root = tmp_path / "devnet"
+    held, other = AnvilNode(root, tmp_path), AnvilNode(root, tmp_path)
+    got: list[node.NodeInfo] = []
+
+    def start_held() -> None:
+        try:
+            got.append(held.start())
+        finally:
+            settled.set()
+
+    starting = threading.Thread(target=start_held)
+    starting.start()
+    try:
+        while not lock.exists():  # the held launch's anvil is waiting at the gate
+            assert starting.is_alive()
+            time.sleep(0.02)
+        theirs = other.start()
+        first_up.set()
+        assert settled.wait(60)
+        gate.touch()
+        starting.join(60)
+        assert got and got[0].port != theirs.port and got[0].pid != theirs.pid
+        for info in (got[0], theirs):
+            with Rpc(info.url) as rpc:
+                assert rpc.call("eth_chainId") == hex(31337)
+    finally:
+        gate.touch()
+        starting.join(60)
+        other.stop()
+        held.stop()
+    for info in (*got, theirs):
+        assert not Path(f"/proc/{info.pid}").exists()  # stopped and reaped: no zombie
+
+
+def test_a_rejected_send_leaves_no_nonce_gap(tmp_path: Path) -> None:
+    """The generator counts each sender's nonces; a send the node rejected took none, and
+    with the count left ahead every later transaction of that sender waited in anvil's queue
+    behind the gap, never mined."""
+    n = AnvilNode(tmp_path / "devnet", tmp_path)
+    info = n.start()
+    try:
+        with Rpc(info.url) as rpc:
+            rpc.call("anvil_autoImpersonateAccount", True)
+            sender = account(99, 0)
+            rpc.call("anvil_setBalance", sender, hex(10**18))
+            gen = Generator(rpc, ChainSpec(blocks=10))
+            with pytest.raises(RpcError, match="eth_sendTransaction"):  # more than it has
+                gen._mine([gen._tx(sender, DEPLOYER, "0x", value=10**19)])
+            gen._mine([gen._tx(sender, DEPLOYER, "0x", value=1)])
+            assert int(rpc.call("eth_getTransactionCount", sender, "latest"), 16) == 1
+            assert rpc.block_number() == gen.block
+    finally:
+        n.stop()

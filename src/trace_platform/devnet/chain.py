@@ -9,6 +9,7 @@ state tracked here, so no transaction reverts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -111,7 +112,16 @@ class Generator:
     def _mine(self, calls: list[tuple[str, list[Any]]]) -> None:
         self.block += 1
         # One HTTP request per block: anvil runs a batch's calls in order.
-        self.rpc.batch([*calls, ("evm_mine", [GENESIS_TIME + self.block])])
+        try:
+            self.rpc.batch([*calls, ("evm_mine", [GENESIS_TIME + self.block])])
+        except Exception:
+            # A rejected transaction took no nonce on the node, so the counts here ran ahead:
+            # each later one would wait in anvil's queue behind the gap, never mined. The next
+            # send asks the node again (its pending count); the head too may not have moved.
+            self.nonces.clear()
+            with contextlib.suppress(Exception):  # a node gone: the error above says so
+                self.block = int(self.rpc.call("eth_blockNumber"), 16)
+            raise
 
     def setup(self) -> None:
         r = self.rpc

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,7 @@ class AnvilNode:
     def __init__(self, root: Path, home: Path) -> None:
         self.root = Path(root)
         self.home = Path(home)
+        self._proc: subprocess.Popen[bytes] | None = None  # the anvil this object started
 
     @property
     def info_file(self) -> Path:
@@ -130,22 +132,40 @@ class AnvilNode:
         # The conventional 8545 when it is free (example DAGs point there), else a port anvil
         # binds itself (0). Another node started at the same moment may take 8545 first: ours
         # then fails to bind, and is started again on a port of its own.
-        for port in ([DEFAULT_PORT] if port_free(DEFAULT_PORT) else []) + [0]:
-            info = self._launch(anvil, port, chain_id, genesis_time)
+        ports = ([DEFAULT_PORT] if port_free(DEFAULT_PORT) else []) + [0]
+        for port in ports:
+            log_path = self._new_log()
+            info = self._launch(anvil, port, chain_id, genesis_time, log_path)
+            if info is None and port != ports[-1]:
+                log_path.unlink()  # it only says the port was taken
             if info is not None:
                 self.info_file.write_text(
-                    json.dumps({"pid": info.pid, "port": info.port, "chain_id": chain_id})
+                    json.dumps(
+                        {
+                            "pid": info.pid,
+                            "port": info.port,
+                            "chain_id": chain_id,
+                            "log": str(log_path),
+                        }
+                    )
                 )
                 return info
-        raise DevnetError(f"anvil did not start; see {self.root / 'anvil.log'}")
+        raise DevnetError(f"anvil did not start; see {log_path}")
 
-    def _launch(self, anvil: Path, port: int, chain_id: int, genesis_time: int) -> NodeInfo | None:
+    def _new_log(self) -> Path:
+        """A log file of this launch's own: another launch under the same root at the same
+        moment must not have its "Listening on" line read as ours."""
+        fd, name = tempfile.mkstemp(prefix="anvil-", suffix=".log", dir=self.root)
+        os.close(fd)
+        return Path(name)
+
+    def _launch(
+        self, anvil: Path, port: int, chain_id: int, genesis_time: int, log_path: Path
+    ) -> NodeInfo | None:
         """Starts anvil on `port` (0: its own choice) and waits until it says where it listens
         and answers there; None if it exited first (its port was taken). The port is read from
-        this node's own log: a node that answers on a port could be another's (two nodes racing
-        for 8545: ours exits, theirs answers, and a chain would be generated onto theirs)."""
-        log_path = self.root / "anvil.log"
-        offset = log_path.stat().st_size if log_path.exists() else 0
+        this launch's own log: a node that answers on a port could be another's (two nodes
+        racing for 8545: ours exits, theirs answers, and a chain would be generated onto theirs)."""
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 [
@@ -166,7 +186,7 @@ class AnvilNode:
             )
         deadline = time.monotonic() + 30
         while True:
-            bound = _listening(log_path, offset)
+            bound = _listening(log_path)
             if bound is not None:
                 info = NodeInfo(proc.pid, bound, chain_id)
                 try:
@@ -176,6 +196,7 @@ class AnvilNode:
                         timeout=1,
                     )
                     if proc.poll() is None:
+                        self._proc = proc
                         return info
                 except httpx.HTTPError:
                     pass
@@ -183,28 +204,45 @@ class AnvilNode:
                 return None
             if time.monotonic() > deadline:
                 proc.kill()
+                proc.wait(timeout=10)  # reaped: no zombie left behind
                 raise DevnetError(f"anvil did not start; see {log_path}")
             time.sleep(0.05)
 
     def stop(self) -> None:
+        """Stops the node recorded under the root, and the one this object started if it is
+        another (two starts under one root: each object stops its own)."""
         info = self.info()
-        if info is not None:
-            try:
-                os.kill(info.pid, signal.SIGTERM)
-                for _ in range(100):
-                    if not _alive(info.pid):
-                        break
-                    time.sleep(0.05)
-                else:
-                    os.kill(info.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        pids = {info.pid} if info is not None else set()
+        if self._proc is not None and self._proc.poll() is None:
+            pids.add(self._proc.pid)
+        for pid in pids:
+            self._end(pid)
+        self._proc = None
         self.info_file.unlink(missing_ok=True)
 
+    def _end(self, pid: int) -> None:
+        """SIGTERM, then SIGKILL after 5 s; our own child is waited for (reaped), another
+        process's watched until it is gone."""
+        own = self._proc if self._proc is not None and self._proc.pid == pid else None
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                break
+            if own is not None:
+                try:
+                    own.wait(timeout=wait)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+            deadline = time.monotonic() + wait
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not _alive(pid):
+                return
 
-def _listening(log: Path, offset: int) -> int | None:
-    """The port in the "Listening on 127.0.0.1:PORT" line anvil wrote after `offset`."""
-    with log.open("rb") as f:
-        f.seek(offset)
-        m = re.search(rb"Listening on 127\.0\.0\.1:(\d+)", f.read())
+
+def _listening(log: Path) -> int | None:
+    """The port in the "Listening on 127.0.0.1:PORT" line of anvil's log."""
+    m = re.search(rb"Listening on 127\.0\.0\.1:(\d+)", log.read_bytes())
     return int(m.group(1)) if m else None
