@@ -142,6 +142,9 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
         me: Actor = Depends(user),
         _: dict[str, str] = Depends(form),
     ) -> RedirectResponse:
+        # The page's own read first: another org's delivery is not found there, where retry's
+        # one UPDATE would say only that it found no failed delivery (409).
+        deliveries.show(me, delivery_id)
         deliveries.retry(me, delivery_id)
         return redirect(request, f"/deliveries/{delivery_id}", "sent again: pending")
 
