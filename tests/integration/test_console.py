@@ -216,6 +216,9 @@ def test_the_run_tree_streams_live_and_cancel_ends_it(hello: tuple[Services, str
         assert 'data-status="canceled"' in events[0][1]
         again = post(c, run_path + "/again")
         assert again.status_code == 303 and again.headers["location"] != run_path
+        # A run's buttons are one action table: an action it lacks is the console's 404 page.
+        nope = post(c, run_path + "/nope")
+        assert nope.status_code == 404 and "no action &#39;nope&#39;" in nope.text, nope.text
 
 
 def test_deploy_diff_then_deploy_pause_and_roll_back(hello: tuple[Services, str, str]) -> None:

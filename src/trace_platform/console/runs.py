@@ -1,7 +1,8 @@
 """Console pages of runs: the list, a run's task tree, and the tree live: a server-sent event
 stream (console/live.py) that re-renders the tree partial from the control plane's `show_run`
-(what `GET /v1/runs/{id}` answers) and sends it when it changed. Cancel and "run
-again" are the control plane's `cancel_run` and `trigger`."""
+(what `GET /v1/runs/{id}` answers) and sends it when it changed. A run's buttons (one action
+table): cancel, retry failed tasks and run again are the control plane's `cancel_run`,
+`retry_run` and `trigger`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from trace_platform.console import live
 from trace_platform.console.web import ConsoleRoute, form, redirect, render, templates
 from trace_platform.control.service import run_status
+from trace_platform.errors import NotFound
 from trace_platform.identity import Actor
 from trace_platform.services import Services
 
@@ -74,37 +76,39 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
     async def run_events(request: Request, run_id: UUID, me: Actor = Depends(user)) -> Any:
         return await live.stream(request, me, user, lambda who: snapshot(who, run_id), "tree")
 
-    @r.post("/console/runs/{run_id}/cancel")
-    def run_cancel(
-        request: Request,
-        run_id: UUID,
-        me: Actor = Depends(user),
-        _: dict[str, str] = Depends(form),
-    ) -> RedirectResponse:
+    # What each button of a run's page does: the control plane's call, then where to go and
+    # what to say there.
+    def cancel(me: Actor, run_id: UUID) -> tuple[str, str]:
         res = cp.cancel_run(me, run_id)
-        return redirect(request, f"/runs/{run_id}", f"canceled {res['canceled']} task(s)")
+        return f"/runs/{run_id}", f"canceled {res['canceled']} task(s)"
 
-    @r.post("/console/runs/{run_id}/retry")
-    def run_retry(
-        request: Request,
-        run_id: UUID,
-        me: Actor = Depends(user),
-        _: dict[str, str] = Depends(form),
-    ) -> RedirectResponse:
+    def retry(me: Actor, run_id: UUID) -> tuple[str, str]:
         """The run's failed tasks queued again (the control plane's `retry_run`)."""
-        res = cp.retry_run(me, run_id)
-        return redirect(request, f"/runs/{run_id}", res["message"])
+        return f"/runs/{run_id}", cp.retry_run(me, run_id)["message"]
 
-    @r.post("/console/runs/{run_id}/again")
-    def run_again(
-        request: Request,
-        run_id: UUID,
-        me: Actor = Depends(user),
-        _: dict[str, str] = Depends(form),
-    ) -> RedirectResponse:
+    def again(me: Actor, run_id: UUID) -> tuple[str, str]:
         """A new run of the same DAG with the same config (a failed run's retry)."""
         run = cp.show_run(me, run_id)
         new = cp.trigger(me, run["dag"], config=run.get("config") or None)
-        return redirect(request, f"/runs/{new['run_id']}", "triggered again")
+        return f"/runs/{new['run_id']}", "triggered again"
+
+    actions: dict[str, Callable[[Actor, UUID], tuple[str, str]]] = {
+        "cancel": cancel,
+        "retry": retry,
+        "again": again,
+    }
+
+    @r.post("/console/runs/{run_id}/{action}")
+    def run_action(
+        request: Request,
+        run_id: UUID,
+        action: str,
+        me: Actor = Depends(user),
+        _: dict[str, str] = Depends(form),
+    ) -> RedirectResponse:
+        act = actions.get(action)
+        if act is None:
+            raise NotFound(f"no action '{action}'")
+        return redirect(request, *act(me, run_id))
 
     return r
