@@ -20,7 +20,10 @@ the Dispatcher (claim_many): N running tasks with leases, nothing written by han
    commit, not the API's request handling) with a progress report, for `--seconds`; meanwhile `--readers` threads call ControlPlane.show_run (what GET
    /v1/runs/{id} answers: the run's firing and its task tree joined to each task's status, the
    run_tree statement) over the runs, continuously. Prints heartbeats/s over the row and per
-   one-second bucket (min, median), and tree queries/s with their p50/p99 latency.
+   one-second bucket (min, median), tree queries/s with their p50/p99 latency, and the CPU
+   (machine busy, Postgres cores) over the timed window alone: not the writer processes'
+   start-up and close. The writer threads are spread over the processes, the remainder one
+   each to the first; a process that fails or dies is refused at once, saying why.
    Autovacuum is on, as shipped.
 2. Dead-tuple growth: the same rows copied into one unsplit table (every registry and status
    column; primary key task_id; every other index of the two tables restated on it, so each
@@ -28,12 +31,13 @@ the Dispatcher (claim_many): N running tasks with leases, nothing written by han
    because a partitioned table's key must hold its partition key, and its task_id index, the
    primary key's twin, left out), then `--dead-beats` heartbeats per task on each: the split
    tables through Dispatcher.heartbeat, the unsplit table through the same heartbeat statement
-   (db/sql/dispatcher.sql `heartbeat`) with its table renamed, on a pool of the store's own
-   kind. Both start freshly written (VACUUM FULL of the split tables; the copy is new) and
-   vacuumed, with autovacuum OFF on every table measured for the whole measurement (page
-   pruning, which no setting stops, happens on both). Prints, for each, n_dead_tup, the
-   growth of the heap and of its indexes (pg_relation_size, pg_indexes_size), the HOT share
-   (n_tup_hot_upd / n_tup_upd), and the ratios unsplit/split. No tree query runs here.
+   (db/sql/dispatcher.sql `heartbeat_many`, each heartbeat a batch of one as a lone one is)
+   with its table renamed, on a pool of the store's own kind. Both start freshly written
+   (VACUUM FULL of the split tables; the copy is new) and vacuumed, with autovacuum OFF on
+   every table measured for the whole measurement (page pruning, which no setting stops,
+   happens on both). Prints, for each, n_dead_tup, the growth of the heap and of its indexes
+   (pg_relation_size, pg_indexes_size), the HOT share (n_tup_hot_upd / n_tup_upd), and the
+   ratios unsplit/split. No tree query runs here.
 
 Every row checks its own work before it prints: each heartbeat answered running with a later
 lease; afterwards every counted task's row holds the lease the last heartbeat returned and the
@@ -49,6 +53,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import re
 import statistics
 import threading
@@ -78,7 +83,7 @@ from trace_platform.store.tasks.postgres import PostgresStore
 DAG = "name: tracking\njobs:\n  root: {operator: noop}\n"
 UNSPLIT = "bench_unsplit"
 # The shipped heartbeat statement on the unsplit table: the same text, its table renamed.
-UNSPLIT_BEAT = re.sub(r"\btask_status\b", UNSPLIT, load("dispatcher")["heartbeat"])
+UNSPLIT_BEAT = re.sub(r"\btask_status\b", UNSPLIT, load("dispatcher")["heartbeat_many"])
 LEASE_SECONDS = 3600.0  # no lease runs out during the bench (no reaper runs either)
 
 
@@ -179,8 +184,39 @@ class Load:
         return sum(self.counts.values())
 
 
+class Window:
+    """Machine and Postgres CPU over the timed window only: started as the writers are let
+    go, stopped as the last one ends, before any process closes its pool (process start-up
+    and close are not the heartbeats' load; a backend that exits takes its CPU out of the
+    postmaster's children)."""
+
+    def __init__(self, stats: psycopg.Connection[Any]) -> None:
+        self.stats = stats
+        self.wall = self.busy = self.iowait = self.postgres = 0.0
+        self._start = (0.0, 0.0, 0.0, 0.0)
+
+    def _sample(self) -> tuple[float, float, float, float]:
+        t, (busy, io) = time.perf_counter(), machine_busy()
+        return t, busy, io, postgres_cpu(self.stats)
+
+    def start(self) -> None:
+        self._start = self._sample()
+
+    def stop(self) -> None:
+        end = self._sample()
+        self.wall, self.busy, self.iowait, self.postgres = (
+            b - a for a, b in zip(self._start, end, strict=True)
+        )
+
+
 def drive(
-    beat: Beat, leases: list[Lease], threads: int, *, seconds: float = 0, rounds: int = 0
+    beat: Beat,
+    leases: list[Lease],
+    threads: int,
+    *,
+    seconds: float = 0,
+    rounds: int = 0,
+    window: Window | None = None,
 ) -> Load:
     """`threads` writers, each over its own share of the tasks, round and round: for `seconds`,
     or `rounds` beats of every task. A writer's error stops every writer and is raised."""
@@ -224,68 +260,138 @@ def drive(
         w.start()
     out.t0 = time.perf_counter()
     gate.wait()
+    if window is not None:
+        window.start()
     for w in workers:
         w.join()
     out.took = time.perf_counter() - out.t0
+    if window is not None:
+        window.stop()
     if failures:
         raise failures[0]
     return out
 
 
 def _beat_process(
+    i: int,
     settings: Settings,
     dsn: str,
     leases: list[Lease],
     threads: int,
     seconds: float,
-    gate: Any,
+    go: Any,
+    stop: Any,
+    closing: Any,
     results: Any,
 ) -> None:
-    """One API process's heartbeats: its own Services (pool, Dispatcher, group commit)."""
-    svc = Services.build(settings, dsn)
+    """One API process's heartbeats: its own Services (pool, Dispatcher, group commit). Says
+    ("ready"), then ("done", its Load) and holds its pool open until `closing`; or ("failed",
+    why) at once (as text: not every psycopg error pickles)."""
     try:
-        gate.wait(timeout=120)
-        results.put(drive(dispatcher_beat(svc, "tree"), leases, threads, seconds=seconds))
-    except BaseException as e:  # said as text: not every psycopg error pickles
-        results.put(RuntimeError(f"{type(e).__name__}: {e}"))
+        svc = Services.build(settings, dsn)
+    except BaseException as e:
+        results.put((i, "failed", f"could not build its services: {type(e).__name__}: {e}"))
+        return
+    try:
+        results.put((i, "ready", None))
+        go.wait()
+        if stop.is_set():
+            return
+        load_ = drive(dispatcher_beat(svc, "tree"), leases, threads, seconds=seconds)
+        results.put((i, "done", load_))
+        closing.wait()
+    except BaseException as e:
+        results.put((i, "failed", f"{type(e).__name__}: {e}"))
     finally:
         svc.close()
 
 
 def drive_processes(
-    settings: Settings, dsn: str, leases: list[Lease], processes: int, threads: int, seconds: float
+    settings: Settings,
+    dsn: str,
+    leases: list[Lease],
+    processes: int,
+    threads: int,
+    seconds: float,
+    window: Window,
 ) -> Load:
     """`drive` in `processes` processes at once (as many API processes), `threads` writers
     split among them, each over its own share of the tasks; their loads merged (perf_counter
-    is the machine's monotonic clock: one timeline across the processes)."""
+    is the machine's monotonic clock: one timeline across the processes). A process that
+    fails, or dies without a word, is refused at once with its reason."""
+    if threads < processes:
+        raise refuse(f"{threads} writer threads cannot fill {processes} processes")
     ctx = multiprocessing.get_context("spawn")
-    gate = ctx.Barrier(processes + 1)
+    go, stop, closing = ctx.Event(), ctx.Event(), ctx.Event()
     results = ctx.Queue()
+    # The remainder goes one each to the first processes: every thread asked for runs.
+    share = [threads // processes + int(i < threads % processes) for i in range(processes)]
     procs = [
         ctx.Process(
             target=_beat_process,
             args=(
+                i,
                 settings,
                 dsn,
                 leases[i::processes],
-                threads // processes,
+                share[i],
                 seconds,
-                gate,
+                go,
+                stop,
+                closing,
                 results,
             ),
             daemon=True,
         )
         for i in range(processes)
     ]
+
+    def collect(kind: str, within: float) -> list[Any]:
+        """Each process's `kind` message, in process order."""
+        got: dict[int, Any] = {}
+        deadline = time.monotonic() + within
+        while len(got) < processes:
+            try:
+                i, said, what = results.get(timeout=0.2)
+            except queue.Empty:
+                gone = [i for i, p in enumerate(procs) if i not in got and p.exitcode is not None]
+                if gone:  # its last words may still be in the pipe
+                    try:
+                        i, said, what = results.get(timeout=1)
+                    except queue.Empty:
+                        code = procs[gone[0]].exitcode
+                        raise refuse(
+                            f"writer process {gone[0]} exited ({code}) before it was {kind}"
+                        ) from None
+                elif time.monotonic() > deadline:
+                    raise refuse(f"writer processes not {kind} after {within:.0f} s") from None
+                else:
+                    continue
+            if said == "failed":
+                raise refuse(f"writer process {i} failed: {what}")
+            got[i] = what
+        return [got[i] for i in range(processes)]
+
     for p in procs:
         p.start()
-    gate.wait(timeout=120)
-    got = [results.get(timeout=seconds + 120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-    for g in got:
-        if isinstance(g, BaseException):
-            raise refuse(f"a writer process failed: {g}")
+    ok = False
+    try:
+        collect("ready", 120)
+        go.set()
+        window.start()
+        got: list[Load] = collect("done", seconds + 120)
+        window.stop()  # every writer done, every pool still open
+        ok = True
+    finally:
+        stop.set()  # a process still at the start line leaves without beating
+        go.set()
+        closing.set()
+        for p in procs:
+            # After a failure the others are not waited for (one may be stuck connecting).
+            p.join(timeout=30 if ok else 1)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
     out = Load(t0=min(g.t0 for g in got))
     for g in got:
         out.counts.update(g.counts)
@@ -318,12 +424,12 @@ def unsplit_beat(store: PostgresStore, phase: str) -> Beat:
         with store.transaction() as tx:
             row = tx.conn.execute(
                 UNSPLIT_BEAT,
-                {
-                    "task_id": lease.task_id,
-                    "attempt": lease.attempt,
-                    "lease_token": lease.lease_token,
+                {  # a batch of one, as the store sends a lone heartbeat
+                    "task_ids": [lease.task_id],
+                    "attempts": [lease.attempt],
+                    "lease_tokens": [lease.lease_token],
+                    "progress": [Jsonb({"phase": phase, "beat": k})],
                     "lease": LEASE_SECONDS,
-                    "progress": Jsonb({"phase": phase, "beat": k}),
                 },
             ).fetchone()
         if row is None or row["status"] != "running" or row["lease_until"] <= lease.lease_until:
@@ -503,14 +609,19 @@ def heartbeats_under_reads(
     try:
         for r in readers:
             r.start()
-        pg0, (busy0, io0) = postgres_cpu(stats), machine_busy()
+        window = Window(stats)
         if args.processes > 1:
             load_ = drive_processes(
-                settings, dsn, leases, args.processes, args.writers, args.seconds
+                settings, dsn, leases, args.processes, args.writers, args.seconds, window
             )
         else:
-            load_ = drive(dispatcher_beat(svc, "tree"), leases, args.writers, seconds=args.seconds)
-        pg1, (busy1, io1) = postgres_cpu(stats), machine_busy()
+            load_ = drive(
+                dispatcher_beat(svc, "tree"),
+                leases,
+                args.writers,
+                seconds=args.seconds,
+                window=window,
+            )
     finally:
         stop.set()
         for r in readers:
@@ -542,11 +653,13 @@ def heartbeats_under_reads(
         f"p99 {pct(lat, 99):.2f} ms  (n={len(lat)}, every tree whole and running)"
     )
     # Where the time went: whether the machine was saturated, and by whom.
-    tick = os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1) * load_.took
+    # Over the timed window alone (Window): not the writer processes' start-up and close.
+    tick = os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1) * window.wall
     reads_n = sum(len(rd.done) for rd in reads)
     print(
-        f"   CPU: machine {(busy1 - busy0) / tick:.0%} busy (iowait {(io1 - io0) / tick:.0%}) of "
-        f"{os.cpu_count()} cores; Postgres {(pg1 - pg0) / load_.took:.2f} cores; writer threads "
+        f"   CPU: machine {window.busy / tick:.0%} busy (iowait {window.iowait / tick:.0%}) of "
+        f"{os.cpu_count()} cores; Postgres {window.postgres / window.wall:.2f} cores; writer "
+        "threads "
         f"{load_.cpu * 1e6 / load_.total:.0f} us per heartbeat, reader threads "
         f"{sum(rd.cpu for rd in reads) * 1e3 / max(reads_n, 1):.2f} ms per tree (their own CPU)"
     )
@@ -612,9 +725,15 @@ def dead_tuples(
 
     svc = Services.build(settings, dsn)
     try:
-        pg0 = postgres_cpu(stats)
-        a = drive(dispatcher_beat(svc, "split"), leases, args.writers, rounds=args.dead_beats)
-        pg_per_beat = (postgres_cpu(stats) - pg0) / a.total
+        window = Window(stats)
+        a = drive(
+            dispatcher_beat(svc, "split"),
+            leases,
+            args.writers,
+            rounds=args.dead_beats,
+            window=window,
+        )
+        pg_per_beat = window.postgres / a.total
     finally:
         svc.close()
     quiesce(stats)
