@@ -20,8 +20,7 @@ from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 
 from trace_platform.console.svg import chart_svg
-from trace_platform.console.web import ConsoleRoute, render
-from trace_platform.errors import TraceError
+from trace_platform.console.web import ConsoleRoute, attempt, render
 from trace_platform.identity import Actor
 from trace_platform.query import pinned
 from trace_platform.services import Services
@@ -66,10 +65,8 @@ class Panel:
 
 def _attempt(build: Callable[[], Panel]) -> Panel:
     """The panel, or the reason the Query Service (or a parameter) refused it."""
-    try:
-        return build()
-    except TraceError as e:
-        return Panel(error=e.message)
+    panel, error = attempt(build)
+    return panel if panel is not None else Panel(error=error)
 
 
 def _int(text: str, default: int, lo: int, hi: int) -> int:
@@ -108,9 +105,8 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
     def auto_step(me: Actor) -> int:
         """A step giving about POINTS blocks over the synced range (1 if it cannot be read:
         the panels then say why)."""
-        try:
-            out = pinned.saved_query(qs, me, "synced_blocks", {})
-        except TraceError:
+        out, _ = attempt(lambda: pinned.saved_query(qs, me, "synced_blocks", {}))
+        if out is None:
             return 1
         lo, hi = (out.table.column(i)[0].as_py() for i in (0, 1))
         return 1 if lo is None or hi is None else max(1, -(-(hi - lo + 1) // POINTS))

@@ -14,9 +14,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from trace_platform.console.lineage import lineage, visible_specs
 from trace_platform.console.svg import chart_svg
-from trace_platform.console.web import ConsoleRoute, form, redirect, render
+from trace_platform.console.web import ConsoleRoute, attempt, form, redirect, render
 from trace_platform.delivery.control import DeliveryControl, alerts_sql
-from trace_platform.errors import TraceError
 from trace_platform.identity import Actor
 from trace_platform.identity.vault import vault_for
 from trace_platform.query import formats
@@ -69,11 +68,9 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
         request: Request, me: Actor = Depends(user), fields: dict[str, str] = Depends(form)
     ) -> HTMLResponse:
         sql = fields.get("sql", "")
-        result, error, chart = None, None, None
-        try:
-            result = _query(me, sql)
-        except TraceError as e:  # shown beside the editor, the statement kept
-            error = e.message
+        chart = None
+        # An error is shown beside the editor, the statement kept.
+        result, error = attempt(lambda: _query(me, sql))
         if result and fields.get("x") and fields.get("y"):
             kind = "line" if fields.get("kind") == "line" else "bar"
             names = [c["name"] for c in result["columns"]]
@@ -110,15 +107,9 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
 
     @r.get("/console/alerts")
     def alerts_page(request: Request, me: Actor = Depends(user)) -> HTMLResponse:
-        alerts, alerts_error, rows, rows_error = None, None, None, None
-        try:
-            alerts = services.query.query(me, alerts_sql(None, 100)).as_json()
-        except TraceError as e:
-            alerts_error = e.message
-        try:
-            rows = deliveries.list_deliveries(me, limit=100)
-        except TraceError as e:  # deliveries are an org admin's
-            rows_error = e.message
+        alerts, alerts_error = attempt(lambda: _query(me, alerts_sql(None, 100)))
+        # Deliveries are an org admin's: anyone else sees why not, and the alerts.
+        rows, rows_error = attempt(lambda: deliveries.list_deliveries(me, limit=100))
         return render(
             request,
             "alerts.html",

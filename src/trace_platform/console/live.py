@@ -18,6 +18,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
+from trace_platform.console.web import attempt
 from trace_platform.errors import TraceError
 from trace_platform.identity import Actor
 
@@ -138,10 +139,10 @@ async def stream(
                 return
             # A big partial is polled less often: at most a fifth of a thread's time each.
             await asyncio.sleep(max(POLL_SECONDS, 4 * took))
-            try:
-                html, done, took = await run_in_threadpool(timed, None)
-            except TraceError as e:  # e.g. its key revoked meanwhile: the stream ends
-                yield sse_event("done", e.message)
+            got, error = await run_in_threadpool(attempt, lambda: timed(None))
+            if got is None:  # e.g. its key revoked meanwhile: the stream ends
+                yield sse_event("done", error or "")
                 return
+            html, done, took = got
 
     return _Stream(events(), give_back)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote
 
 from fastapi import Request, Response
@@ -57,6 +57,17 @@ def _duration(start: datetime | None, end: datetime | None = None) -> str:
 
 templates.filters["duration"] = _duration
 templates.filters["when"] = lambda t: t.strftime("%Y-%m-%d %H:%M:%S") if t else ""
+
+T = TypeVar("T")
+
+
+def attempt(call: Callable[[], T]) -> tuple[T | None, str | None]:
+    """`call`'s value and no error, or no value and the message of the TraceError it raised:
+    for a part of a page that shows why it is missing while the rest still shows."""
+    try:
+        return call(), None
+    except TraceError as e:
+        return None, e.message
 
 
 def user_of(actor: ActorDependency) -> Callable[[Request], Actor]:
