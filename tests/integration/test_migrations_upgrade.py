@@ -20,20 +20,30 @@ from tests.support.tasks import bare_dataset
 from trace_platform.contract import LITE_ORG_ID
 from trace_platform.db import migrate as mig
 from trace_platform.queue.pgqueue import PgQueue
-from trace_platform.store.tasks.params import PoolKey, ReadsParams
+from trace_platform.store.tasks.params import PoolKey, ReadsParams, TaskKey
 from trace_platform.store.tasks.postgres import DISPATCHER_PLANS, PostgresTx
 
 
-@pytest.fixture
-def db_at_0019(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def _db_at(pg_server: str, monkeypatch: pytest.MonkeyPatch, version: str) -> Iterator[str]:
+    """An empty database migrated up to `version`; `mig.migrate` then applies the rest."""
     everything = mig.available()
     with empty_database(pg_server) as db:
         monkeypatch.setattr(
-            mig, "available", lambda: [m for m in everything if m.version <= "0019"]
+            mig, "available", lambda: [m for m in everything if m.version <= version]
         )
         mig.migrate(db)
         monkeypatch.setattr(mig, "available", lambda: everything)
         yield db
+
+
+@pytest.fixture
+def db_at_0019(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from _db_at(pg_server, monkeypatch, "0019")
+
+
+@pytest.fixture
+def db_at_0041(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from _db_at(pg_server, monkeypatch, "0041")
 
 
 def _task(
@@ -167,3 +177,36 @@ def test_0020_to_0024_on_an_install_with_data(db_at_0019: str) -> None:
         conn.execute("UPDATE task_status SET status = 'queued' WHERE task_id = %s", [buffered])
         conn.execute(DISPATCHER_PLANS)
         assert PostgresTx(conn).waiting_for_pool(PoolKey(dag_id, "rpc")) == [buffered]
+
+
+def test_0042_moves_task_retries_into_their_tasks_months(db_at_0041: str) -> None:
+    """0041's unpartitioned rows land in the month partition of their task's start_day (so
+    retention drops them with it) and still give the task its fresh budget; a retry of a task
+    no longer in Postgres is not carried over."""
+    with psycopg.connect(db_at_0041, row_factory=dict_row) as conn:
+        conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'o')", [LITE_ORG_ID])
+        retried = _task(conn, "queued", attempt="2")
+        conn.execute(
+            "INSERT INTO task_retries (task_id, after_attempt) VALUES (%s, 2), (%s, 1)",
+            [retried, uuid.uuid4()],
+        )
+        conn.commit()
+
+    assert mig.migrate(db_at_0041)[0] == "0042"
+
+    with psycopg.connect(db_at_0041, row_factory=dict_row) as conn:
+        rows = conn.execute(
+            "SELECT tableoid::regclass::text AS part, task_id, start_day, after_attempt "
+            "FROM task_retries"
+        ).fetchall()
+        (day,) = conn.execute("SELECT trace_start_day(now()) AS d").fetchone().values()
+        (month,) = (
+            conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY_MM') AS m")
+            .fetchone()
+            .values()
+        )
+        assert rows == [
+            {"part": f"task_retries_{month}", "task_id": retried, "start_day": day,
+             "after_attempt": 2}
+        ]  # fmt: skip
+        assert PostgresTx(conn).untried_attempts(TaskKey(retried, day)) == 2

@@ -29,7 +29,7 @@ from trace_platform.retention.run import MonthResult, Retention
 from trace_platform.retention.units import Unit, day_of
 from trace_platform.services import Services
 
-TABLES = ("task_registry", "task_attempts", "events", "audit_log")
+TABLES = ("task_registry", "task_attempts", "task_retries", "events", "audit_log")
 
 
 def month_start(months_back: int) -> date:
@@ -57,8 +57,8 @@ def history(
     dag: UUID | None = None,
     status: str = "succeeded",
 ) -> list[UUID]:
-    """`n` finished tasks of `org` started on `day`, each with an attempt, an event and a
-    status row, and one audit row; returns their ids."""
+    """`n` finished tasks of `org` started on `day`, each with an attempt, a retry by hand
+    (after it), an event and a status row, and one audit row; returns their ids."""
     at = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
     sd = day_of(day)
     ids = [uuid.uuid4() for _ in range(n)]
@@ -82,6 +82,11 @@ def history(
                 "INSERT INTO task_attempts (task_id, start_day, attempt, lease_token, started_at,"
                 " finished_at, outcome) VALUES (%s, %s, 1, %s, %s, %s, 'succeeded')",
                 (t, sd, uuid.uuid4(), at, at),
+            )
+            conn.execute(
+                "INSERT INTO task_retries (task_id, start_day, after_attempt, run_id, created_at)"
+                " VALUES (%s, %s, 1, %s, %s)",
+                (t, sd, run, at),
             )
             conn.execute(
                 "INSERT INTO events (event_id, start_day, org_id, producer_task_id,"
@@ -186,9 +191,12 @@ def test_a_month_is_exported_read_back_and_dropped_and_no_other_is_touched(
     assert status_rows(svc, KEPT) == 4
     assert one(svc, "SELECT count(*) FROM task_registry") == len(kept) + len(today)
     assert one(svc, "SELECT count(*) FROM task_attempts") == len(kept) + len(today)
+    # A retry by hand goes with its task's month (it would otherwise count for a task_id no
+    # longer in Postgres, for ever).
+    assert one(svc, "SELECT count(*) FROM task_retries") == len(kept) + len(today)
 
     # Every row is in the store once, in its org's file, and reads back.
-    for t in ("task_registry", "task_attempts", "task_status"):
+    for t in ("task_registry", "task_attempts", "task_retries", "task_status"):
         files = exported(store, t, OLD)
         rows = [r for f in files.values() for r in f]
         assert sorted(r["task_id"] for r in rows) == sorted(str(i) for i in mine + theirs)
@@ -360,7 +368,9 @@ def test_live_work_refuses_its_month_and_no_export_must_be_asked_for(services: S
 
     with svc.pool.connection() as conn:
         conn.execute("UPDATE task_status SET status = 'failed' WHERE task_id = %s", (live,))
-    with pytest.raises(Invalid, match=r"nothing dropped: 18 row\(s\) of \d month\(s\).*--export"):
+    # 4 tasks' rows in each of five tables (registry, attempts, retries, events, status), and
+    # the 2 audit rows.
+    with pytest.raises(Invalid, match=r"nothing dropped: 22 row\(s\) of \d month\(s\).*--export"):
         job(svc).run(40, export=False)
     assert exists(svc, f"task_registry_{label(OLD)}")
     dry = job(svc).run(40, export=False, dry_run=True)

@@ -136,6 +136,45 @@ def test_a_failed_task_is_retried_with_a_fresh_budget_and_its_old_attempts_land_
     assert [r["outcome"] for r in _audit(svc, run_id)] == ["ok", "noop"]
 
 
+TWO_SOURCES = """
+name: twin
+jobs:
+  left: {operator: noop, max_attempts: 1, outputs: [{backend: parquet}]}
+  right: {operator: noop, max_attempts: 1, outputs: [{backend: parquet}]}
+"""
+
+
+def test_a_runs_failed_tasks_are_requeued_and_woken_each_by_one_statement(
+    services: Services,
+) -> None:
+    """Whatever their number: the retry's outbox rows were written by one INSERT (they share
+    one command id, cmin: each statement of a transaction has its own), as were its
+    task_retries rows."""
+    svc, me = services, admin(services)
+    svc.control.deploy(me, TWO_SOURCES)
+    run = svc.control.trigger(me, "twin", config={"ranges": [[0, 9]]})
+    assert len(run["tasks"]) == 2
+    for task_id in run["tasks"]:
+        _failed_for_good(svc, task_id, 1)
+    res = svc.control.retry_run(me, run["run_id"])
+    assert sorted(res["tasks"]) == sorted(run["tasks"]), res
+    # The retry's transaction: the one that wrote its task_retries rows.
+    (tx,) = q(
+        svc,
+        "SELECT DISTINCT xmin::text AS xid, cmin::text AS cmin FROM task_retries "
+        "WHERE task_id = ANY(%s)",
+        run["tasks"],
+    )
+    woken = q(
+        svc,
+        "SELECT (payload ->> 'task_id')::uuid AS task_id, cmin::text AS cmin FROM outbox "
+        "WHERE xmin::text = %s",
+        tx["xid"],
+    )
+    assert sorted(w["task_id"] for w in woken) == sorted(run["tasks"])
+    assert len({w["cmin"] for w in woken}) == 1, woken
+
+
 def test_the_fresh_budget_runs_out_like_the_first(services: Services) -> None:
     svc, me = services, admin(services)
     run_id, src = _fired(svc, tries=1)

@@ -54,6 +54,9 @@ class PostgresHarness:
             task_id,
         )
 
+    def flag_cancel(self, task_id: UUID) -> None:
+        self._run("UPDATE task_status SET cancel_requested = true WHERE task_id = %s", task_id)
+
     def add_dag(self, name: str) -> UUID:
         dag_id = uuid.uuid4()
         self._run(

@@ -40,6 +40,7 @@ from trace_platform.dispatcher.core import Dispatcher
 from trace_platform.dispatcher.outbox import OutboxPublisher
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 from trace_platform.queue import payloads
+from trace_platform.store.tasks import RunRetryParams, StoreTx
 from trace_platform.store.tasks.params import HeartbeatParams
 
 
@@ -70,6 +71,10 @@ class Harness(Protocol):
 
     def make_claimable(self, task_id: UUID) -> None:
         """Its retry backoff is over."""
+
+    def flag_cancel(self, task_id: UUID) -> None:
+        """Its cancel asked, whatever its status (a finished task's flag no path of the
+        lifecycle sets: a row as an older release or a hand in the database left it)."""
 
     def add_dag(self, name: str) -> UUID:
         """A DAG of the tasks' org (pool slots and operator state belong to one)."""
@@ -179,6 +184,24 @@ def _reaped(d: Dispatcher, harness: Harness, c: Claim) -> Claim:
     harness.expire_lease(c.task_id)
     assert d.reap() == 1
     return c
+
+
+def _failed(d: Dispatcher, harness: Harness, task_id: UUID, tries: int) -> Claim:
+    """Fails each of the task's `tries` (retryable), the last for good: its last claim."""
+    for n in range(tries):
+        harness.make_claimable(task_id)
+        c = claim(d, task_id)
+        status = complete(d, c, "failed", error="boom", retryable=True).status
+        assert status == ("failed" if n == tries - 1 else "queued")
+    return c
+
+
+def _retry_of(d: Dispatcher, run_id: UUID, dag_id: UUID, task_id: UUID) -> RunRetryParams:
+    """The retry of run `run_id` (version 1 of `dag_id`), over the days of `task_id`."""
+    day = d.get_task(task_id).start_day
+    return RunRetryParams(
+        run_id=run_id, dag_id=dag_id, dag_version=1, first_day=day, last_day=day, retried_by=None
+    )
 
 
 def _second_try_is_the_last(d: Dispatcher, task_id: UUID) -> None:
@@ -595,6 +618,75 @@ class StateStoreConformance:
         c = claim(d, d.create_task(spec(max_attempts=5)).task_id)
         d.cancel(c.task_id)
         assert complete(d, c, "failed", error="stopped", retryable=True).status == "canceled"
+
+    # -- a run's retry by hand ----------------------------------------------------------------
+    def test_a_retried_task_gets_a_fresh_budget_of_tries_and_its_old_attempts_land_nothing(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        dag, run = harness.add_dag("retried"), uuid.uuid4()
+        task = d.create_task(spec(dag_id=dag, dag_version=1, run_id=run, max_attempts=2)).task_id
+        last = _failed(d, harness, task, 2)
+        sent(d)
+        retry = _retry_of(d, run, dag, task)
+        rows = d.retry_run(retry)
+        assert [(r["task_id"], r["attempt"], r["job"], r["runtime"]) for r in rows] == [
+            (task, 2, "j", "ecs_platform")
+        ]
+        assert woken(d) == [(task, 0)]
+        assert (d.get_task(task).status, d.get_task(task).attempt) == ("queued", 2)
+        with pytest.raises(Conflict) as e:  # its lease token cleared: a late report lands nothing
+            complete(d, last)
+        assert e.value.code == "wrong_lease"
+        # Two tries again: the first failure after the retry is retried, the second is final.
+        c3 = claim(d, task)
+        assert c3.attempt == 3  # at once, not backing off
+        assert complete(d, c3, "failed", error="again", retryable=True).status == "queued"
+        assert _failed(d, harness, task, 1).attempt == 4
+        # And retried by hand again: the budget counts from the latest retry.
+        assert [(r["task_id"], r["attempt"]) for r in d.retry_run(retry)] == [(task, 4)]
+        c5 = claim(d, task)
+        assert c5.attempt == 5
+        assert complete(d, c5, "failed", error="once more", retryable=True).status == "queued"
+
+    def test_a_run_retry_requeues_and_wakes_its_failed_tasks_and_no_other(
+        self, d: Dispatcher, harness: Harness
+    ) -> None:
+        """Only the run's own failed tasks of the version it fired, and not one whose cancel
+        was asked (queued, no claim would ever take it); a refusal by `check` changes nothing;
+        `then` sees the rows in the same transaction."""
+        dag, run = harness.add_dag("half_failed"), uuid.uuid4()
+        mine = {"dag_id": dag, "dag_version": 1, "run_id": run, "max_attempts": 1}
+        a, b, asked, ok = (d.create_task(spec(**mine)).task_id for _ in range(4))
+        other_run = d.create_task(spec(**{**mine, "run_id": uuid.uuid4()})).task_id
+        other_version = d.create_task(spec(**{**mine, "dag_version": 2})).task_id
+        for t in (a, b, asked, other_run, other_version):
+            _failed(d, harness, t, 1)
+        complete(d, claim(d, ok))
+        harness.flag_cancel(asked)
+        sent(d)
+        retry = _retry_of(d, run, dag, a)
+
+        def refuse(tx: StoreTx) -> None:
+            raise Conflict("dag_paused", "paused")
+
+        with pytest.raises(Conflict):
+            d.retry_run(retry, check=refuse)
+        assert d.get_task(a).status == "failed" and woken(d) == []
+
+        seen: list[list[UUID]] = []
+        rows = d.retry_run(retry, then=lambda tx, rows: seen.append([r["task_id"] for r in rows]))
+        assert [r["task_id"] for r in rows] == sorted([a, b]) == seen[0]
+        assert woken(d) == [(t, 0) for t in sorted([a, b])]
+        statuses = {t: d.get_task(t).status for t in (a, b, asked, ok, other_run, other_version)}
+        assert statuses == {
+            a: "queued",
+            b: "queued",
+            asked: "failed",
+            ok: "succeeded",
+            other_run: "failed",
+            other_version: "failed",
+        }
+        assert d.retry_run(retry) == []  # nothing failed any more
 
     # -- DAGs: pause, worker-pool slots, operator state ---------------------------------------
     def test_a_paused_dags_tasks_wait_for_resume(self, d: Dispatcher, harness: Harness) -> None:

@@ -31,6 +31,9 @@ class MemoryHarness:
     def make_claimable(self, task_id: UUID) -> None:
         self.store.make_claimable(task_id)
 
+    def flag_cancel(self, task_id: UUID) -> None:
+        self.store.flag_cancel(task_id)
+
     def add_dag(self, name: str) -> UUID:
         dag_id = uuid.uuid4()
         self.store.add_dag(dag_id, name)

@@ -41,7 +41,7 @@ from trace_platform.store.dag_tasks import DagTaskStore
 from trace_platform.store.registry import RegistryStore
 from trace_platform.store.secrets import SecretStore
 from trace_platform.store.task_views import TaskViewStore
-from trace_platform.store.tasks import StoreTx
+from trace_platform.store.tasks import RunRetryParams, StoreTx
 from trace_platform.store.tasks.postgres import PostgresStore, PostgresTx
 
 # Fields only the Dispatcher sets (from a DAG's deploy, its triggers and events): an ad-hoc task
@@ -662,21 +662,23 @@ class ControlPlane:
         """Queues again each task of the run that ended failed (timed out or lost its lease on
         its last try included), at once, with a fresh budget of tries; its next attempt is
         N+1, so no report of an attempt from before lands. Canceled tasks stay canceled (a
-        cancel was someone's decision: `trigger` runs the DAG again). Tasks under a failed
-        one were never made: they follow when it succeeds. For org admins and the DAG's
-        deployers, as cancel; refused for a paused DAG or a run of a version no longer live
-        (retired by a cutover, rolled back, abandoned)."""
-        run = self._show_run(self.pool, actor, run_id)
-        failed = [t["task_id"] for t in run["tasks"] if t["status"] == "failed"]
-        retried: list[dict[str, Any]] = []
-        with self.pool.connection() as conn, conn.transaction():
-            store = DagTaskStore(conn)
-            # Shared, as a completion holds it: a cutover or rollback (exclusive) is wholly
-            # before this or wholly after, never between the version's check and the re-queue.
-            store.lock_dag_shared(dag_id=run["dag_id"])
-            dag = store.run_version_state(
-                dag_id=run["dag_id"], version=run["dag_version"]
-            ).fetchone()
+        cancel was someone's decision: `trigger` runs the DAG again), and so does a failed one
+        whose cancel was asked. Tasks under a failed one were never made: they follow when it
+        succeeds. For org admins and the DAG's deployers, as cancel; refused for a paused DAG
+        or a run of a version no longer live (retired by a cutover, rolled back, abandoned).
+        Who may, the refusals and the audit row are the control plane's; the re-queue and the
+        wake-ups are the Dispatcher's (`retry_run`), as a cancel's are."""
+        run = self._visible_run(self.pool, actor, run_id)
+
+        def check(tx: StoreTx) -> None:
+            # One check of the DAG and the run's version, in the Dispatcher's transaction under
+            # the DAG's shared change lock: no cutover or rollback between it and the re-queue.
+            assert isinstance(tx, PostgresTx)  # the control plane runs on Postgres
+            dag = (
+                DagTaskStore(tx.conn)
+                .run_version_state(dag_id=run["dag_id"], version=run["dag_version"])
+                .fetchone()
+            )
             assert dag is not None  # a fire's DAG is never deleted (a foreign key)
             if dag["paused"]:
                 raise Conflict(
@@ -690,20 +692,16 @@ class ControlPlane:
                     f"is {(dag['version_state'] or 'gone').replace('_', ' ')} (the live one is "
                     f"{dag['active_version']}): trigger a new run instead",
                 )
-            if failed:
-                retried = store.retry_failed_tasks(
-                    task_ids=failed, run_id=run_id, user_id=actor.user_id
-                ).fetchall()
-            for t in retried:  # woken as the reaper's retry is: an outbox row, same commit
-                self.dispatcher.intents.wake(conn, t["task_id"])
+
+        def record(tx: StoreTx, retried: list[dict[str, Any]]) -> None:
+            assert isinstance(tx, PostgresTx)
             audit.record(
-                conn,
+                tx.conn,
                 actor,
                 "run.retry",
                 run_id,
                 {
                     "retried": len(retried),
-                    "failed": len(failed),
                     "tasks": [
                         {"task_id": str(t["task_id"]), "job": t["job"], "after": t["attempt"]}
                         for t in retried[:100]
@@ -712,6 +710,19 @@ class ControlPlane:
                 dag=run["dag"],
                 outcome="ok" if retried else "noop",
             )
+
+        retried = self.dispatcher.retry_run(
+            RunRetryParams(
+                run_id=run_id,
+                dag_id=run["dag_id"],
+                dag_version=run["dag_version"],
+                first_day=run["first_day"],
+                last_day=run["last_day"],
+                retried_by=actor.user_id,
+            ),
+            check=check,
+            then=record,
+        )
         return {
             "run_id": run_id,
             "retried": len(retried),
@@ -727,6 +738,17 @@ class ControlPlane:
         return self.reads.read(lambda pool: self._show_run(pool, actor, run_id))
 
     def _show_run(self, pool: ConnectionPool, actor: Actor, run_id: UUID) -> dict[str, Any]:
+        f = self._visible_run(pool, actor, run_id)
+        with pool.connection() as conn:
+            tasks = (
+                DagTaskStore(conn)
+                .run_tree(run_id=run_id, first_day=f["first_day"], last_day=f["last_day"])
+                .fetchall()
+            )
+        return {**f, "tasks": tasks}
+
+    def _visible_run(self, pool: ConnectionPool, actor: Actor, run_id: UUID) -> dict[str, Any]:
+        """The run's fire row (its DAG, version and days), if `actor` may see the run."""
         with pool.connection() as conn:
             f = DagTaskStore(conn).run_fire(run_id=run_id).fetchone()
             if f is None or not can_deploy(actor, f):
@@ -735,12 +757,7 @@ class ControlPlane:
             # it went rather than show a tree with its beginning missing.
             if gone := history.exported_run(conn, f["first_day"]):
                 raise Gone(f"run {run_id} is history: {gone}")
-            tasks = (
-                DagTaskStore(conn)
-                .run_tree(run_id=run_id, first_day=f["first_day"], last_day=f["last_day"])
-                .fetchall()
-            )
-        return {**f, "tasks": tasks}
+        return dict(f)
 
 
 _CANCEL_PASSES = 10

@@ -43,6 +43,16 @@ class Intents:
             {"lambda": self.settings.lambda_queue},
         )
 
+    def wake_many(self, tx: StoreTx, tasks: list[tuple[UUID, str]]) -> None:
+        """Wake-ups now for `tasks` ((task id, its runtime) each, woken on its runtime's queue)
+        in the caller's transaction: one outbox statement, whatever their number."""
+        tx.insert_outbox_many(
+            [
+                Wakeup(queue=self.queue_for(runtime), payload=_wakeup(task_id), delay=0)
+                for task_id, runtime in tasks
+            ]
+        )
+
     def create_task(
         self, spec: TaskSpec, tx: StoreTx | Any | None = None, status: str = "queued"
     ) -> TaskRef:
@@ -63,15 +73,7 @@ class Intents:
 
         def write(t: StoreTx) -> list[TaskRef]:
             days = t.insert_tasks(tasks)
-            t.insert_outbox_many(
-                [
-                    Wakeup(
-                        queue=self.queue_for(task.runtime), payload=_wakeup(task.task_id), delay=0
-                    )
-                    for task in tasks
-                    if task.status == "queued"
-                ]
-            )
+            self.wake_many(t, [(n.task_id, n.runtime) for n in tasks if n.status == "queued"])
             return [
                 TaskRef(task_id=task.task_id, start_day=day, status=task.status)  # type: ignore[arg-type]
                 for task, day in zip(tasks, days, strict=True)

@@ -60,6 +60,8 @@ from trace_platform.store.tasks import (
     HeartbeatParams,
     LeaseCheck,
     RetryParams,
+    Row,
+    RunRetryParams,
     StateStore,
     StoreTx,
 )
@@ -694,6 +696,29 @@ class Lifecycle:
                 f"task {task_id} already {st['status']}; it cannot be canceled",
                 status=st["status"],
             )
+
+    # -- retry by hand -------------------------------------------------------------------
+    def retry_run(
+        self,
+        p: RunRetryParams,
+        check: Callable[[StoreTx], None] | None = None,
+        then: Callable[[StoreTx, list[Row]], None] | None = None,
+    ) -> list[Row]:
+        """Queues again at once each task of run `p.run_id` that ended failed, with a fresh
+        budget of tries (`retry_failed`), and wakes them all with one outbox statement: the
+        rows retried. Under the DAG's change lock, shared as a completion takes it, so a
+        cutover or rollback (exclusive) is wholly before or after: what `check(tx)` (the
+        control plane's: paused, version live; it raises to refuse) saw holds for the
+        re-queue. `then(tx, rows)` runs before the commit (the control plane's audit row)."""
+        with self.store.transaction() as tx:
+            tx.lock_dag_shared(p.dag_id)
+            if check is not None:
+                check(tx)
+            rows = tx.retry_failed(p)
+            self.intents.wake_many(tx, [(r["task_id"], r["runtime"]) for r in rows])
+            if then is not None:
+                then(tx, rows)
+        return rows
 
 
 def _alone(task_id: UUID, call: Callable[[], R]) -> R | TraceError:

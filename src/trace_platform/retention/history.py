@@ -25,7 +25,9 @@ from trace_platform.store.retention import RetentionStore
 PREFIX = "_history_"
 # The tables retention exports today (any later start_day-partitioned table joins them by its
 # own exports).
-TABLES = frozenset({"task_registry", "task_attempts", "events", "task_status", "audit_log"})
+TABLES = frozenset(
+    {"task_registry", "task_attempts", "task_retries", "events", "task_status", "audit_log"}
+)
 _NS = uuid.UUID("0f6f0c1e-5b7a-4d52-9a43-7e1f3c2b9d10")  # names the history pins' uuids
 
 

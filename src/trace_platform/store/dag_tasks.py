@@ -150,12 +150,3 @@ class DagTaskStore(Calls):
     def run_version_state(self, *, dag_id: UUID, version: int) -> Cursor[Row]:
         """What a run's retry checks: its DAG paused, and the state of the version it fired."""
         return self._run(_Q.run_version_state, {"dag_id": dag_id, "version": version})
-
-    def retry_failed_tasks(
-        self, *, task_ids: list[UUID], run_id: UUID, user_id: UUID | None
-    ) -> Cursor[Row]:
-        """Those of `task_ids` that ended failed, of a live version, queued again now with
-        their lease token cleared and a fresh budget of tries (task_retries)."""
-        return self._run(
-            _Q.retry_failed_tasks, {"task_ids": task_ids, "run_id": run_id, "user_id": user_id}
-        )

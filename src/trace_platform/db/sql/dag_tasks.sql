@@ -186,25 +186,3 @@ FROM dags d
 LEFT JOIN dag_versions v ON v.dag_id = d.dag_id AND v.version = %(version)s
 WHERE d.dag_id = %(dag_id)s;
 
--- name: retry_failed_tasks
--- A run's retry: those of `task_ids` (its tree's) that ended failed, of a live version of their
--- DAG (active or building), queued again now. Their lease token is cleared, so no report of an
--- attempt from before the retry lands any more (fencing's wrong_lease), even before the next
--- claim (which is attempt N+1). Each is noted in task_retries: its tries count afresh from here.
-WITH retried AS (
-  UPDATE task_status s
-  SET status = 'queued', lease_token = NULL, lease_until = NULL, finished_at = NULL,
-      next_attempt_at = now(), updated_at = now()
-  FROM task_registry r
-  WHERE s.task_id = ANY(%(task_ids)s) AND s.status = 'failed'
-    AND r.task_id = s.task_id AND r.start_day = s.start_day
-    AND EXISTS (SELECT 1 FROM dag_versions v
-                WHERE v.dag_id = r.dag_id AND v.version = r.dag_version
-                  AND v.state IN ('active', 'building'))
-  RETURNING s.task_id, s.attempt, r.job
-), noted AS (
-  INSERT INTO task_retries (task_id, after_attempt, run_id, retried_by)
-  SELECT task_id, attempt, %(run_id)s, %(user_id)s FROM retried
-  ON CONFLICT DO NOTHING
-)
-SELECT task_id, attempt, job FROM retried ORDER BY task_id;

@@ -692,11 +692,45 @@ SELECT r.after + (SELECT count(*) FROM task_attempts
                     AND attempt > r.after
                     AND outcome IN ('state_conflict', 'released')) AS n
 FROM (SELECT coalesce(max(after_attempt), 0) AS after FROM task_retries
-      WHERE task_id = %(task_id)s) AS r;
+      WHERE task_id = %(task_id)s AND start_day = %(start_day)s) AS r;
+
+-- name: retry_failed
+-- A run's retry by hand: each task of the run (of the DAG version it fired, started between its
+-- fire day and today, so only those days' partitions are read) that ended failed, queued again
+-- now. Not one whose cancel was asked: queued, no claim would take it and nothing would end it.
+-- Locked in task_id order (two retries of one run at once never deadlock). The lease token is
+-- cleared, so no report of an attempt from before the retry lands (fencing's wrong_lease), even
+-- before the next claim (attempt N+1). Each is noted in task_retries: its tries count afresh.
+WITH failed AS (
+  SELECT s.task_id, s.start_day, r.job, r.runtime
+  FROM task_registry r
+  JOIN task_status s ON s.task_id = r.task_id AND s.start_day = r.start_day
+  WHERE r.run_id = %(run_id)s AND r.start_day BETWEEN %(first_day)s AND %(last_day)s
+    AND r.dag_id = %(dag_id)s AND r.dag_version = %(dag_version)s
+    AND s.status = 'failed' AND NOT s.cancel_requested
+  ORDER BY s.task_id
+  FOR UPDATE OF s
+), retried AS (
+  UPDATE task_status s
+  SET status = 'queued', lease_token = NULL, lease_until = NULL, finished_at = NULL,
+      next_attempt_at = now(), updated_at = now()
+  FROM failed f
+  WHERE s.task_id = f.task_id
+  RETURNING s.task_id, s.start_day, s.attempt, f.job, f.runtime
+), noted AS (
+  INSERT INTO task_retries (task_id, start_day, after_attempt, run_id, retried_by)
+  SELECT task_id, start_day, attempt, %(run_id)s, %(retried_by)s FROM retried
+  ON CONFLICT DO NOTHING
+)
+SELECT task_id, start_day, attempt, job, runtime FROM retried ORDER BY task_id;
 
 -- name: task_dag_paused
 SELECT d.name, d.paused FROM task_registry r JOIN dags d ON d.dag_id = r.dag_id
 WHERE r.task_id = %(task_id)s;
+
+-- name: lock_dag_shared
+-- The DAG's change lock, shared (as dag_tasks.sql's, which a cutover takes exclusive).
+SELECT pg_advisory_xact_lock_shared(hashtextextended('trace-dag:' || %(dag_id)s::text, 0));
 
 -- name: lock_task_dag_shared
 -- A report that may fan out takes its DAG's change lock shared BEFORE its status row: the

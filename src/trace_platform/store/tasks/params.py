@@ -200,6 +200,19 @@ class RetryParams:
     backoff: float  # seconds until it may be claimed again
 
 
+@dataclass(frozen=True, slots=True)
+class RunRetryParams:
+    """A run's retry by hand: its failed tasks of the DAG version it fired, started between its
+    fire day and today (`first_day`, `last_day`: the days its tasks' rows may be in)."""
+
+    run_id: UUID
+    dag_id: UUID
+    dag_version: int
+    first_day: int
+    last_day: int
+    retried_by: UUID | None
+
+
 def fields(p: Any) -> dict[str, Any]:
     """A params record as the named SQL's parameter dict: its own fields, not copied (no record
     holds another; `asdict` deep-copied every config and output list, per task)."""

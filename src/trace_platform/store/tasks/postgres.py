@@ -33,6 +33,7 @@ from trace_platform.store.tasks.params import (
     PoolKey,
     ReadsParams,
     RetryParams,
+    RunRetryParams,
     SlotLeaseParams,
     StateKey,
     TaskKey,
@@ -123,6 +124,9 @@ class PostgresTx:
     def lock_task_dag_shared(self, task_id: UUID) -> None:
         self.conn.execute(_Q.lock_task_dag_shared, {"task_id": task_id})
 
+    def lock_dag_shared(self, dag_id: UUID) -> None:
+        self.conn.execute(_Q.lock_dag_shared, {"dag_id": dag_id})
+
     # -- the lease --------------------------------------------------------------------------
     def claim(self, p: ClaimParams) -> Row | None:
         return self._one(_Q.claim, fields(p))
@@ -197,6 +201,9 @@ class PostgresTx:
     def untried_attempts(self, key: TaskKey) -> int:
         row = self._one(_Q.untried_attempts, fields(key))
         return int(row["n"]) if row else 0
+
+    def retry_failed(self, p: RunRetryParams) -> list[Row]:
+        return self._all(_Q.retry_failed, fields(p))
 
     def fail_unstarted(self, task_id: UUID, error: str) -> None:
         self.conn.execute(_Q.fail_unstarted, {"task_id": task_id, "error": error})

@@ -28,6 +28,7 @@ from trace_platform.store.tasks.params import (
     PoolKey,
     ReadsParams,
     RetryParams,
+    RunRetryParams,
     SlotLeaseParams,
     StateKey,
     TaskKey,
@@ -73,6 +74,10 @@ class StoreTx(Protocol):
 
     def lock_task_dag_shared(self, task_id: UUID) -> None:
         """The task's DAG change lock, shared, to the end of the transaction."""
+        ...
+
+    def lock_dag_shared(self, dag_id: UUID) -> None:
+        """The DAG's change lock, shared, to the end of the transaction."""
         ...
 
     # -- the lease --------------------------------------------------------------------------
@@ -136,7 +141,14 @@ class StoreTx(Protocol):
         ...
 
     def untried_attempts(self, key: TaskKey) -> int:
-        """Attempts that are not tries: `state_conflict` and `released`."""
+        """Attempts that are not tries: `state_conflict` and `released`, and every attempt up
+        to the task's latest retry by hand (`retry_failed`: a fresh budget of tries)."""
+        ...
+
+    def retry_failed(self, p: RunRetryParams) -> list[Row]:
+        """Queues again now each of the run's tasks that ended failed (not one whose cancel was
+        asked), its lease token cleared, and notes the retry (its tries count afresh):
+        `{task_id, start_day, attempt, job, runtime}` of each, in task_id order."""
         ...
 
     def fail_unstarted(self, task_id: UUID, error: str) -> None:

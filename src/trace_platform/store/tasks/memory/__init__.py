@@ -182,6 +182,13 @@ class MemoryStore:
         """The task's retry backoff ended a second ago."""
         self._backdate(task_id, "next_attempt_at")
 
+    def flag_cancel(self, task_id: UUID) -> None:
+        """The task's cancel asked, whatever its status (as the Postgres harness's UPDATE)."""
+        with self._lock:
+            s = self._tables.task_status.get(task_id)
+            if s is not None:
+                s["cancel_requested"] = True
+
     def rows(self, table: str) -> list[Row]:
         """A copy of one table's rows (`task_status`, `outbox`, `retired_locations`, ...)."""
         if table not in _TABLES:

@@ -27,6 +27,7 @@ from trace_platform.store.tasks.params import (
     HeartbeatParams,
     LeaseCheck,
     RetryParams,
+    RunRetryParams,
     TaskKey,
 )
 from trace_platform.store.tasks.protocol import Row
@@ -237,13 +238,61 @@ class LeaseCalls(TxBase):
         return out
 
     def untried_attempts(self, key: TaskKey) -> int:
-        return sum(
+        after = max(
+            (
+                r["after_attempt"]
+                for r in self._t.task_retries.values()
+                if r["task_id"] == key.task_id and r["start_day"] == key.start_day
+            ),
+            default=0,
+        )
+        return after + sum(
             1
             for a in self._t.task_attempts.values()
             if a["task_id"] == key.task_id
             and a["start_day"] == key.start_day
+            and a["attempt"] > after
             and a["outcome"] in _UNTRIED
         )
+
+    def retry_failed(self, p: RunRetryParams) -> list[Row]:
+        failed = sorted(
+            (
+                (s, r)
+                for s, r in self._joined()
+                if r["run_id"] == p.run_id
+                and p.first_day <= r["start_day"] <= p.last_day
+                and r["dag_id"] == p.dag_id
+                and r["dag_version"] == p.dag_version
+                and s["status"] == "failed"
+                and not s["cancel_requested"]
+            ),
+            key=lambda sr: sr[0]["task_id"],
+        )
+        out = []
+        for s, r in failed:
+            s.update(
+                status="queued",
+                lease_token=None,
+                lease_until=None,
+                finished_at=None,
+                next_attempt_at=self.now,
+                updated_at=self.now,
+            )
+            # ON CONFLICT DO NOTHING: a second retry after the same attempt keeps the first row.
+            self._t.task_retries.setdefault(
+                (s["task_id"], s["start_day"], s["attempt"]),
+                {
+                    "task_id": s["task_id"],
+                    "start_day": s["start_day"],
+                    "after_attempt": s["attempt"],
+                    "run_id": p.run_id,
+                    "retried_by": p.retried_by,
+                    "created_at": self.now,
+                },
+            )
+            out.append(_pick(s, ("task_id", "start_day", "attempt")) | _pick(r, ("job", "runtime")))
+        return out
 
     def fail_unstarted(self, task_id: UUID, error: str) -> None:
         s = self._t.task_status.get(task_id)

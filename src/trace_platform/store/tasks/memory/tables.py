@@ -213,6 +213,7 @@ class _Tables:
     task_registry: dict[UUID, Row] = field(default_factory=dict)  # task_id is unique
     task_status: dict[UUID, Row] = field(default_factory=dict)
     task_attempts: dict[tuple[UUID, int, int], Row] = field(default_factory=dict)
+    task_retries: dict[tuple[UUID, int, int], Row] = field(default_factory=dict)  # + attempt
     events: dict[tuple[int, UUID], Row] = field(default_factory=dict)
     # UNIQUE (start_day, producer_task_id, dataset_uuid, dedupe_key) -> the PK above
     event_keys: dict[tuple[int, UUID, UUID, str], tuple[int, UUID]] = field(default_factory=dict)

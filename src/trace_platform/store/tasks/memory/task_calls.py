@@ -161,3 +161,6 @@ class TaskCalls(TxBase):
 
     def lock_task_dag_shared(self, task_id: UUID) -> None:
         pass  # the store lock already serialises transactions
+
+    def lock_dag_shared(self, dag_id: UUID) -> None:
+        pass  # the store lock already serialises transactions
