@@ -6,6 +6,7 @@ is lost, a crash anywhere re-runs cleanly, live work is refused, a dropped run a
 
 from __future__ import annotations
 
+import getpass
 import json
 import uuid
 from datetime import UTC, date, datetime, timedelta
@@ -257,7 +258,9 @@ def test_each_month_dropped_is_in_every_orgs_audit_log_and_a_dry_run_in_none(
     assert mine["details"] == theirs["details"]
     d = mine["details"]
     assert d["exported"] is True and d["older_than_days"] == older
-    assert d["db_role"] and "os_user" in d
+    # Who dropped it: the OS user that ran the job (this process) and the role it connected as.
+    assert d["os_user"] == getpass.getuser()
+    assert d["db_role"] == one(svc, "SELECT current_user")
     parts = {p["table"]: p for p in d["partitions"]}
     assert set(parts) == {f"{t}_{label(OLD)}" for t in (*TABLES, "task_status")}
     assert parts[f"task_registry_{label(OLD)}"]["rows"] == 3
