@@ -6,8 +6,10 @@ posts, every state change a token-checked POST, and markup in query results."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -151,6 +153,76 @@ def test_live_streams_are_bounded_per_user_and_in_all(
             wait_for(
                 lambda: held.enter_context(c.stream("GET", path)).status_code == 200,
                 what="a place",
+            )
+
+
+def test_a_burst_of_streams_is_held_to_the_caps_before_anything_is_read(
+    hello: tuple[Services, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams opened all at once: each is admitted or refused before its first read, so a
+    burst never has more reads (pool threads, Postgres reads) in flight than the caps allow,
+    per user and in all. A stream whose first read fails gives its place back."""
+    svc, url, run_id = hello
+    path = f"/console/runs/{run_id}/events"
+    per_user, total = live.STREAMS_PER_USER, live.STREAMS_PER_USER + 2
+    monkeypatch.setattr(live, "STREAMS_TOTAL", total)
+    ann = second_admin(svc, "ann")
+    burst = [admin_key(svc)] * (2 * per_user) + [ann] * per_user
+    lock, gate = threading.Lock(), threading.Event()
+    reading: dict[uuid.UUID, int] = {}  # reads in flight, by user
+    peak: dict[uuid.UUID | str, int] = {}  # the most at once, by user and in "all"
+    refused: list[int] = []
+    show_run = svc.control.show_run
+
+    def held(me: Any, rid: uuid.UUID) -> dict[str, Any]:
+        """show_run, held until every request of the burst is answered or reading."""
+        with lock:
+            reading[me.user_id] = reading.get(me.user_id, 0) + 1
+            for who, n in ((me.user_id, reading[me.user_id]), ("all", sum(reading.values()))):
+                peak[who] = max(peak.get(who, 0), n)
+        try:
+            gate.wait(60)  # only a bound if the test fails: it is opened below
+            return show_run(me, rid)
+        finally:
+            with lock:
+                reading[me.user_id] -= 1
+
+    monkeypatch.setattr(svc.control, "show_run", held)
+    with ExitStack() as clients:
+        logged_in = {k: clients.enter_context(console(url, k)).cookies for k in set(burst)}
+
+        def open_stream(key: str) -> int:
+            with (
+                httpx.Client(base_url=url, cookies=logged_in[key], timeout=60) as c,
+                c.stream("GET", path) as r,
+            ):
+                if r.status_code == 429:
+                    with lock:
+                        refused.append(r.status_code)
+                return r.status_code
+
+        with ThreadPoolExecutor(len(burst)) as pool:
+            try:
+                answers = [pool.submit(open_stream, k) for k in burst]
+                wait_for(
+                    lambda: sum(reading.values()) + len(refused) == len(burst),
+                    what="every stream of the burst reading or refused",
+                )
+                by_user = [n for who, n in peak.items() if who != "all"]
+                assert peak["all"] <= total and max(by_user) <= per_user, peak
+            finally:
+                gate.set()
+            statuses = sorted(a.result() for a in answers)
+        assert statuses == [200] * total + [429] * (len(burst) - total), statuses
+    monkeypatch.setattr(svc.control, "show_run", show_run)
+    # A first read that fails (no such run: the API's 404) holds no place afterwards.
+    with console(url, admin_key(svc)) as c, ExitStack() as held_open:
+        for _ in range(per_user + 1):
+            assert c.get(f"/console/runs/{uuid.uuid4()}/events").status_code == 404
+        for _ in range(per_user):
+            wait_for(
+                lambda: held_open.enter_context(c.stream("GET", path)).status_code == 200,
+                what="a place, the burst's streams closed",
             )
 
 

@@ -114,8 +114,8 @@ async def stream(
     """`read`'s partial as `event` events while it changes, then `done` with its reason.
 
     `read` runs on a pool thread, never the event loop (a tree of 10,000 tasks takes ~0.4 s
-    to render, which on the loop would stall every request of the process). The first read is
-    as `me`, before the stream starts: what the user may not see is the API's 404 page. Each
+    to render, which on the loop would stall every request of the process). The slot is taken
+    before anything is read. The first read is as `me`, before the stream starts: what the user may not see is the API's 404 page. Each
     later read checks the key again (`user`: the API's cached check, so a revocation, an
     expiry or a changed role announced by the database ends the stream at once)."""
 
@@ -124,8 +124,14 @@ async def stream(
         html, done = read(who or user(request))
         return html, done, time.monotonic() - t0
 
-    first = await run_in_threadpool(timed, me)
+    # The slot first: a burst of requests past the caps is refused before any of them reads
+    # (and holds a pool thread), not after every one has.
     give_back = _slots.take(me)
+    try:
+        first = await run_in_threadpool(timed, me)
+    except BaseException:  # e.g. the API's 404: no stream, so its slot is free again
+        give_back()
+        raise
 
     async def events() -> AsyncIterator[str]:
         (html, done, took), last = first, ""
