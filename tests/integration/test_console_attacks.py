@@ -226,6 +226,38 @@ def test_a_burst_of_streams_is_held_to_the_caps_before_anything_is_read(
             )
 
 
+def test_a_malformed_id_in_any_console_path_is_the_consoles_own_page(
+    hello: tuple[Services, str, str],
+) -> None:
+    """FastAPI refuses a path parameter that is not a UUID with the API's JSON 422: on the
+    console it is the console's page (404: the path names nothing), for every route with an
+    id in its path; a bad query parameter is its 422 page."""
+    svc, url, _ = hello
+    routes = [
+        r
+        for r in api_routes(create_app(svc, background=False).routes)
+        if r.path.startswith("/console")
+        and any(p.field_info.annotation is uuid.UUID for p in r.dependant.path_params)
+    ]
+    assert {"/console/runs/{run_id}", "/console/deliveries/{delivery_id}/retry"} <= {
+        r.path for r in routes
+    }
+    fill = {"run_id": "not-a-uuid", "delivery_id": "not-a-uuid", "action": "cancel"}
+
+    def is_console_page(r: httpx.Response) -> bool:
+        return r.headers["content-type"].startswith("text/html") and '<main id="main"' in r.text
+
+    with console(url, admin_key(svc)) as c:
+        for route in routes:
+            path = route.path.format(**fill)
+            for method in route.methods:
+                r = post(c, path) if method == "POST" else c.request(method, path)
+                assert r.status_code == 404 and is_console_page(r), (method, path, r.text)
+                assert "&#39;not-a-uuid&#39; is no" in r.text, r.text
+        bad = c.get("/console/dags/hello?a=x&b=1")
+        assert bad.status_code == 422 and is_console_page(bad), bad.text
+
+
 def test_a_cross_site_link_does_not_log_the_browser_out(secure: tuple[Services, str]) -> None:
     svc, url = secure
     with console(url, admin_key(svc)) as c:

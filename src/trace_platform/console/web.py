@@ -14,12 +14,14 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote
 
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from trace_platform.api.auth import ActorDependency
+from trace_platform.api.errors import describe_validation, shorten
 from trace_platform.api.gateway import TraceRoute
-from trace_platform.errors import Forbidden, TraceError, Unauthorized
+from trace_platform.errors import Forbidden, Invalid, NotFound, TraceError, Unauthorized
 from trace_platform.identity import Actor
 
 KEY_COOKIE = "trace_console_key"
@@ -160,9 +162,34 @@ def log_out(request: Request) -> RedirectResponse:
     return response
 
 
+def _as_trace_error(e: RequestValidationError) -> TraceError:
+    """FastAPI's refusal of a request's parameters, as the console says it: a path whose id is
+    no id (`/console/runs/not-a-uuid`) names nothing, like an id that exists nowhere; any other
+    parameter is invalid."""
+    for err in e.errors():
+        loc = err.get("loc", ())
+        if loc[:1] == ("path",):
+            what = str(loc[-1]).replace("_", " ")
+            return NotFound(f"nothing here: {shorten(repr(err.get('input')), 100)} is no {what}")
+    return Invalid(describe_validation(e)[0])
+
+
+def _refused(request: Request, e: TraceError) -> Response:
+    if isinstance(e, Unauthorized):
+        response = render(request, "login.html", 401, error=e.message)
+        # Only a key that was refused is forgotten: a request that came without one (a link
+        # from another site: SameSite=Strict keeps the cookie back) must not log the browser
+        # out.
+        if KEY_COOKIE in request.cookies:
+            response.delete_cookie(KEY_COOKIE, path=PREFIX)
+        return response
+    return render(request, "error.html", e.status_code, error=e.message, code=e.code)
+
+
 class ConsoleRoute(TraceRoute):
-    """A console route: the gateway's checks, errors as HTML pages, and the security headers
-    on every answer."""
+    """A console route: the gateway's checks, errors as HTML pages (FastAPI's own refusal of
+    a parameter too, which would otherwise be the API's JSON), and the security headers on
+    every answer."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -170,17 +197,10 @@ class ConsoleRoute(TraceRoute):
         async def route_handler(request: Request) -> Response:
             try:
                 response = await handler(request)
-            except Unauthorized as e:
-                response = render(request, "login.html", 401, error=e.message)
-                # Only a key that was refused is forgotten: a request that came without one
-                # (a link from another site: SameSite=Strict keeps the cookie back) must not
-                # log the browser out.
-                if KEY_COOKIE in request.cookies:
-                    response.delete_cookie(KEY_COOKIE, path=PREFIX)
             except TraceError as e:
-                response = render(
-                    request, "error.html", e.status_code, error=e.message, code=e.code
-                )
+                response = _refused(request, e)
+            except RequestValidationError as e:
+                response = _refused(request, _as_trace_error(e))
             for k, v in SECURITY_HEADERS.items():
                 response.headers.setdefault(k, v)
             return response
