@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from tests.support.console import console, csrf_of, inline_problems, post
 from tests.support.dags import admin, three_jobs, user
 from tests.support.servers import admin_key, bearer
 from trace_platform.console.web import CSP
-from trace_platform.identity import create_key, ensure_user
+from trace_platform.identity import Actor, create_key, ensure_user
 from trace_platform.services import Services
 
 
@@ -219,6 +220,37 @@ def test_the_run_tree_streams_live_and_cancel_ends_it(hello: tuple[Services, str
         # A run's buttons are one action table: an action it lacks is the console's 404 page.
         nope = post(c, run_path + "/nope")
         assert nope.status_code == 404 and "no action &#39;nope&#39;" in nope.text, nope.text
+
+
+def test_the_dataset_page_reads_each_dag_version_spec_once(
+    hello: tuple[Services, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lineage needs every visible DAG's spec: read once per DAG version, not once per DAG
+    on every view (the page's other reads do not grow with the DAGs either)."""
+    svc, url, _ = hello
+    me = admin(svc)
+    for name in ("one", "two", "three"):
+        svc.control.deploy(me, three_jobs(name))
+    read: list[str] = []
+    show_dag = svc.control.show_dag
+
+    def counted(actor: Actor, name: str, version: int | None = None) -> dict[str, Any]:
+        read.append(name)
+        return show_dag(actor, name, version)
+
+    monkeypatch.setattr(svc.control, "show_dag", counted)
+    with console(url, admin_key(svc)) as c:
+        for _ in range(3):
+            page = c.get("/console/datasets/hello_clean")
+            assert page.status_code == 200 and "/console/datasets/hello_raw" in page.text
+        assert sorted(read) == ["hello", "one", "three", "two"]
+        # A new version cut over: its spec is read once, at the next view.
+        edited = three_jobs().replace("count: 1, final: 1", "count: 2, final: 1")
+        svc.control.deploy(me, edited)
+        svc.control.changes.cutover(me, "hello")
+        for _ in range(2):
+            assert c.get("/console/datasets/hello_clean").status_code == 200
+        assert sorted(read) == ["hello", "hello", "one", "three", "two"]
 
 
 def test_deploy_diff_then_deploy_pause_and_roll_back(hello: tuple[Services, str, str]) -> None:

@@ -12,10 +12,11 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from trace_platform.console.lineage import lineage, visible_specs
+from trace_platform.console.lineage import SpecCache, lineage
 from trace_platform.console.svg import chart_svg
 from trace_platform.console.web import ConsoleRoute, attempt, form, redirect, render
 from trace_platform.delivery.control import DeliveryControl, alerts_sql
+from trace_platform.errors import NotFound
 from trace_platform.identity import Actor
 from trace_platform.identity.vault import vault_for
 from trace_platform.query import formats
@@ -33,10 +34,17 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
     def dataset_list(request: Request, me: Actor = Depends(user)) -> HTMLResponse:
         return render(request, "datasets.html", me=me, datasets=cp.list_datasets(me))
 
+    specs = SpecCache()
+
     @r.get("/console/datasets/{name}")
     def dataset_page(request: Request, name: str, me: Actor = Depends(user)) -> HTMLResponse:
-        ds = cp.show_dataset(me, name)  # not readable: the API's 404
-        readable = {d["dataset_name"] for d in cp.list_datasets(me)}
+        """As many reads whatever the number of DAGs, datasets or versions: the readable
+        datasets once (the page's own among them), its versions, two audit pages, the DAG
+        list, and only the specs of DAG versions this process has not read before."""
+        listed = {d["dataset_name"]: d for d in cp.list_datasets(me)}
+        ds = listed.get(name)
+        if ds is None:  # show_dataset's answer: unknown and unreadable look the same
+            raise NotFound(f"no dataset named '{name}' that you can read")
         history: list[dict[str, Any]] = []
         if me.is_admin:  # the audit log is an org admin's (as `trace audit list`)
             for action in ("dag.cutover", "dag.rollback"):
@@ -49,7 +57,7 @@ def router(services: Services, user: Callable[..., Actor]) -> APIRouter:
             me=me,
             ds=ds,
             versions=cp.dataset_versions(me, name),
-            lineage=lineage(visible_specs(cp, me), name, readable),
+            lineage=lineage(specs.visible(cp, me), name, set(listed)),
             history=history,
         )
 

@@ -3,20 +3,51 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
+from uuid import UUID
 
 from trace_platform.console.svg import Edge, dag_graph
 from trace_platform.control.service import ControlPlane
 from trace_platform.identity import Actor
 
 
-def visible_specs(cp: ControlPlane, user: Actor) -> dict[str, dict[str, Any]]:
-    """The active spec of each DAG the user may see the spec of."""
-    return {
-        d["name"]: cp.show_dag(user, d["name"])["spec"]
-        for d in cp.list_dags(user)
-        if d["can_deploy"] and d["active_version"] is not None
-    }
+class SpecCache:
+    """DAG specs read so far, by (DAG id, version). A deployed version's spec never changes,
+    so the lineage reads each one once per process instead of every visible DAG's spec on
+    every view (one read per DAG, the control plane having no call that lists specs). Who may
+    see a spec is still decided at each view, by the DAG list's `can_deploy` (show_dag's own
+    rule). The oldest are dropped past `size`; locked, as pages render on pool threads."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self.specs: OrderedDict[tuple[UUID, int], dict[str, Any]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def visible(self, cp: ControlPlane, user: Actor) -> dict[str, dict[str, Any]]:
+        """The active spec of each DAG the user may see the spec of."""
+        out = {}
+        for d in cp.list_dags(user):
+            if not d["can_deploy"] or d["active_version"] is None:
+                continue
+            key = (d["dag_id"], d["active_version"])
+            with self.lock:
+                spec = self.specs.get(key)
+                if spec is not None:
+                    self.specs.move_to_end(key)
+            if spec is None:
+                shown = cp.show_dag(user, d["name"])  # its active version now: a cutover since
+                spec = shown["spec"]  # the list is as good
+                self._keep((shown["dag_id"], shown["version"]), spec)
+            out[d["name"]] = spec
+        return out
+
+    def _keep(self, key: tuple[UUID, int], spec: dict[str, Any]) -> None:
+        with self.lock:
+            self.specs[key] = spec
+            while len(self.specs) > self.size:
+                self.specs.popitem(last=False)
 
 
 def _union(specs: dict[str, dict[str, Any]]) -> list[Edge]:
