@@ -184,11 +184,15 @@ class DeliveryControl:
         Service pass takes it."""
         _admin(actor, "retry a delivery")
         with self.pool.connection() as conn, conn.transaction():
-            done = (
-                DeliveryStore(conn).retry(org_id=actor.org_id, delivery_id=delivery_id).fetchone()
-            )
-            if done is None:
-                raise Conflict("not_failed", f"delivery {delivery_id} is not failed (or not found)")
+            store = DeliveryStore(conn)
+            if store.retry(org_id=actor.org_id, delivery_id=delivery_id).fetchone() is None:
+                # Why: absent (or another org's, which is the same to this one) or not failed.
+                row = store.delivery(org_id=actor.org_id, delivery_id=delivery_id).fetchone()
+                if row is None:
+                    raise NotFound(f"no delivery {delivery_id}")
+                raise Conflict(
+                    "not_failed", f"delivery {delivery_id} is {row['status']}, not failed"
+                )
             audit.record(conn, actor, "delivery.retry", delivery_id)
 
     def counts(self, actor: Actor) -> dict[str, int]:
