@@ -580,3 +580,33 @@ def test_a_late_success_of_a_reaped_task_is_refused_once_its_month_is_being_expo
     store = make_store(svc.settings)
     status = [r for f in exported(store, "task_status", OLD).values() for r in f]
     assert {r["status"] for r in status if r["task_id"] == str(late)} == {"failed"}
+
+
+def test_a_retry_by_hand_of_a_month_being_exported_is_refused(services: Services) -> None:
+    """A run of OLD whose tasks failed, retried by hand while retention exports the month.
+    Accepted, it queued them again after their status rows were exported: the rows were
+    never removed (changed since), the registry month dropped under them, left queued in
+    Postgres for ever, the history saying 'failed'. A retry of a run older than this month
+    is refused while retention runs (and holds retention off while it commits)."""
+    svc = services
+    run, ids = _old_run(svc, OLD + timedelta(days=2), 2)
+    with svc.pool.connection() as conn:  # tasks of the run's live version 1, failed
+        conn.execute("UPDATE task_registry SET dag_version = 1 WHERE task_id = ANY(%s)", (ids,))
+        conn.execute("UPDATE task_status SET status = 'failed' WHERE task_id = ANY(%s)", (ids,))
+    answers: list[Any] = []
+
+    def retry(at: str, unit: Unit) -> None:
+        if (at, unit.relname) == ("exported", f"task_status_{label(OLD)}") and not answers:
+            try:
+                answers.append(svc.control.retry_run(admin(svc), run)["retried"])
+            except Conflict as e:
+                answers.append(e.code)
+
+    job(svc, hook=retry).run(40, export=True)
+    assert status_rows(svc, OLD) == 0
+    assert answers == ["retention_running"]
+    status = [r for f in exported(make_store(svc.settings), "task_status", OLD).values() for r in f]
+    assert {r["status"] for r in status if r["task_id"] in {str(i) for i in ids}} == {"failed"}
+    # Once retention is done, the run is history: its retry answers so.
+    with pytest.raises(Gone):
+        svc.control.retry_run(admin(svc), run)

@@ -36,9 +36,10 @@ from trace_platform.identity.vault import (
 from trace_platform.registry import names
 from trace_platform.registry.deploy import DeployResult
 from trace_platform.registry.versions import list_versions, purge
-from trace_platform.retention import history
+from trace_platform.retention import history, units
 from trace_platform.store.dag_tasks import DagTaskStore
 from trace_platform.store.registry import RegistryStore
+from trace_platform.store.retention import RetentionStore
 from trace_platform.store.secrets import SecretStore
 from trace_platform.store.task_views import TaskViewStore
 from trace_platform.store.tasks import RunRetryParams, StoreTx
@@ -691,6 +692,16 @@ class ControlPlane:
                     f"run {run_id} is of DAG '{run['dag']}' version {run['dag_version']}, which "
                     f"is {(dag['version_state'] or 'gone').replace('_', ' ')} (the live one is "
                     f"{dag['active_version']}): trigger a new run instead",
+                )
+            # Retention takes whole months before this one: a task of such a month queued
+            # again while its month is exported would outlive its registry rows, queued for
+            # ever. Retention plans under its lock, so it sees what this retry commits.
+            if run["first_day"] < units.month_start_day(run["last_day"]) and not (
+                RetentionStore(tx.conn).hold_off()
+            ):
+                raise Conflict(
+                    "retention_running",
+                    f"retention is taking old months of history: retry run {run_id} after it",
                 )
 
         def record(tx: StoreTx, retried: list[dict[str, Any]]) -> None:

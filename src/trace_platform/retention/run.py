@@ -91,10 +91,10 @@ class Retention:
             # Row checksums are over the rows' text: timestamps printed as the export's are.
             conn.execute("SET TIME ZONE 'UTC'")
             rs = RetentionStore(conn)
-            months = plan(conn, older_than_days, now)
             if dry_run:
-                return [self._dry(conn, m) for m in months]
+                return [self._dry(conn, m) for m in plan(conn, older_than_days, now)]
             if not export and not no_export:
+                months = plan(conn, older_than_days, now)
                 rows = sum(self._count(conn, u) for m in months if not m.refused for u in m.units)
                 raise Invalid(
                     f"nothing dropped: {rows} row(s) of {len(months)} month(s) would be deleted "
@@ -102,8 +102,14 @@ class Retention:
                     "queryable as history), or --no-export to drop them unexported"
                 )
             if not rs.try_lock():
-                raise Conflict("retention_running", "another retention run is under way")
+                raise Conflict(
+                    "retention_running",
+                    "another retention run (or a retry of an old run) is under way",
+                )
             try:
+                # Planned under the lock: a retry by hand of an old run (which requeues finished
+                # tasks) committed before it is seen live here, and none lands after it.
+                months = plan(conn, older_than_days, now)
                 return [self._month(conn, m, export=export, days=older_than_days) for m in months]
             finally:
                 rs.unlock()

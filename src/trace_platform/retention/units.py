@@ -34,6 +34,11 @@ def today_day(now: datetime | None = None) -> int:
     return day_of((now or datetime.now(UTC)).astimezone(UTC).date())
 
 
+def month_start_day(day: int) -> int:
+    """The first day of `day`'s month."""
+    return day_of(date_of(day).replace(day=1))
+
+
 def month_label(lo: int) -> str:
     return date_of(lo).strftime("%Y_%m")
 
@@ -96,7 +101,7 @@ def plan(conn: Connection[Any], older_than_days: int, now: datetime | None = Non
         raise Invalid("--older-than must be at least 1 day")
     store = RetentionStore(conn)
     today = today_day(now)
-    cutoff = min(today - older_than_days, day_of(date_of(today).replace(day=1)))
+    cutoff = min(today - older_than_days, month_start_day(today))
     months: dict[tuple[int, int], Month] = {}
     for row in store.partitions().fetchall():
         lo, hi = parse_bound(row["bound"])

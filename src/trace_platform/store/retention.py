@@ -26,6 +26,11 @@ class RetentionStore(Calls):
     def unlock(self) -> None:
         self._run(Q.unlock)
 
+    def hold_off(self) -> bool:
+        """No retention run until the caller's transaction ends; False if one is under way."""
+        row = self._run(Q.hold_off).fetchone()
+        return bool(row and row["free"])
+
     def partitions(self) -> Cursor[Row]:
         """Every partition of every table range-partitioned by start_day, with its bound."""
         return self._run(Q.partitions)

@@ -137,6 +137,13 @@ SELECT pg_try_advisory_lock(hashtext('trace_retention')) AS locked;
 -- name: unlock
 SELECT pg_advisory_unlock(hashtext('trace_retention'));
 
+-- name: hold_off
+-- A retry by hand of a run older than this month (control/service.py retry_run) queues again
+-- tasks of a month retention may be taking: it holds retention off to the end of its
+-- transaction (shared, so retries do not wait for one another), or is refused (false) while
+-- a retention run holds the lock.
+SELECT pg_try_advisory_xact_lock_shared(hashtext('trace_retention')) AS free;
+
 -- name: finished_status_ids
 -- A batch of a month's finished task_status rows unchanged since `before` (an unexported drop).
 SELECT task_id FROM task_status
