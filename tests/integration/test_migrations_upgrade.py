@@ -210,3 +210,72 @@ def test_0042_moves_task_retries_into_their_tasks_months(db_at_0041: str) -> Non
              "after_attempt": 2}
         ]  # fmt: skip
         assert PostgresTx(conn).untried_attempts(TaskKey(retried, day)) == 2
+
+
+def test_0042_on_an_install_with_old_months_and_a_status_row_outliving_its_month(
+    db_at_0041: str,
+) -> None:
+    """Several months of registry partitions (each gets its month of task_retries, the retry of
+    a task four months old lands in it), and a retried task whose registry month retention
+    dropped while its status row stayed (a report landing after its export): not in Postgres
+    any more, its retry is not carried over, and the migration does not fail on it."""
+    with psycopg.connect(db_at_0041, row_factory=dict_row) as conn:
+        conn.execute("INSERT INTO orgs (org_id, name) VALUES (%s, 'o')", [LITE_ORG_ID])
+        conn.execute("SELECT trace_ensure_partitions(2, 6)")
+        old = _task(conn, "failed", attempt="3")
+        (day,) = (
+            conn.execute(
+                "SELECT trace_start_day(date_trunc('month', now() AT TIME ZONE 'UTC')"
+                " - interval '4 months') AS d"
+            )
+            .fetchone()
+            .values()
+        )
+        for t in ("task_registry", "task_status"):
+            conn.execute(f"UPDATE {t} SET start_day = %s WHERE task_id = %s", [day, old])
+        (gone_day,) = (
+            conn.execute(
+                "SELECT trace_start_day(date_trunc('month', now() AT TIME ZONE 'UTC')"
+                " - interval '6 months') AS d"
+            )
+            .fetchone()
+            .values()
+        )
+        orphan = uuid.uuid4()
+        conn.execute(
+            "INSERT INTO task_status (task_id, start_day, status) VALUES (%s, %s, 'failed')",
+            [orphan, gone_day],
+        )
+        (part,) = (
+            conn.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " WHERE i.inhparent = 'task_registry'::regclass"
+                " AND pg_get_expr(c.relpartbound, c.oid) LIKE %s",
+                [f"%FROM ('{gone_day}')%"],
+            )
+            .fetchone()
+            .values()
+        )
+        conn.execute(f"DROP TABLE {part}")  # retention's drop
+        conn.execute(
+            "INSERT INTO task_retries (task_id, after_attempt) VALUES (%s, 3), (%s, 1)",
+            [old, orphan],
+        )
+        conn.commit()
+
+    assert mig.migrate(db_at_0041)[0] == "0042"
+
+    with psycopg.connect(db_at_0041, row_factory=dict_row) as conn:
+        rows = conn.execute("SELECT task_id, start_day FROM task_retries").fetchall()
+        assert rows == [{"task_id": old, "start_day": day}]
+        assert PostgresTx(conn).untried_attempts(TaskKey(old, day)) == 3
+        months = [
+            conn.execute(
+                "SELECT array_agg(pg_get_expr(c.relpartbound, c.oid) ORDER BY c.relname) AS b"
+                " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " WHERE i.inhparent = %s::regclass",
+                [t],
+            ).fetchone()["b"]
+            for t in ("task_registry", "task_retries")
+        ]
+        assert months[0] == months[1] and len(months[0]) == 8  # 6 back, this one, 2 ahead, less 1

@@ -33,9 +33,11 @@ END
 $$;
 SELECT trace_ensure_partitions();
 
--- A retry of a task no longer in Postgres counts for nothing: it is not carried over.
+-- A retry of a task no longer in Postgres counts for nothing: it is not carried over. By its
+-- registry row, whose month has its partition above (a status row may outlive its month's
+-- registry: one changed after retention exported it is not deleted).
 INSERT INTO task_retries (task_id, start_day, after_attempt, run_id, retried_by, created_at)
-SELECT o.task_id, s.start_day, o.after_attempt, o.run_id, o.retried_by, o.created_at
-FROM task_retries_0041 o JOIN task_status s ON s.task_id = o.task_id;
+SELECT o.task_id, r.start_day, o.after_attempt, o.run_id, o.retried_by, o.created_at
+FROM task_retries_0041 o JOIN task_registry r ON r.task_id = o.task_id;
 
 DROP TABLE task_retries_0041;
