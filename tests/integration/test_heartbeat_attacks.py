@@ -192,6 +192,35 @@ def test_a_reaper_whose_database_calls_fail_now_and_then_still_ends_a_dead_lease
     assert "lost its lease" in (d.get_task(dead.task_id).last_error or "")
 
 
+def test_a_reaper_whose_partition_upkeep_fails_still_ends_a_dead_lease(
+    services: Services, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition upkeep (first tick, then every six hours) failing on every try (a role
+    without CREATE, a full disk) stopped the whole tick before anything was reaped."""
+    d = services.dispatcher
+    monkeypatch.setattr(d, "settings", d.settings.model_copy(update={"lease_seconds": 0.5}))
+    (dead,) = _claimed(services, 1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 minute' WHERE task_id = %s",
+            [dead.task_id],
+        )
+
+    def refused() -> int:
+        raise psycopg.errors.InsufficientPrivilege("permission denied (injected)")
+
+    monkeypatch.setattr(d.store, "ensure_partitions", refused)
+    stop = threading.Event()
+    t = threading.Thread(target=run_reaper, args=(d, stop, 0.05))
+    t.start()
+    try:
+        wait_for(lambda: d.get_task(dead.task_id).status != "running", 20, "the lease ended")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert "lost its lease" in (d.get_task(dead.task_id).last_error or "")
+
+
 def test_a_reaper_skips_a_lease_a_heartbeat_is_extending_and_then_sees_it_extended(
     services: Services, dsn: str
 ) -> None:

@@ -161,3 +161,19 @@ def test_a_leader_failing_before_its_write_leaves_the_batcher_to_the_next() -> N
     threading.Thread(target=lambda: (batcher.beat(_beat()), done.set()), daemon=True).start()
     assert done.wait(10), "the batcher was left led by nobody"
     assert batcher._pending == []
+
+
+def test_an_error_that_cannot_be_copied_is_raised_as_it_is() -> None:
+    class Refusal(Exception):
+        def __init__(self, code: str, message: str) -> None:
+            super().__init__(message)  # args lose `code`: a copy's constructor would fail
+            self.code = code
+
+    refusal = Refusal("busy", "the store refused")
+
+    def write(beats: list[HeartbeatParams]) -> dict[UUID, dict[str, Any]]:
+        raise refusal
+
+    with pytest.raises(Refusal) as raised:
+        HeartbeatBatcher(write).beat(_beat())
+    assert raised.value is refusal and raised.value.code == "busy"

@@ -79,7 +79,10 @@ class HeartbeatBatcher:
         if me.error is not None:
             # Each caller raises its own copy: one exception object raised in several threads
             # at once would gather all their tracebacks.
-            raise copy.copy(me.error) from me.error
+            own = _own(me.error)
+            if own is me.error:
+                raise own
+            raise own from me.error
         return me.row
 
     def _take(self) -> list[_Beat]:
@@ -106,3 +109,12 @@ class HeartbeatBatcher:
         else:
             for b in batch:
                 b.row = rows.get(b.params.task_id)
+
+
+def _own(error: BaseException) -> BaseException:
+    """A copy of `error` for one caller (same type and arguments); the error itself when it
+    cannot be rebuilt from its arguments (a constructor with another signature)."""
+    try:
+        return copy.copy(error)
+    except Exception:
+        return error

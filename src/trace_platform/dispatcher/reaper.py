@@ -11,6 +11,7 @@ from trace_platform.dispatcher.fleet import WorkerRegistry
 
 log = logging.getLogger(__name__)
 _PARTITIONS_EVERY = 6 * 3600.0
+_UPKEEP_RETRY = 60.0  # after a failed partition upkeep
 
 
 def ensure_partitions(dispatcher: Dispatcher) -> int:
@@ -40,10 +41,15 @@ def run_reaper(dispatcher: Dispatcher, stop: threading.Event, interval: float = 
             if reached is None or now - reached > gap:  # back from a gap: the watch starts
                 watching = now
             if now - last_partitions > _PARTITIONS_EVERY:
-                ensure_partitions(dispatcher)
-                if registry is not None:
-                    registry.prune()
-                last_partitions = time.monotonic()
+                # Its own failure stops no reaping: said, and tried again a minute later.
+                last_partitions = now - _PARTITIONS_EVERY + _UPKEEP_RETRY
+                try:
+                    ensure_partitions(dispatcher)
+                    if registry is not None:
+                        registry.prune()
+                    last_partitions = time.monotonic()
+                except Exception as e:
+                    log.warning("reaper: partition upkeep failed (again in a minute): %s", e)
             watched = time.monotonic() - watching
             if registry is not None:
                 registry.reap_dead(watched)
