@@ -26,6 +26,7 @@ from trace_platform.identity import Actor, ensure_user
 from trace_platform.objectstore import ObjectStore, list_all, make_store
 from trace_platform.query.engine import local_path
 from trace_platform.retention.export import ROOT
+from trace_platform.retention.history import RUN_TABLES
 from trace_platform.retention.run import MonthResult, Retention
 from trace_platform.retention.units import Unit, day_of
 from trace_platform.services import Services
@@ -413,7 +414,10 @@ def test_a_run_of_a_dropped_month_answers_exported_not_a_500(
         svc.control.show_run(a, run)
     got = api.get(f"/v1/runs/{run}")
     assert got.status_code == 410, got.text
-    assert got.json()["error"] == "exported" and "_history_task_registry" in got.json()["message"]
+    assert got.json()["error"] == "exported"
+    said = got.json()["message"]
+    for table in RUN_TABLES:  # every history dataset of a run's rows is named
+        assert f"_history_{table}" in said, (table, said)
     assert api.post(f"/v1/runs/{run}/cancel").status_code == 410
     # A task of it: not found, saying where tasks of that time went (the same words for any
     # task id, so it tells nothing of whether this one existed).

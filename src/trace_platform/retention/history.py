@@ -28,6 +28,8 @@ PREFIX = "_history_"
 TABLES = frozenset(
     {"task_registry", "task_attempts", "task_retries", "events", "task_status", "audit_log"}
 )
+# Those a run's rows go to (the audit log is the org's, not a run's).
+RUN_TABLES = ("task_registry", "task_status", "task_attempts", "task_retries", "events")
 _NS = uuid.UUID("0f6f0c1e-5b7a-4d52-9a43-7e1f3c2b9d10")  # names the history pins' uuids
 
 
@@ -84,7 +86,7 @@ def exported_run(conn: Connection[Any], fire_day: int) -> str | None:
     month = f"{date_of(row['lo_day']):%Y-%m-%d}..{date_of(row['hi_day'] - 1):%Y-%m-%d}"
     where = (
         f"exported to {row['prefix']} and queryable by org admins as the history datasets "
-        f"{PREFIX}task_registry, {PREFIX}task_status, {PREFIX}task_attempts, {PREFIX}events"
+        + ", ".join(PREFIX + t for t in RUN_TABLES)
         if row["prefix"]
         else "dropped without export"
     )
