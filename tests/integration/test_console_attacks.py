@@ -256,6 +256,18 @@ def test_a_malformed_id_in_any_console_path_is_the_consoles_own_page(
                 assert "&#39;not-a-uuid&#39; is no" in r.text, r.text
         bad = c.get("/console/dags/hello?a=x&b=1")
         assert bad.status_code == 422 and is_console_page(bad), bad.text
+        # A path that names no page, or a page asked with a method it does not take: the
+        # console's 404 too (was the API's JSON 404, and Starlette's plain-text 405).
+        for method, path in [
+            ("GET", "/console/nowhere"),
+            ("GET", "/console/runs/00000000-0000-0000-0000-000000000000/cancel"),
+            ("POST", "/console/nowhere/at/all"),
+            ("DELETE", "/console/dags"),
+        ]:
+            r = post(c, path) if method == "POST" else c.request(method, path)
+            assert r.status_code == 404 and is_console_page(r), (method, path, r.text)
+        css = c.get("/console/static/console.css")  # the static files are still served
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
 
 
 def test_a_cross_site_link_does_not_log_the_browser_out(secure: tuple[Services, str]) -> None:

@@ -25,7 +25,7 @@ from trace_platform.console.web import (
     render,
     user_of,
 )
-from trace_platform.errors import Invalid
+from trace_platform.errors import Invalid, NotFound
 from trace_platform.services import Services
 
 
@@ -37,6 +37,19 @@ def mount(app: FastAPI, services: Services, actor: ActorDependency) -> None:
         app.include_router(pages.router(services, user))
     static = StaticFiles(directory=str(files("trace_platform.console") / "static"))
     app.mount("/console/static", _Headers(static), name="console-static")
+    app.include_router(_nowhere())  # last: after every page and the static files
+
+
+def _nowhere() -> APIRouter:
+    """Any other /console path, or a page asked with a method it does not take: the console's
+    own 404 page, not the API's JSON (or Starlette's plain-text 405)."""
+    r = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
+
+    @r.api_route("/console/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
+    def nowhere(path: str) -> Response:
+        raise NotFound(f"no page /console/{path}")
+
+    return r
 
 
 def _session(actor: ActorDependency) -> APIRouter:
