@@ -79,7 +79,7 @@ def router(services: Services, actor: ActorDependency) -> APIRouter:
     @r.post("/v1/deliveries/{delivery_id}/retry")
     def retry_delivery(delivery_id: UUID, user: Actor = Depends(actor)) -> dict[str, Any]:
         """A failed delivery sent again: the same idempotency key, the same body (409 if it
-        is not failed)."""
+        is not failed, 404 if the org has no such delivery)."""
         ctl.retry(user, delivery_id)
         return {"delivery_id": delivery_id, "status": "pending"}
 
