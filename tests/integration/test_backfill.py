@@ -14,6 +14,7 @@ from tests.support.cli import trace
 from tests.support.dags import admin, user
 from tests.support.safe_change import claimable, finish, q, start
 from trace_platform.contract import CompleteRequest
+from trace_platform.control import service as control_service
 from trace_platform.errors import Conflict, Forbidden, Invalid, NotFound
 from trace_platform.services import Services
 
@@ -229,9 +230,12 @@ def _cancel_rows(services: Services, run_id: object) -> list[dict[str, Any]]:
 
 
 def test_a_run_cancel_is_audited_once_with_what_it_canceled_even_half_done(
-    upstream: Services,
+    upstream: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     svc, me = upstream, admin(upstream)
+    # A batch of tasks a transaction: batches of one, so the first commits before the second
+    # is refused (a refused batch is wholly undone).
+    monkeypatch.setattr(control_service, "_CANCEL_BATCH", 1)
     svc.control.deploy(me, NEW_DAG)
     _run_queued(svc)
     run_id = svc.control.changes.backfill(me, "windows")["run_id"]

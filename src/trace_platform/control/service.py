@@ -586,12 +586,12 @@ class ControlPlane:
         nothing; a task that finished meanwhile may have started children, so passes repeat
         until one finds nothing left to cancel."""
         # Who may see it may cancel it; others: not found. The primary's (a run just fired).
-        run = self._show_run(self.pool, actor, run_id)
+        run = self._visible_run(self.pool, actor, run_id)
         canceled: dict[UUID, str] = {}  # task -> its status after: canceled, or running (asked)
         try:
             self._cancel_run_tasks(run_id, run, canceled)
         except Exception as e:
-            # Each task's cancel committed on its own: those done stay done, and the log says
+            # Each batch's cancel committed on its own: those done stay done, and the log says
             # so (and where it stopped), unless the database cannot take the row either.
             if canceled:
                 try:
@@ -605,7 +605,7 @@ class ControlPlane:
     def _cancel_run_tasks(
         self, run_id: UUID, run: dict[str, Any], canceled: dict[UUID, str]
     ) -> None:
-        """Fills `canceled` as each task's cancel commits: tasks this call changed only, not a
+        """Fills `canceled` as each batch's cancel commits: tasks this call changed only, not a
         running one whose cancel was asked before (it is stopping already)."""
         for _ in range(_CANCEL_PASSES):
             with self.pool.connection() as conn:
@@ -623,12 +623,12 @@ class ControlPlane:
             ]
             if not todo:
                 break
-            for task_id in todo:
-                try:
-                    answer = self.dispatcher.cancel(task_id)
-                except Conflict:  # it finished meanwhile: the next pass sees its children
-                    continue
-                canceled[task_id] = answer.status
+            # A batch a transaction (one commit for many: a backfill's thousands of tasks one
+            # at a time took a commit each); one that finished meanwhile is left out, and the
+            # next pass sees its children.
+            for i in range(0, len(todo), _CANCEL_BATCH):
+                answers = self.dispatcher.cancel_many(todo[i : i + _CANCEL_BATCH])
+                canceled.update((t, a.status) for t, a in answers.items())
 
     def _record_run_cancel(
         self,
@@ -637,7 +637,7 @@ class ControlPlane:
         canceled: dict[UUID, str],
         stopped: Exception | None = None,
     ) -> None:
-        """The cancel's one row, in its own transaction after the tasks' (each of which is its
+        """The cancel's one row, in its own transaction after the tasks' batches (each its
         own): what it canceled, and if it stopped on an error, that error."""
         details: dict[str, Any] = {
             "canceled": len(canceled),
@@ -772,6 +772,7 @@ class ControlPlane:
 
 
 _CANCEL_PASSES = 10
+_CANCEL_BATCH = 500  # tasks a transaction when a run is canceled
 
 
 def _readable_datasets(pool: ConnectionPool, actor: Actor) -> list[dict[str, Any]]:

@@ -675,11 +675,7 @@ class Lifecycle:
         """`then(tx, answer, changed)` runs in the cancel's transaction before it commits (the
         control plane's audit row); `changed` is False for a task canceled already."""
         with self.store.transaction() as tx:
-            row = tx.request_cancel(task_id)
-            if row is not None:
-                if row["status"] == "canceled":  # it was waiting: it may have been woken
-                    self.slots.canceled_waiting(tx, task_id)
-                answer = CancelResponse(task_id=task_id, **row)
+            if (answer := self._cancel(tx, [task_id]).get(task_id)) is not None:
                 if then is not None:
                     then(tx, answer, True)
                 return answer
@@ -696,6 +692,19 @@ class Lifecycle:
                 f"task {task_id} already {st['status']}; it cannot be canceled",
                 status=st["status"],
             )
+
+    def cancel_many(self, task_ids: list[UUID]) -> dict[UUID, CancelResponse]:
+        """`cancel` for many tasks in one transaction (a run's cancel, batch by batch): the
+        answers of those this changed; a task finished or canceled already is left out."""
+        with self.store.transaction() as tx:
+            return self._cancel(tx, task_ids)
+
+    def _cancel(self, tx: StoreTx, task_ids: list[UUID]) -> dict[UUID, CancelResponse]:
+        rows = tx.request_cancel(task_ids)
+        for task_id, row in rows.items():
+            if row["status"] == "canceled":  # it was waiting: it may have been woken
+                self.slots.canceled_waiting(tx, task_id)
+        return {t: CancelResponse(task_id=t, **row) for t, row in rows.items()}
 
     # -- retry by hand -------------------------------------------------------------------
     def retry_run(

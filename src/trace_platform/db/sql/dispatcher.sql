@@ -153,13 +153,16 @@ ON CONFLICT (start_day, producer_task_id, dataset_uuid, dedupe_key) DO NOTHING
 RETURNING event_id;
 
 -- name: request_cancel
+-- Cancels the queued/buffered tasks of the batch, flags the running ones (they stop
+-- cooperatively); a finished (or missing) task is not returned. The ids come sorted, so two
+-- batches lock their common rows in one order.
 UPDATE task_status
 SET cancel_requested = true,
     status = CASE WHEN status IN ('queued', 'buffered') THEN 'canceled' ELSE status END,
     finished_at = CASE WHEN status IN ('queued', 'buffered') THEN now() ELSE finished_at END,
     updated_at = now()
-WHERE task_id = %(task_id)s AND status IN ('queued', 'buffered', 'running')
-RETURNING status, cancel_requested;
+WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status IN ('queued', 'buffered', 'running')
+RETURNING task_id, status, cancel_requested;
 
 -- name: expired_leases
 -- Running attempts whose lease (missed heartbeats) or deadline (timeout_seconds) ran out,

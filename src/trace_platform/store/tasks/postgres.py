@@ -189,8 +189,9 @@ class PostgresTx:
         assert row is not None, f"task {p.task_id} has no status row"
         return row
 
-    def request_cancel(self, task_id: UUID) -> Row | None:
-        return self._one(_Q.request_cancel, {"task_id": task_id})
+    def request_cancel(self, task_ids: list[UUID]) -> dict[UUID, Row]:
+        rows = self._all(_Q.request_cancel, {"task_ids": sorted(task_ids)})
+        return {r.pop("task_id"): r for r in rows}
 
     def expired_leases(self, limit: int, leases: bool = True) -> list[Row]:
         return self._all(_Q.expired_leases, {"limit": limit, "leases": leases})

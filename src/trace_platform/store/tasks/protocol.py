@@ -124,9 +124,9 @@ class StoreTx(Protocol):
         """Queued again after `backoff`: `{next_attempt_at}`."""
         ...
 
-    def request_cancel(self, task_id: UUID) -> Row | None:
-        """Cancels a queued/buffered task, flags a running one: `{status, cancel_requested}`,
-        or None when the task is finished (or missing)."""
+    def request_cancel(self, task_ids: list[UUID]) -> dict[UUID, Row]:
+        """Cancels the queued/buffered tasks of `task_ids`, flags the running ones:
+        `{status, cancel_requested}` by task id; a finished (or missing) task is left out."""
         ...
 
     def expired_leases(self, limit: int, leases: bool = True) -> list[Row]:

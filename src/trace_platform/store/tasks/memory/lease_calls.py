@@ -190,14 +190,17 @@ class LeaseCalls(TxBase):
         )
         return _pick(s, ("next_attempt_at",))
 
-    def request_cancel(self, task_id: UUID) -> Row | None:
-        s = self._t.task_status.get(task_id)
-        if s is None or s["status"] not in ("queued", "buffered", "running"):
-            return None
-        if s["status"] in ("queued", "buffered"):  # not started: canceled at once
-            s.update(status="canceled", finished_at=self.now)
-        s.update(cancel_requested=True, updated_at=self.now)
-        return _pick(s, ("status", "cancel_requested"))
+    def request_cancel(self, task_ids: list[UUID]) -> dict[UUID, Row]:
+        out = {}
+        for task_id in task_ids:
+            s = self._t.task_status.get(task_id)
+            if s is None or s["status"] not in ("queued", "buffered", "running"):
+                continue
+            if s["status"] in ("queued", "buffered"):  # not started: canceled at once
+                s.update(status="canceled", finished_at=self.now)
+            s.update(cancel_requested=True, updated_at=self.now)
+            out[task_id] = _pick(s, ("status", "cancel_requested"))
+        return out
 
     def expired_leases(self, limit: int, leases: bool = True) -> list[Row]:
         now = self.now
