@@ -156,6 +156,28 @@ def test_a_batch_of_heartbeats_reads_its_tasks_by_key(dsn: str) -> None:
     assert all(n <= k for k, n in read.items()), f"task rows read by batch size: {read}"
 
 
+def _lapse(dsn: str, task_id: uuid.UUID) -> None:
+    """The task's lease ran out a minute ago (its worker is dead)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE task_status SET lease_until = now() - interval '1 minute' WHERE task_id = %s",
+            [task_id],
+        )
+
+
+def _reaped_as_lost(d: Any, task_id: uuid.UUID) -> None:
+    """A reaper loop ticking every 50 ms ends the task's lapsed lease (within 20 s)."""
+    stop = threading.Event()
+    t = threading.Thread(target=run_reaper, args=(d, stop, 0.05))
+    t.start()
+    try:
+        wait_for(lambda: d.get_task(task_id).status != "running", 20, "the lease ended")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert "lost its lease" in (d.get_task(task_id).last_error or "")
+
+
 def test_a_reaper_whose_database_calls_fail_now_and_then_still_ends_a_dead_lease(
     services: Services, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,11 +189,7 @@ def test_a_reaper_whose_database_calls_fail_now_and_then_still_ends_a_dead_lease
     d = services.dispatcher
     monkeypatch.setattr(d, "settings", d.settings.model_copy(update={"lease_seconds": 1.0}))
     (dead,) = _claimed(services, 1)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE task_status SET lease_until = now() - interval '1 minute' WHERE task_id = %s",
-            [dead.task_id],
-        )
+    _lapse(dsn, dead.task_id)
     reap, calls = d.reap, [0]
 
     def flaky(*args: Any, **kwargs: Any) -> int:
@@ -181,15 +199,7 @@ def test_a_reaper_whose_database_calls_fail_now_and_then_still_ends_a_dead_lease
         return reap(*args, **kwargs)
 
     monkeypatch.setattr(d, "reap", flaky)
-    stop = threading.Event()
-    t = threading.Thread(target=run_reaper, args=(d, stop, 0.05))
-    t.start()
-    try:
-        wait_for(lambda: d.get_task(dead.task_id).status != "running", 20, "the lease ended")
-    finally:
-        stop.set()
-        t.join(timeout=10)
-    assert "lost its lease" in (d.get_task(dead.task_id).last_error or "")
+    _reaped_as_lost(d, dead.task_id)
 
 
 def test_a_reaper_whose_partition_upkeep_fails_still_ends_a_dead_lease(
@@ -200,25 +210,13 @@ def test_a_reaper_whose_partition_upkeep_fails_still_ends_a_dead_lease(
     d = services.dispatcher
     monkeypatch.setattr(d, "settings", d.settings.model_copy(update={"lease_seconds": 0.5}))
     (dead,) = _claimed(services, 1)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE task_status SET lease_until = now() - interval '1 minute' WHERE task_id = %s",
-            [dead.task_id],
-        )
+    _lapse(dsn, dead.task_id)
 
     def refused() -> int:
         raise psycopg.errors.InsufficientPrivilege("permission denied (injected)")
 
     monkeypatch.setattr(d.store, "ensure_partitions", refused)
-    stop = threading.Event()
-    t = threading.Thread(target=run_reaper, args=(d, stop, 0.05))
-    t.start()
-    try:
-        wait_for(lambda: d.get_task(dead.task_id).status != "running", 20, "the lease ended")
-    finally:
-        stop.set()
-        t.join(timeout=10)
-    assert "lost its lease" in (d.get_task(dead.task_id).last_error or "")
+    _reaped_as_lost(d, dead.task_id)
 
 
 def test_a_reaper_skips_a_lease_a_heartbeat_is_extending_and_then_sees_it_extended(
